@@ -1,0 +1,185 @@
+"""The ``dropsim`` command.
+
+Exit status: 0 on success, 1 when a run or a sweep point failed, 2 for bad input (a scenario, a result
+folder, a profile), 130 when interrupted. Errors go to stderr and name the file, key and value.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+import sim
+from sim.scenario import ScenarioError, load
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_INTERRUPTED = 130
+
+
+def _scenario_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("file", help="scenario YAML file")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a key (value read as YAML); repeatable, e.g. --set dropout.rate=0.3",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dropsim",
+        description="Discrete-event simulation of federated-learning rounds under client dropout.",
+    )
+    parser.add_argument("--version", action="version", version=f"dropsim {sim.__version__}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("run", help="run one scenario and write its result tables")
+    _scenario_args(p)
+    p.add_argument("--output", metavar="DIR", help="results folder (default: the scenario's output key)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("check", help="validate a scenario file (and every point of its sweep)")
+    _scenario_args(p)
+
+    p = sub.add_parser("sweep", help="run every point of the scenario's sweep grid")
+    _scenario_args(p)
+    p.add_argument("--output", metavar="DIR", help="sweep folder (default: the scenario's output key)")
+    p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("plot", help="plot accuracy and round time from result folders")
+    p.add_argument("results", nargs="+", type=Path, help="run or sweep folders")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the PNG and PDF files")
+    p.add_argument("--by", metavar="KEY", help="one line per value of this swept key (mean over the rest)")
+
+    p = sub.add_parser("profile", help="measure this machine and fit the compute cost model")
+    p.add_argument("--out", type=Path, default=Path("profile.json"), metavar="FILE", help="profile to write")
+    p.add_argument("--quick", action="store_true", help="few sizes and repeats (a rough profile in seconds)")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(_COMMANDS[args.command](args))
+    except ScenarioError as exc:
+        print(f"dropsim: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("dropsim: interrupted; finished rounds are kept", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _print_table(rows: list[dict[str, object]]) -> None:
+    frame = pd.DataFrame(rows)
+    print(frame.to_string(index=False, float_format=lambda x: "-" if math.isnan(x) else f"{x:.4g}"))
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    grid = load(args.file, args.overrides)
+    base = grid.base()
+    points = grid.points()
+    print(
+        f"{args.file}: ok: {base.name}, {base.rounds} rounds, population {base.population}, "
+        f"fidelity {base.fidelity}, output {base.output}"
+    )
+    if grid.sweep:
+        print(f"sweep of {len(points)} runs over {', '.join(grid.sweep)}; all valid")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from sim.learning.datasets import DataError
+    from sim.runner import run_scenario
+
+    grid = load(args.file, args.overrides, args.output)
+    scenario = grid.base()
+    if grid.sweep:
+        print(
+            f"note: {args.file} defines a sweep of {grid.size} runs; this runs the scenario as written. "
+            f"Use `dropsim sweep {args.file}` for the grid.",
+            file=sys.stderr,
+        )
+    try:
+        summary = run_scenario(scenario, Path(scenario.output), progress=not args.quiet)
+    except DataError as exc:
+        print(f"dropsim: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _print_table([summary.row()])
+    print(f"results: {scenario.output}/ (rounds.csv, clients.csv, stages.csv, manifest.json)")
+    return 0
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    from sim.sweep import run_sweep
+
+    if args.jobs < 1:
+        print("dropsim: --jobs must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    grid = load(args.file, args.overrides, args.output)
+    statuses = run_sweep(grid, str(args.file), jobs=args.jobs, progress=not args.quiet)
+    rows = []
+    for st in statuses:
+        s = st.summary
+        rows.append(
+            {
+                "run": st.run_id,
+                "status": st.status,
+                "final acc": s.final_accuracy if s else math.nan,
+                "round time (s)": s.mean_round_time if s else math.nan,
+                "wall (s)": s.wall_seconds if s else math.nan,
+            }
+        )
+    _print_table(rows)
+    out = grid.base().output
+    failed = [st for st in statuses if st.status == "failed"]
+    for st in failed:
+        print(f"failed: {st.run_id}: {st.error} (details in {out}/runs/{st.run_id}/)", file=sys.stderr)
+    print(f"results: {out}/ (rounds.csv, runs.csv, runs/)")
+    return EXIT_FAILED if failed else 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from sim.plots import plot_results
+    from sim.results.read import ResultsError
+
+    try:
+        written = plot_results(args.results, args.out, by=args.by)
+    except ResultsError as exc:
+        print(f"dropsim: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    for path in written:
+        print(path)
+    return 0
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from sim.costs.profiler import run_profile
+
+    doc = run_profile(args.out, quick=args.quick, progress=lambda m: print(f"profiling {m}", file=sys.stderr))
+    rows = [{"operation": op, **e["coef"], "r2": e["r2"]} for op, e in doc["operations"].items()]
+    _print_table(rows)
+    print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
+    return 0
+
+
+_COMMANDS = {
+    "run": cmd_run,
+    "check": cmd_check,
+    "sweep": cmd_sweep,
+    "plot": cmd_plot,
+    "profile": cmd_profile,
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

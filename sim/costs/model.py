@@ -1,0 +1,103 @@
+"""Virtual-time cost of compute operations: linear models fitted by ``dropsim profile``.
+
+An operation's cost on the reference device (the machine that ran the profile) is
+
+    seconds = sum_k coef[k] * size[k],   with size["const"] = 1,
+
+for the features it was fitted on (e.g. ``elements``, ``samples``, ``batches``). A client's time is that
+times its slow-down factor; the server's is that divided by its speed. A profile is a JSON file:
+
+    {"format": 1, "machine": {...}, "operations": {op: {"coef": {feature: s_per_unit}, "r2": ..., ...}}}
+
+The default profile ships inside the package (``sim/costs/default.json``) with the machine it was
+measured on; ``costs.profile`` in a scenario names another. Missing operations are an error that names
+the operation and the profile, never a silent zero.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from sim.protocol.machine import Work
+
+DEFAULT_PROFILE = Path(__file__).with_name("default.json")
+FORMAT = 1
+
+
+class CostModelError(ValueError):
+    """A profile that cannot be used: unreadable, malformed, or lacking an operation."""
+
+
+@dataclass(frozen=True)
+class LinearCost:
+    """Seconds on the reference device: ``sum(coef[k] * size[k])``, ``const`` always 1."""
+
+    coef: Mapping[str, float]
+
+    def seconds(self, size: Mapping[str, float]) -> float:
+        total = 0.0
+        for feature, c in self.coef.items():
+            if feature == "const":
+                total += c
+            else:
+                total += c * float(size.get(feature, 0.0))
+        return max(total, 0.0)
+
+
+class CostModel:
+    """The operations of one profile."""
+
+    def __init__(self, operations: Mapping[str, LinearCost], machine: Mapping[str, Any], source: str) -> None:
+        self.operations = dict(operations)
+        self.machine = dict(machine)
+        self.source = source
+
+    @classmethod
+    def load(cls, path: str | Path | None = None) -> CostModel:
+        """Read a profile (the shipped default when ``path`` is None)."""
+        p = Path(path) if path is not None else DEFAULT_PROFILE
+        try:
+            doc = json.loads(p.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise CostModelError(f"cost profile {p}: cannot be read: {exc.strerror}") from None
+        except json.JSONDecodeError as exc:
+            raise CostModelError(f"cost profile {p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+        return cls.from_dict(doc, str(p))
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str) -> CostModel:
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise CostModelError(f"cost profile {source}: not a dropsim profile of format {FORMAT}")
+        ops = doc.get("operations")
+        if not isinstance(ops, dict):
+            raise CostModelError(f"cost profile {source}: 'operations' must be a mapping")
+        operations: dict[str, LinearCost] = {}
+        for op, entry in ops.items():
+            coef = entry.get("coef") if isinstance(entry, dict) else None
+            if not isinstance(coef, dict) or not all(
+                isinstance(v, int | float) and not isinstance(v, bool) for v in coef.values()
+            ):
+                raise CostModelError(f"cost profile {source}: operation {op!r} needs 'coef': {{feature: seconds}}")
+            operations[op] = LinearCost({str(k): float(v) for k, v in coef.items()})
+        return cls(operations, doc.get("machine", {}), source)
+
+    def has(self, op: str) -> bool:
+        return op in self.operations
+
+    def seconds(self, op: str, size: Mapping[str, float]) -> float:
+        """Reference-device seconds of ``op`` at ``size``."""
+        cost = self.operations.get(op)
+        if cost is None:
+            raise CostModelError(
+                f"cost profile {self.source} has no operation {op!r}; run `dropsim profile` to measure it "
+                f"(it has: {', '.join(sorted(self.operations)) or 'nothing'})"
+            )
+        return cost.seconds(size)
+
+    def work_seconds(self, work: tuple[Work, ...] | list[Work]) -> float:
+        """Reference-device seconds of a machine's reported work."""
+        return sum(self.seconds(w.op, w.size) for w in work)

@@ -1,0 +1,179 @@
+"""``dropsim profile``: fit the cost model from micro-benchmarks of this project's own code.
+
+Each operation is timed (median of ``repeats`` wall-clock measurements with ``time.perf_counter``) at a
+grid of sizes and fitted by least squares to ``seconds = coef . features`` with non-negative
+coefficients (a feature whose coefficient comes out negative is dropped and the fit redone):
+
+- ``train.<model>.<CxHxW>.<classes>``: real local training (:class:`~sim.learning.trainer.Learner`) on
+  random data of that shape; features ``const``, ``samples`` (sample passes = samples x epochs) and
+  ``batches`` (optimizer steps).
+- ``fedavg.accumulate`` and ``fedavg.finalize``: the FedAvg server machine's ``close_step`` over n
+  updates of d values, fitted as ``a + b n d + c d``; ``accumulate`` (charged per arriving update) gets
+  ``b`` per element, ``finalize`` gets ``a`` and ``c``.
+
+Torch runs with one thread, so the reference device is one core of the profiling machine; a client's
+slow-down factor and the server's speed scale from there.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from datetime import datetime, timezone
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from sim.costs.model import FORMAT
+from sim.learning.federated import SHAPES, FederatedData
+from sim.learning.models import MODELS, train_op
+from sim.learning.trainer import Learner, local_batches
+from sim.protocol.fedavg import ClientUpdate, FedAvgServer
+from sim.results.manifest import host, versions
+from sim.results.writer import write_json
+from sim.scenario.schema import Training
+
+
+class _RandomData(FederatedData):
+    """Random images of a given shape, as many as asked, for timing training."""
+
+    def __init__(self, shape: tuple[int, int, int], classes: int, samples: int) -> None:
+        self.input_shape, self.num_classes, self.samples = shape, classes, samples
+        rng = np.random.default_rng(0)
+        self.x = rng.random((samples, *shape), dtype=np.float32)
+        self.y = rng.integers(0, classes, size=samples).astype(np.int64)
+
+    def num_samples(self, client: int) -> int:
+        return self.samples
+
+    def client_data(self, client: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.x, self.y
+
+    def test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.x, self.y
+
+
+def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up: allocator, lazy initialisation
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def fit_nonnegative(features: Sequence[str], rows: list[dict[str, float]], seconds: list[float]) -> dict[str, Any]:
+    """Least-squares fit of ``seconds`` on ``features`` with every coefficient >= 0."""
+    active = list(features)
+    y = np.asarray(seconds)
+    while True:
+        x = np.asarray([[1.0 if f == "const" else row[f] for f in active] for row in rows])
+        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
+        negative = [f for f, c in zip(active, coef, strict=True) if c < 0]
+        if not negative or len(active) == 1:
+            break
+        active.remove(min(negative, key=lambda f: coef[active.index(f)]))
+    coef = np.maximum(coef, 0.0)
+    pred = x @ coef
+    ss_res = float(np.sum((y - pred) ** 2))
+    ss_tot = float(np.sum((y - y.mean()) ** 2))
+    return {
+        "coef": {f: float(c) for f, c in zip(active, coef, strict=True)},
+        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
+        "points": len(rows),
+    }
+
+
+def profile_training(
+    model: str,
+    shape: tuple[int, int, int],
+    classes: int,
+    sizes: Sequence[int],
+    batch_sizes: Sequence[int],
+    repeats: int,
+) -> dict[str, Any]:
+    rows, seconds = [], []
+    for samples in sizes:
+        data = _RandomData(shape, classes, samples)
+        for batch_size in batch_sizes:
+            training = Training(1, batch_size, 0.01, 0.9, 0.0, 1.0, 1)
+            learner = Learner(model, data, training, seed=0)
+            seconds.append(_median_seconds(partial(learner.local_update, 0, 1), repeats))
+            rows.append({"samples": float(samples), "batches": float(local_batches(samples, batch_size, 1))})
+    return fit_nonnegative(("const", "samples", "batches"), rows, seconds)
+
+
+def profile_fedavg(clients: Sequence[int], dims: Sequence[int], repeats: int) -> dict[str, dict[str, Any]]:
+    rows, seconds = [], []
+    rng = np.random.default_rng(0)
+    for d in dims:
+        delta = rng.standard_normal(d).astype(np.float32)
+        for n in clients:
+            updates = [ClientUpdate(1, c, 10.0, delta) for c in range(n)]
+
+            def close(updates: list[ClientUpdate] = updates, n: int = n, d: int = d) -> None:
+                server = FedAvgServer(1, tuple(range(n)), d)
+                for u in updates:
+                    server.receive(u.client, u)
+                server.close_step()
+
+            seconds.append(_median_seconds(close, repeats))
+            rows.append({"client_elements": float(n * d), "elements": float(d)})
+    fit = fit_nonnegative(("const", "client_elements", "elements"), rows, seconds)
+    coef = fit["coef"]
+    return {
+        "fedavg.accumulate": {
+            "coef": {"elements": coef.get("client_elements", 0.0)},
+            "r2": fit["r2"],
+            "points": fit["points"],
+            "fitted_with": "fedavg.finalize",
+        },
+        "fedavg.finalize": {
+            "coef": {"const": coef.get("const", 0.0), "elements": coef.get("elements", 0.0)},
+            "r2": fit["r2"],
+            "points": fit["points"],
+        },
+    }
+
+
+def run_profile(out: Path, quick: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Measure every operation and write the profile to ``out``; returns the profile."""
+    torch.set_num_threads(1)
+    say = progress or (lambda _msg: None)
+    repeats = 1 if quick else 5
+    sizes = (8, 32) if quick else (20, 60, 120, 240)
+    batch_sizes = (8,) if quick else (10, 20, 50)
+    operations: dict[str, Any] = {}
+    for dataset, (shape, classes) in SHAPES.items():
+        for model in MODELS:
+            op = train_op(model, shape, classes)
+            if op in operations:
+                continue
+            say(f"{op} (for {dataset})")
+            operations[op] = profile_training(model, shape, classes, sizes, batch_sizes, repeats)
+    say("fedavg.accumulate, fedavg.finalize")
+    operations.update(
+        profile_fedavg(
+            (2, 8) if quick else (2, 5, 10, 20), (1_000, 10_000) if quick else (10_000, 100_000, 1_000_000), repeats
+        )
+    )
+    doc = {
+        "format": FORMAT,
+        "machine": {
+            **host(),
+            "torch_threads": 1,
+            "measured_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "quick": quick,
+            "versions": versions(),
+            "python": platform.python_version(),
+        },
+        "operations": operations,
+    }
+    write_json(out, doc)
+    return doc

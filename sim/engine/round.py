@@ -1,0 +1,305 @@
+"""One federated round in virtual time: SimPy processes around the sans-IO protocol machines.
+
+The frame of a round (DESIGN "A round"): the server sends the global model to every sampled client
+(concurrent transfers share the server's downlink), each client trains (its cost-model time times its
+slow-down), then enters the aggregation protocol with its update. From there the round is driven by the
+machines: every message a machine emits crosses the simulated network with its real encoded size (in
+``full`` fidelity it is really encoded and decoded; in ``timing`` fidelity its size is computed), and
+every operation a machine reports is charged from the cost model, to the client's CPU (times its
+slow-down) or to the server's (divided by its speed). The server handles one message at a time.
+
+Collection steps end when every client the server machine still expects has answered or has left, or
+when the step's timeout passes; clients that have not answered by then are late (``timeout:<step>``) and
+whatever they send afterwards is discarded. A client that drops out leaves at its planned stage; unless
+``dropout.silent`` the server learns of it at once (a closed connection), else only by the timeout.
+When the server machine is done or aborts, the round ends: clients still busy are stopped and their
+transfers cancelled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Generator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import simpy
+
+from sim.costs.model import CostModel
+from sim.engine.network import Flow, Link, Network
+from sim.engine.population import Population
+from sim.learning.trainer import Learner, local_batches
+from sim.protocol import wire
+from sim.protocol.fedavg import FedAvgClient, FedAvgServer, ModelDownload
+from sim.protocol.machine import SERVER, Aggregate, Reaction, RemoteProtocolError
+from sim.protocol.wire import Blank, Message
+
+MBPS = 1e6
+"""Bits per second in one Mbps."""
+
+_NAN = float("nan")
+
+
+@dataclass
+class ClientRecord:
+    """What one sampled client did in a round (virtual seconds; NaN for what it never did)."""
+
+    client: int
+    slowdown: float
+    bandwidth_mbps: float
+    samples: int
+    download_start: float = _NAN
+    download_end: float = _NAN
+    train_start: float = _NAN
+    train_end: float = _NAN
+    upload_s: float = 0.0
+    """Total time of this client's transfers to the server."""
+    compute_s: float = 0.0
+    """Total protocol compute time charged to this client (besides training)."""
+    bytes_down: int = 0
+    bytes_up: int = 0
+    dropped_stage: str = ""
+    """Empty for a survivor, else the planned dropout stage, ``timeout:<step>`` or ``rejected: <why>``."""
+    last_upload_end: float = _NAN
+
+
+@dataclass
+class RoundRecord:
+    """The outcome and timeline of one round."""
+
+    round: int
+    t_start: float
+    t_end: float = _NAN
+    outcome: str = ""
+    sampled: int = 0
+    survivors: int = 0
+    dropped_planned: int = 0
+    timed_out: int = 0
+    clients: list[ClientRecord] = field(default_factory=list)
+    steps: list[tuple[str, float, float]] = field(default_factory=list)
+    """Server collection steps as ``(name, start, end)``."""
+    aggregate_start: float = _NAN
+    server_bytes_in: int = 0
+    server_bytes_out: int = 0
+    aggregate: Aggregate | None = None
+
+
+@dataclass
+class RoundSetup:
+    """What stays the same across the rounds of a run."""
+
+    env: simpy.Environment
+    network: Network
+    server_up: Link
+    server_down: Link
+    population: Population
+    costs: CostModel
+    server_speed: float
+    timeouts: dict[str, float]
+    silent_dropout: bool
+    dim: int
+    train_op: str
+    local_epochs: int
+    batch_size: int
+    samples: Any
+    """Callable ``client -> number of local samples``."""
+    learner: Learner | None
+    """The real model (``full`` fidelity) or None (``timing``)."""
+
+
+class Round:
+    """The processes of one round; :meth:`run` is the server's process and returns a :class:`RoundRecord`."""
+
+    def __init__(self, setup: RoundSetup, number: int, sampled: np.ndarray, drops: dict[int, str]) -> None:
+        self.s = setup
+        self.env = setup.env
+        self.number = number
+        self.sampled = tuple(int(c) for c in sampled)
+        self.drops = drops
+        self.full = setup.learner is not None
+        self.machine = FedAvgServer(number, self.sampled, setup.dim)
+        self.inbox = simpy.Store(self.env)
+        self.client_inbox = {c: simpy.Store(self.env) for c in self.sampled}
+        self.gone: set[int] = set()
+        self.late: set[int] = set()
+        self.flows: dict[int, Flow] = {}
+        self.procs: list[simpy.Process] = []
+        pop = setup.population
+        self.links: dict[int, tuple[Link, Link]] = {}
+        self.record = RoundRecord(round=number, t_start=self.env.now, sampled=len(self.sampled))
+        self.clients: dict[int, ClientRecord] = {}
+        for c in self.sampled:
+            bps = float(pop.bandwidth_mbps[c]) * MBPS
+            self.links[c] = (Link(f"client{c}.up", bps), Link(f"client{c}.down", bps))
+            self.clients[c] = ClientRecord(
+                client=c,
+                slowdown=float(pop.slowdown[c]),
+                bandwidth_mbps=float(pop.bandwidth_mbps[c]),
+                samples=int(setup.samples(c)),
+            )
+
+    # -- server -----------------------------------------------------------------------------------
+    def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
+        env, machine, rec = self.env, self.machine, self.record
+        for c in self.sampled:
+            self.procs.append(env.process(self._client(c)))
+        yield from self._server_react(machine.begin())
+        while machine.step not in ("done", "aborted"):
+            step, start = machine.step, env.now
+            timeout = self.s.timeouts.get(step)
+            deadline = env.timeout(timeout) if timeout is not None else None
+            while True:
+                waiting = machine.expected() - self.gone
+                if not waiting:
+                    break
+                get = self.inbox.get()
+                yield get if deadline is None else env.any_of([get, deadline])
+                if not get.triggered:
+                    get.cancel()
+                    for c in sorted(waiting):
+                        self.late.add(c)
+                        if not self.clients[c].dropped_stage:
+                            self.clients[c].dropped_stage = f"timeout:{step}"
+                    break
+                kind, sender, message = get.value  # type: ignore[misc]
+                if kind == "gone":
+                    self.gone.add(sender)
+                    continue
+                if sender in self.late or sender not in machine.expected():
+                    continue
+                try:
+                    reaction = machine.receive(sender, message)
+                except RemoteProtocolError as exc:
+                    self.gone.add(sender)
+                    self.clients[sender].dropped_stage = f"rejected: {exc.reason}"
+                    continue
+                yield from self._server_react(reaction)
+            rec.steps.append((step, start, env.now))
+            rec.aggregate_start = env.now
+            yield from self._server_react(machine.close_step())
+        self._stop_clients()
+        rec.t_end = env.now
+        rec.outcome = machine.outcome
+        rec.aggregate = machine.aggregate
+        survivors = set(machine.aggregate.survivors) if machine.aggregate is not None else set()
+        rec.survivors = len(survivors)
+        rec.dropped_planned = len(self.drops)
+        rec.timed_out = sum(1 for c in self.clients.values() if c.dropped_stage.startswith("timeout:"))
+        for c in self.sampled:
+            record = self.clients[c]
+            if c not in survivors and not record.dropped_stage:
+                record.dropped_stage = "not aggregated"
+            rec.clients.append(record)
+        return rec
+
+    def _server_react(self, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+        seconds = self.s.costs.work_seconds(reaction.work) / self.s.server_speed
+        if seconds > 0:
+            yield self.env.timeout(seconds)
+        for send in reaction.sends:
+            self.procs.append(self.env.process(self._deliver(SERVER, send.to, send.message)))
+
+    def _stop_clients(self) -> None:
+        for proc in self.procs:
+            if proc.is_alive:
+                proc.interrupt("round over")
+        for flow in list(self.flows.values()):
+            self.s.network.cancel(flow)
+        self.flows.clear()
+
+    # -- clients ----------------------------------------------------------------------------------
+    def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
+        env, rec, s = self.env, self.clients[c], self.s
+        try:
+            if self.drops.get(c) == "after_sampling":
+                self._leave(c, "after_sampling")
+                return
+            params = s.learner.params if s.learner is not None else Blank(s.dim, np.dtype("<f4"))
+            rec.download_start = env.now
+            yield from self._transfer(SERVER, c, ModelDownload(self.number, params))
+            rec.download_end = rec.train_start = env.now
+            samples = rec.samples
+            train_seconds = rec.slowdown * s.costs.seconds(
+                s.train_op,
+                {
+                    "samples": samples * s.local_epochs,
+                    "batches": local_batches(samples, s.batch_size, s.local_epochs),
+                },
+            )
+            update: wire.Vector
+            if s.learner is not None:
+                update, weight = s.learner.local_update(c, self.number)
+            else:
+                update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
+            yield env.timeout(train_seconds)
+            rec.train_end = env.now
+            if self.drops.get(c) == "before_upload":
+                self._leave(c, "before_upload")
+                return
+            machine = FedAvgClient(self.number, c)
+            yield from self._client_react(c, machine.start(update, weight))
+            inbox = self.client_inbox[c]
+            while True:
+                message = yield inbox.get()
+                yield from self._client_react(c, machine.receive(message))
+        except simpy.Interrupt:
+            return
+
+    def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+        rec = self.clients[c]
+        seconds = self.s.costs.work_seconds(reaction.work) * rec.slowdown
+        if seconds > 0:
+            rec.compute_s += seconds
+            yield self.env.timeout(seconds)
+        for send in reaction.sends:
+            self.procs.append(self.env.process(self._deliver(c, send.to, send.message)))
+
+    def _leave(self, c: int, stage: str) -> None:
+        self.clients[c].dropped_stage = stage
+        if not self.s.silent_dropout:
+            self.inbox.put(("gone", c, None))
+
+    # -- network ----------------------------------------------------------------------------------
+    def _transfer(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, Message]:
+        """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes."""
+        if self.full:
+            data = message.encode()
+            nbytes = len(data)
+        else:
+            nbytes = message.wire_size()
+        if sender == SERVER:
+            path = (self.s.server_down, self.links[to][1])
+            self.record.server_bytes_out += nbytes
+            self.clients[to].bytes_down += nbytes
+        else:
+            path = (self.links[sender][0], self.s.server_up)
+            self.record.server_bytes_in += nbytes
+            self.clients[sender].bytes_up += nbytes
+        flow = self.s.network.transfer(nbytes, path)
+        self.flows[id(flow)] = flow
+        try:
+            yield flow.done
+        finally:
+            self.flows.pop(id(flow), None)
+        return wire.decode(data) if self.full else message
+
+    def _deliver(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, None]:
+        try:
+            start = self.env.now
+            received = yield from self._transfer(sender, to, message)
+            if sender == SERVER:
+                self.client_inbox[to].put(received)
+            else:
+                rec = self.clients[sender]
+                rec.upload_s += self.env.now - start
+                rec.last_upload_end = self.env.now
+                self.inbox.put(("msg", sender, received))
+        except simpy.Interrupt:
+            return
+
+
+def mean_of(values: list[float]) -> float:
+    """Mean of the finite values, NaN when there are none."""
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else _NAN

@@ -1,0 +1,101 @@
+"""A run: the population, the SimPy world and the model, advanced one round at a time.
+
+The server's clock runs continuously across rounds: round r+1 starts (samples its clients) the moment
+round r ends. Each round's sample and dropouts come from their own seeded streams, so ``full`` and
+``timing`` fidelity (which skips training and all payload arithmetic) produce identical virtual times.
+Evaluation of the global model is the experimenter's measurement, not part of the protocol, and takes no
+virtual time.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.costs.model import CostModel
+from sim.engine.dropout import DropoutModel
+from sim.engine.network import Link, Network
+from sim.engine.population import Population
+from sim.engine.round import MBPS, Round, RoundRecord, RoundSetup
+from sim.engine.sampling import sample_clients
+from sim.learning.federated import load_federated
+from sim.learning.models import count_parameters, train_op
+from sim.learning.trainer import Learner
+from sim.scenario.schema import Scenario
+
+
+@dataclass
+class RoundResult:
+    """A finished round with the model's state after it."""
+
+    record: RoundRecord
+    accuracy: float
+    loss: float
+    model_sha256: str
+
+
+class Simulation:
+    """Everything one run holds; :meth:`step` simulates the next round."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        self.scenario = sc = scenario
+        self.population = Population.build(sc.population, sc.clients, sc.seed)
+        self.dropout = DropoutModel(sc.dropout, sc.population, sc.seed)
+        self.costs = CostModel.load(sc.cost_profile)
+        self.data = load_federated(sc.data, sc.population, sc.seed)
+        self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed) if sc.fidelity == "full" else None
+        shape, classes = self.data.input_shape, self.data.num_classes
+        dim = self.learner.dim if self.learner is not None else count_parameters(sc.model.name, shape, classes)
+        op = train_op(sc.model.name, shape, classes)
+        self.costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
+        self.env = simpy.Environment()
+        self.network = Network(self.env)
+        bps = sc.server.bandwidth_mbps * MBPS
+        self.setup = RoundSetup(
+            env=self.env,
+            network=self.network,
+            server_up=Link("server.up", bps),
+            server_down=Link("server.down", bps),
+            population=self.population,
+            costs=self.costs,
+            server_speed=sc.server.speed,
+            timeouts=sc.timeouts,
+            silent_dropout=sc.dropout.silent,
+            dim=dim,
+            train_op=op,
+            local_epochs=sc.training.local_epochs,
+            batch_size=sc.training.batch_size,
+            samples=self.data.num_samples,
+            learner=self.learner,
+        )
+        self._everyone = np.arange(sc.population, dtype=np.int64)
+        self.round = 0
+
+    @property
+    def dim(self) -> int:
+        """Number of model parameters (the length of every update)."""
+        return self.setup.dim
+
+    def step(self) -> RoundResult:
+        """Simulate the next round (numbered from 1) and return what happened."""
+        self.round += 1
+        sc, r = self.scenario, self.round
+        sampled = sample_clients(self._everyone, sc.sampling, sc.seed, r)
+        drops = self.dropout.plan(r, sampled)
+        process = self.env.process(Round(self.setup, r, sampled, drops).run())
+        self.env.run(until=process)
+        record = process.value
+        assert isinstance(record, RoundRecord)
+        accuracy = loss = math.nan
+        digest = ""
+        if self.learner is not None:
+            if record.aggregate is not None:
+                assert isinstance(record.aggregate.vector, np.ndarray)
+                self.learner.apply(record.aggregate.vector)
+            if r % sc.evaluation.every == 0 or r == sc.rounds:
+                accuracy, loss = self.learner.evaluate()
+            digest = self.learner.model_sha256()
+        return RoundResult(record, accuracy, loss, digest)

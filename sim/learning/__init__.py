@@ -1,0 +1,1 @@
+"""Data sets, models and local training for the simulated clients."""

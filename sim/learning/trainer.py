@@ -1,0 +1,97 @@
+"""Real local training and evaluation with torch; the global model as a flat float32 vector.
+
+A client's local update is ``theta_local - theta_global`` after ``local_epochs`` of mini-batch SGD with
+momentum from the global model, mini-batches in an order drawn from the client's ``TRAINING`` stream for
+the round. The server applies ``theta <- theta + server_lr * aggregate`` (FedAvg, McMahan et al. 2017:
+with server_lr = 1 the new model is the weighted mean of the client models). The model hash is SHA-256
+of the parameters as little-endian float32 bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from sim.learning.federated import FederatedData
+from sim.learning.models import build_model
+from sim.scenario.schema import Training
+from sim.seeds import Stream, int_seed
+
+_EVAL_BATCH = 1024
+
+
+class Learner:
+    """The global model and the means to train it locally and test it."""
+
+    def __init__(self, model_name: str, data: FederatedData, training: Training, seed: int) -> None:
+        torch.set_num_threads(training.threads)
+        torch.manual_seed(int_seed(seed, Stream.MODEL_INIT))
+        self.model: nn.Module = build_model(model_name, data.input_shape, data.num_classes)
+        self.data = data
+        self.training = training
+        self.seed = seed
+        self.params = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
+        self._loss = nn.CrossEntropyLoss()
+
+    @property
+    def dim(self) -> int:
+        return int(self.params.shape[0])
+
+    def _load(self, params: np.ndarray) -> None:
+        vector_to_parameters(torch.from_numpy(params.copy()), self.model.parameters())
+
+    def local_update(self, client: int, round: int) -> tuple[np.ndarray, float]:
+        """Train ``client`` from the global model; returns ``(delta float32, weight = sample count)``."""
+        x_np, y_np = self.data.client_data(client)
+        x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
+        self._load(self.params)
+        self.model.train()
+        t = self.training
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
+        order = torch.Generator().manual_seed(int_seed(self.seed, Stream.TRAINING, round, client))
+        n = int(y.shape[0])
+        for _ in range(t.local_epochs):
+            perm = torch.randperm(n, generator=order)
+            for start in range(0, n, t.batch_size):
+                batch = perm[start : start + t.batch_size]
+                optimizer.zero_grad(set_to_none=True)
+                loss = self._loss(self.model(x[batch]), y[batch])
+                loss.backward()
+                optimizer.step()
+        local = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
+        return local - self.params, float(n)
+
+    def apply(self, aggregate: np.ndarray) -> None:
+        """FedAvg server step with the aggregated (weighted-mean) update."""
+        lr = np.float32(self.training.server_lr)
+        self.params = (self.params + lr * aggregate.astype(np.float32)).astype(np.float32)
+
+    def evaluate(self) -> tuple[float, float]:
+        """``(accuracy, mean cross-entropy loss)`` of the global model on the test set."""
+        x_np, y_np = self.data.test_data()
+        self._load(self.params)
+        self.model.eval()
+        correct, loss_sum = 0, 0.0
+        with torch.no_grad():
+            for start in range(0, y_np.shape[0], _EVAL_BATCH):
+                x = torch.from_numpy(x_np[start : start + _EVAL_BATCH])
+                y = torch.from_numpy(y_np[start : start + _EVAL_BATCH])
+                out = self.model(x)
+                loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
+                correct += int((out.argmax(dim=1) == y).sum())
+        n = int(y_np.shape[0])
+        loss = loss_sum / n
+        return correct / n, loss if math.isfinite(loss) else float("nan")
+
+    def model_sha256(self) -> str:
+        return hashlib.sha256(self.params.astype("<f4").tobytes()).hexdigest()
+
+
+def local_batches(samples: int, batch_size: int, epochs: int) -> int:
+    """Optimizer steps of local training: ``epochs * ceil(samples / batch_size)``."""
+    return epochs * math.ceil(samples / batch_size)

@@ -1,0 +1,96 @@
+"""Figures from result tables (never from a live simulation): PNG and vector PDF.
+
+``plot_results`` reads the rounds of every run under the given folders and draws, one line per run (or,
+with ``by=KEY``, one line per value of a swept key, the mean over the other runs with a band from their
+minimum to maximum):
+
+- ``accuracy_vs_round``: test accuracy against round;
+- ``accuracy_vs_time``: test accuracy against virtual time since the start (hours);
+- ``round_time``: round duration (virtual seconds) against round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import pandas as pd
+
+from sim.results.read import ResultsError, read_run_table, run_dirs
+
+FIGURES = ("accuracy_vs_round", "accuracy_vs_time", "round_time")
+
+
+def load_rounds(paths: list[Path]) -> pd.DataFrame:
+    """Rounds of every run under ``paths``, with a ``line`` column naming the run uniquely."""
+    frames = []
+    for path in paths:
+        for directory in run_dirs(path):
+            frame = read_run_table(directory, "rounds")
+            if frame.empty:
+                continue
+            frame = frame.assign(source=str(directory))
+            frames.append(frame)
+    if not frames:
+        raise ResultsError(f"no finished rounds under {', '.join(str(p) for p in paths)}")
+    rounds = pd.concat(frames, ignore_index=True)
+    ambiguous = rounds.groupby("run_id")["source"].nunique() > 1
+    rounds["line"] = [
+        f"{src} ({rid})" if ambiguous.get(rid, False) else str(rid)
+        for rid, src in zip(rounds["run_id"], rounds["source"], strict=True)
+    ]
+    rounds["hours"] = rounds["t_end"] / 3600.0
+    return rounds
+
+
+def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tuple[str, pd.DataFrame]]:
+    """``(label, frame with x, mean, lo, hi)`` per line."""
+    data = rounds.dropna(subset=[y])
+    if by is None:
+        for label, frame in data.groupby("line", sort=False):
+            yield str(label), pd.DataFrame({x: frame[x], "mean": frame[y], "lo": frame[y], "hi": frame[y]})
+        return
+    if by not in data.columns:
+        swept = [c for c in rounds.columns if "." in c or c == "seed"]
+        raise ResultsError(f"--by {by}: no such column; swept keys in these results: {', '.join(swept) or 'none'}")
+    for value, frame in data.groupby(by, sort=True):
+        stats = frame.groupby(x)[y].agg(["mean", "min", "max"]).reset_index()
+        yield f"{by}={value}", stats.rename(columns={"min": "lo", "max": "hi"})
+
+
+def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Path]:
+    """Draw the figures for the runs under ``paths`` into ``out``; returns the files written."""
+    rounds = load_rounds(paths)
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    specs = [
+        ("accuracy_vs_round", "round", "accuracy", "Round", "Test accuracy"),
+        ("accuracy_vs_time", "hours", "accuracy", "Virtual time (hours)", "Test accuracy"),
+        ("round_time", "round", "round_time", "Round", "Round duration (virtual seconds)"),
+    ]
+    for name, x, y, xlabel, ylabel in specs:
+        lines = list(_lines(rounds, by, x, y))
+        if not lines:
+            continue
+        fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+        for label, frame in lines:
+            (handle,) = ax.plot(frame[x], frame["mean"], label=label, linewidth=1.5)
+            if by is not None:
+                ax.fill_between(frame[x], frame["lo"], frame["hi"], color=handle.get_color(), alpha=0.2, linewidth=0)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+        if y == "accuracy":
+            ax.set_ylim(0, 1)
+        ncol = 1 if len(lines) <= 8 else 2
+        ax.legend(fontsize="small", ncol=ncol, loc="best", frameon=False)
+        for ext in ("png", "pdf"):
+            path = out / f"{name}.{ext}"
+            fig.savefig(path, dpi=150)
+            written.append(path)
+        plt.close(fig)
+    return written

@@ -1,0 +1,267 @@
+"""Versioned binary encoding of protocol messages (no pickle, ever).
+
+A frame is ``magic (2 bytes 'DS') | version (u8) | type (u8) | body length (u32) | body``, all integers
+little-endian. A message type is a frozen dataclass deriving :class:`Message` with a unique ``TYPE``
+number and a ``FIELDS`` list of ``(attribute, codec)``; the body is the fields' encodings in order.
+Decoding checks the magic, version, type, body length, every field's bounds and that no bytes are left
+over, and raises :class:`WireError` naming what is wrong: the real-socket mode sends exactly these bytes.
+
+In ``timing`` fidelity a vector is a :class:`Blank` (length and dtype, no data): :meth:`Message.wire_size`
+gives the same size the real vector would encode to, without making it.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+
+MAGIC = b"DS"
+VERSION = 1
+HEADER = struct.Struct("<2sBBI")
+MAX_BODY = (1 << 32) - 1
+"""Largest body a frame may announce, in bytes (the u32 length field's limit)."""
+
+
+class WireError(ValueError):
+    """Bytes that are not a valid message of this protocol version."""
+
+
+@dataclass(frozen=True)
+class Blank:
+    """A vector known only by its length and dtype (``timing`` fidelity): sized, never encoded."""
+
+    length: int
+    dtype: np.dtype[Any]
+
+    def __post_init__(self) -> None:
+        if self.length < 0:
+            raise ValueError(f"Blank length must be >= 0, not {self.length}")
+        object.__setattr__(self, "dtype", np.dtype(self.dtype))
+
+
+Vector = np.ndarray | Blank
+"""A payload vector: real data (full fidelity) or its shape only (timing fidelity)."""
+
+
+def vector_length(v: Vector) -> int:
+    return v.length if isinstance(v, Blank) else int(v.shape[0])
+
+
+class Codec:
+    """Encoding of one field type: size, write, read."""
+
+    name = "value"
+
+    def size(self, value: Any) -> int:
+        raise NotImplementedError
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        raise NotImplementedError
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        raise NotImplementedError
+
+    def _need(self, buf: memoryview, offset: int, n: int) -> None:
+        if offset + n > len(buf):
+            raise WireError(f"truncated {self.name}: needs {n} bytes at offset {offset}, {len(buf) - offset} left")
+
+
+class _Int(Codec):
+    def __init__(self, fmt: str, name: str) -> None:
+        self.struct = struct.Struct("<" + fmt)
+        self.name = name
+        self.lo, self.hi = _int_range(fmt)
+
+    def size(self, value: Any) -> int:
+        return self.struct.size
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        if not self.lo <= int(value) <= self.hi:
+            raise ValueError(f"{self.name} value {value} is out of range [{self.lo}, {self.hi}]")
+        out.append(self.struct.pack(int(value)))
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, self.struct.size)
+        return self.struct.unpack_from(buf, offset)[0], offset + self.struct.size
+
+
+def _int_range(fmt: str) -> tuple[int, int]:
+    bits = struct.calcsize(fmt) * 8
+    if fmt.isupper():
+        return 0, (1 << bits) - 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+class _Float(Codec):
+    name = "f64"
+    _s = struct.Struct("<d")
+
+    def size(self, value: Any) -> int:
+        return 8
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        out.append(self._s.pack(float(value)))
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, 8)
+        return self._s.unpack_from(buf, offset)[0], offset + 8
+
+
+class _Bytes(Codec):
+    name = "bytes"
+
+    def __init__(self, limit: int = 1 << 30) -> None:
+        self.limit = limit
+
+    def size(self, value: Any) -> int:
+        return 4 + len(value)
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        out.append(struct.pack("<I", len(value)))
+        out.append(bytes(value))
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, 4)
+        (n,) = struct.unpack_from("<I", buf, offset)
+        if n > self.limit:
+            raise WireError(f"{self.name} of {n} bytes exceeds the limit of {self.limit}")
+        self._need(buf, offset + 4, n)
+        return bytes(buf[offset + 4 : offset + 4 + n]), offset + 4 + n
+
+
+DTYPES: dict[int, np.dtype[Any]] = {
+    1: np.dtype("<f4"),
+    2: np.dtype("<u4"),
+    3: np.dtype("<u8"),
+    4: np.dtype("<i8"),
+    5: np.dtype("<u1"),
+    6: np.dtype("<f8"),
+}
+_DTYPE_CODES = {dt: code for code, dt in DTYPES.items()}
+
+
+class _Vector(Codec):
+    """``dtype code (u8) | count (u64) | count * itemsize bytes`` little-endian."""
+
+    name = "vector"
+
+    def __init__(self, dtypes: Sequence[str] | None = None) -> None:
+        self.allowed = None if dtypes is None else {np.dtype(d).newbyteorder("<") for d in dtypes}
+
+    def _dtype(self, value: Vector) -> np.dtype[Any]:
+        dt = np.dtype(value.dtype).newbyteorder("<")
+        if dt not in _DTYPE_CODES or (self.allowed is not None and dt not in self.allowed):
+            raise ValueError(f"vector dtype {value.dtype} cannot be encoded here")
+        return dt
+
+    def size(self, value: Any) -> int:
+        return 9 + vector_length(value) * self._dtype(value).itemsize
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        if isinstance(value, Blank):
+            raise ValueError("a Blank vector (timing fidelity) has no bytes to encode")
+        dt = self._dtype(value)
+        arr = np.ascontiguousarray(value, dtype=dt)
+        if arr.ndim != 1:
+            raise ValueError(f"vectors must be one-dimensional, not of shape {arr.shape}")
+        out.append(struct.pack("<BQ", _DTYPE_CODES[dt], arr.shape[0]))
+        out.append(arr.tobytes())
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, 9)
+        code, count = struct.unpack_from("<BQ", buf, offset)
+        dt = DTYPES.get(code)
+        if dt is None or (self.allowed is not None and dt not in self.allowed):
+            raise WireError(f"vector dtype code {code} is not allowed here")
+        n = count * dt.itemsize
+        self._need(buf, offset + 9, n)
+        arr = np.frombuffer(buf, dtype=dt, count=count, offset=offset + 9).copy()
+        return arr, offset + 9 + n
+
+
+U8 = _Int("B", "u8")
+U32 = _Int("I", "u32")
+U64 = _Int("Q", "u64")
+I64 = _Int("q", "i64")
+F64 = _Float()
+BYTES = _Bytes()
+VECTOR = _Vector()
+F32_VECTOR = _Vector(["<f4"])
+
+_REGISTRY: dict[int, type[Message]] = {}
+
+
+class Message:
+    """Base of every wire message: subclasses are frozen dataclasses with ``TYPE`` and ``FIELDS``."""
+
+    TYPE: ClassVar[int]
+    FIELDS: ClassVar[tuple[tuple[str, Codec], ...]]
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "TYPE" not in cls.__dict__:
+            return
+        if cls.TYPE in _REGISTRY and _REGISTRY[cls.TYPE].__qualname__ != cls.__qualname__:
+            raise TypeError(f"message type {cls.TYPE} is taken by {_REGISTRY[cls.TYPE].__name__}")
+        if not 0 < cls.TYPE < 256:
+            raise TypeError(f"message type must be in 1..255, not {cls.TYPE}")
+        _REGISTRY[cls.TYPE] = cls
+
+    def body_size(self) -> int:
+        return sum(codec.size(getattr(self, name)) for name, codec in self.FIELDS)
+
+    def wire_size(self) -> int:
+        """Bytes of the encoded frame (header included), computed without encoding."""
+        return HEADER.size + self.body_size()
+
+    def encode(self) -> bytes:
+        parts: list[bytes] = []
+        for name, codec in self.FIELDS:
+            codec.write(getattr(self, name), parts)
+        body = b"".join(parts)
+        return HEADER.pack(MAGIC, VERSION, self.TYPE, len(body)) + body
+
+
+def decode(data: bytes | memoryview) -> Message:
+    """Decode one whole frame; raises :class:`WireError` on anything malformed."""
+    buf = memoryview(data)
+    if len(buf) < HEADER.size:
+        raise WireError(f"frame of {len(buf)} bytes is shorter than the {HEADER.size}-byte header")
+    magic, version, mtype, length = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC:
+        raise WireError(f"bad magic {bytes(magic)!r}; expected {MAGIC!r}")
+    if version != VERSION:
+        raise WireError(f"protocol version {version} is not supported (this is version {VERSION})")
+    cls = _REGISTRY.get(mtype)
+    if cls is None:
+        raise WireError(f"unknown message type {mtype}")
+    if length != len(buf) - HEADER.size:
+        raise WireError(f"header announces a body of {length} bytes, frame has {len(buf) - HEADER.size}")
+    offset = HEADER.size
+    values: dict[str, Any] = {}
+    for name, codec in cls.FIELDS:
+        try:
+            values[name], offset = codec.read(buf, offset)
+        except WireError as exc:
+            raise WireError(f"{cls.__name__}.{name}: {exc}") from None
+    if offset != len(buf):
+        raise WireError(f"{cls.__name__}: {len(buf) - offset} bytes left over after the last field")
+    try:
+        return cls(**values)
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"{cls.__name__}: invalid field values: {exc}") from None
+
+
+def peek_header(data: bytes | memoryview) -> tuple[int, int]:
+    """``(message type, body length)`` of a frame header, checked; for stream framing."""
+    buf = memoryview(data)
+    if len(buf) < HEADER.size:
+        raise WireError("incomplete header")
+    magic, version, mtype, length = HEADER.unpack_from(buf, 0)
+    if magic != MAGIC or version != VERSION:
+        raise WireError(f"bad magic or version in header: {bytes(magic)!r} v{version}")
+    return mtype, length

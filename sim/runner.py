@@ -1,0 +1,129 @@
+"""Running one scenario: simulate round by round, write the tables as rounds finish, summarise.
+
+The manifest is written before the first round (status ``running``) and closed with ``complete``,
+``interrupted`` (Ctrl-C) or ``failed`` (with the error); the tables always hold every finished round.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import traceback
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from sim.engine.simulation import Simulation
+from sim.results.manifest import host, versions
+from sim.results.tables import round_rows
+from sim.results.writer import RunWriter
+from sim.scenario.schema import Scenario
+
+
+def scenario_digest(scenario: Scenario) -> str:
+    """SHA-256 of the resolved scenario: a finished run with the same digest need not run again."""
+    text = json.dumps(scenario.resolved, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass
+class RunSummary:
+    """A few numbers about a finished run, for the summary table."""
+
+    run_id: str
+    rounds: int
+    final_accuracy: float
+    best_accuracy: float
+    mean_round_time: float
+    virtual_hours: float
+    mean_dropped: float
+    aborted: int
+    wall_seconds: float
+
+    def row(self) -> dict[str, Any]:
+        return {
+            "run": self.run_id,
+            "rounds": self.rounds,
+            "final acc": self.final_accuracy,
+            "best acc": self.best_accuracy,
+            "round time (s)": self.mean_round_time,
+            "virtual time (h)": self.virtual_hours,
+            "dropped/round": self.mean_dropped,
+            "aborted": self.aborted,
+            "wall (s)": self.wall_seconds,
+        }
+
+
+def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> RunSummary:
+    """Simulate ``scenario`` and write its results to ``directory``."""
+    started = time.perf_counter()
+    manifest: dict[str, Any] = {
+        "run_id": scenario.run_id or scenario.name,
+        "scenario_name": scenario.name,
+        "seed": scenario.seed,
+        "swept": scenario.swept,
+        "scenario": scenario.resolved,
+        "scenario_sha256": scenario_digest(scenario),
+        "started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "versions": versions(),
+        "host": host(),
+    }
+    writer = RunWriter(directory, manifest, extra_columns=list(scenario.swept))
+    accuracies: list[float] = []
+    times: list[float] = []
+    dropped: list[int] = []
+    aborted = 0
+    t_end = 0.0
+    try:
+        sim = Simulation(scenario)
+        writer.manifest.update(
+            model_parameters=sim.dim,
+            cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
+        )
+        bar = tqdm(
+            range(scenario.rounds),
+            desc=scenario.run_id or scenario.name,
+            unit="round",
+            disable=not progress,
+            leave=False,
+        )
+        for _ in bar:
+            result = sim.step()
+            writer.append(round_rows(manifest["run_id"], result, scenario.swept))
+            rec = result.record
+            times.append(rec.t_end - rec.t_start)
+            dropped.append(rec.sampled - rec.survivors)
+            t_end = rec.t_end
+            aborted += rec.outcome != "ok"
+            if not math.isnan(result.accuracy):
+                accuracies.append(result.accuracy)
+                bar.set_postfix(acc=f"{result.accuracy:.3f}")
+    except KeyboardInterrupt:
+        writer.close("interrupted", wall_seconds=time.perf_counter() - started)
+        raise
+    except Exception as exc:
+        writer.close(
+            "failed",
+            error=f"{type(exc).__name__}: {exc}",
+            traceback=traceback.format_exc(),
+            wall_seconds=time.perf_counter() - started,
+        )
+        raise
+    wall = time.perf_counter() - started
+    writer.close("complete", wall_seconds=wall, virtual_seconds=t_end)
+    return RunSummary(
+        run_id=manifest["run_id"],
+        rounds=len(times),
+        final_accuracy=accuracies[-1] if accuracies else math.nan,
+        best_accuracy=max(accuracies) if accuracies else math.nan,
+        mean_round_time=sum(times) / len(times) if times else math.nan,
+        virtual_hours=t_end / 3600.0,
+        mean_dropped=sum(dropped) / len(dropped) if dropped else math.nan,
+        aborted=aborted,
+        wall_seconds=wall,
+    )

@@ -1,0 +1,324 @@
+"""The scenario: frozen, validated parts, and the parser from a scenario document.
+
+Key names here are the user interface (see ``docs/scenarios.md``): later features add sibling keys but
+never rename these. Every value is checked where it is read; all problems are reported together.
+Units: virtual seconds, megabits per second (1 Mbps = 10^6 bit/s), dimensionless factors.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.protocol.registry import PROTOCOLS, ProtocolSpec
+from sim.scenario.errors import ScenarioError
+from sim.scenario.reader import Reader
+from sim.scenario.source import Document
+
+DATASETS = ("digits", "synthetic", "femnist", "cifar10")
+MODELS = ("cnn", "mlp")
+FIDELITIES = ("full", "timing")
+DROPOUT_MODES = ("fixed", "bernoulli", "per_client")
+
+
+@dataclass(frozen=True)
+class ZipfProfile:
+    """A population of device speeds: the i-th slowest of N devices has latency proportional to
+    ``i^-zipf_a`` (Dordis section 6.1), min-max scaled into ``[fastest, slowest]`` latency."""
+
+    zipf_a: float
+    fastest: float
+    """Latency of the fastest device (compute: slow-down factor; bandwidth: seconds per megabit)."""
+    slowest: float
+
+
+@dataclass(frozen=True)
+class Clients:
+    compute: ZipfProfile
+    """Compute slow-down factors relative to the profiled reference device (1.0 = as fast)."""
+    bandwidth: ZipfProfile
+    """Per-megabit transfer time, 1/Mbps; ``bandwidth_mbps.range`` is ``[1/slowest, 1/fastest]``."""
+
+
+@dataclass(frozen=True)
+class Server:
+    bandwidth_mbps: float
+    """Capacity of the server's link in each direction, shared by concurrent transfers."""
+    speed: float
+    """Compute speed relative to the profiled reference device (2.0 = twice as fast)."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """Exactly one of ``clients_per_round`` (uniform, without replacement) or ``rate`` (Poisson)."""
+
+    clients_per_round: int | None
+    rate: float | None
+
+
+@dataclass(frozen=True)
+class Dropout:
+    """Which sampled clients drop, and at which stage of the round.
+
+    ``fixed``: exactly ``round(rate * sampled)`` clients, chosen uniformly (Dordis 6.1).
+    ``bernoulli``: each sampled client independently with probability ``rate``.
+    ``per_client``: each client of the population has its own probability, ``high`` with probability
+    ``high_fraction`` and otherwise uniform in ``low`` (DReS-FL section 6).
+    """
+
+    mode: str
+    rate: float
+    stage: str
+    silent: bool
+    """A silent dropout is only noticed by the server at the step's timeout (else at once, as a closed
+    connection)."""
+    high: float
+    high_fraction: float
+    low: tuple[float, float]
+
+
+@dataclass(frozen=True)
+class Partition:
+    kind: str
+    """``iid``, ``dirichlet`` (label proportions ~ Dir(alpha) per client) or ``natural`` (by writer)."""
+    alpha: float | None = None
+
+
+@dataclass(frozen=True)
+class Data:
+    dataset: str
+    partition: Partition
+    path: str | None
+    test_fraction: float
+    samples_per_client: int
+    writers_per_client: int
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+
+
+@dataclass(frozen=True)
+class Training:
+    local_epochs: int
+    batch_size: int
+    lr: float
+    momentum: float
+    weight_decay: float
+    server_lr: float
+    """Step size of the server's FedAvg update (1.0 = plain weighted average of client models)."""
+    threads: int
+    """Torch CPU threads used for real training (results are reproducible for a fixed value)."""
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    every: int
+    """Evaluate the global model on the test set every ``every`` rounds (and after the last)."""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A fully resolved, valid scenario: what one run needs."""
+
+    name: str
+    seed: int
+    rounds: int
+    population: int
+    sampling: Sampling
+    clients: Clients
+    server: Server
+    dropout: Dropout
+    data: Data
+    model: Model
+    training: Training
+    evaluation: Evaluation
+    fidelity: str
+    output: str
+    timeouts: dict[str, float]
+    """Server-side wait limit in virtual seconds per protocol step; a step without one waits for all."""
+    cost_profile: str | None
+    protocol: ProtocolSpec
+    resolved: dict[str, Any] = field(compare=False, repr=False)
+    """The scenario as a plain mapping with every default filled in (for the manifest)."""
+    swept: dict[str, Any] = field(default_factory=dict)
+    """Values of the sweep keys for this run (``{}`` outside a sweep)."""
+    run_id: str = ""
+
+
+def parse(doc: Document, default_name: str | None = None) -> Scenario:
+    """Check and resolve a scenario document (without a ``sweep`` key: see :mod:`sim.scenario.grid`)."""
+    r = Reader(doc, doc.data)
+    name = r.string("name", default_name or Path(doc.name).stem)
+    seed = r.integer("seed", 0, lo=0, hi=2**63 - 1)
+    rounds = r.integer("rounds", lo=1)
+    population = r.integer("population", lo=1)
+
+    sampling = _sampling(r.section("sampling"), population)
+    clients = _clients(r.section("clients"))
+    s = r.section("server")
+    server = Server(
+        bandwidth_mbps=s.number("bandwidth_mbps", 1000.0, lo=0, lo_open=True),
+        speed=s.number("speed", 1.0, lo=0, lo_open=True),
+    )
+    s.finish()
+    protocol = PROTOCOLS["fedavg"]
+    dropout = _dropout(r.section("dropout"), protocol)
+    data = _data(r.section("data"), population)
+    m = r.section("model")
+    model = Model(name=m.choice("name", MODELS, "cnn"))
+    m.finish()
+    training = _training(r.section("training"))
+    e = r.section("evaluation")
+    evaluation = Evaluation(every=e.integer("every", 1, lo=1))
+    e.finish()
+    fidelity = r.choice("fidelity", FIDELITIES, "full")
+    output = r.string("output", f"results/{name}")
+    timeouts = _timeouts(r.section("timeouts"), protocol)
+    c = r.section("costs")
+    cost_profile = c.string("profile", None)
+    c.finish()
+    if dropout.silent and dropout.rate > 0 and not timeouts:
+        r.fail(
+            ("dropout", "silent"),
+            "is true, but no step has a timeout, so the server would wait for ever; "
+            f"set timeouts for the steps ({', '.join(protocol.steps)})",
+        )
+    r.finish(extra_allowed=("sweep",))
+    if r.problems:
+        raise ScenarioError(r.problems)
+    return Scenario(
+        name=name,
+        seed=seed,
+        rounds=rounds,
+        population=population,
+        sampling=sampling,
+        clients=clients,
+        server=server,
+        dropout=dropout,
+        data=data,
+        model=model,
+        training=training,
+        evaluation=evaluation,
+        fidelity=fidelity,
+        output=output,
+        timeouts=timeouts,
+        cost_profile=cost_profile,
+        protocol=protocol,
+        resolved=r.resolved,
+    )
+
+
+def _sampling(r: Reader, population: int) -> Sampling:
+    if r.has("clients_per_round") and r.has("rate"):
+        r.fail(
+            "rate",
+            "cannot be given with clients_per_round; give one: clients_per_round (a fixed "
+            "number each round) or rate (Poisson sampling)",
+        )
+    if r.has("rate"):
+        sampling = Sampling(None, r.number("rate", lo=0, hi=1, lo_open=True))
+    else:
+        k = r.integer("clients_per_round", min(10, population or 10), lo=1)
+        if population is not None and k is not None and k > population:
+            r.fail("clients_per_round", f"is {k}, more than the population ({population})")
+        sampling = Sampling(k, None)
+    r.finish(extra_allowed=("clients_per_round", "rate"))
+    return sampling
+
+
+def _clients(r: Reader) -> Clients:
+    c = r.section("compute")
+    compute_a = c.number("zipf_a", 1.2, lo=0)
+    fastest, slowest = c.interval("slowdown", (1.0, 3.0), lo=0, lo_open=True)
+    compute = ZipfProfile(compute_a, fastest, slowest)
+    c.finish()
+    b = r.section("bandwidth_mbps")
+    a = b.number("zipf_a", 1.2, lo=0)
+    lo_mbps, hi_mbps = b.interval("range", (21.0, 210.0), lo=0, lo_open=True)
+    b.finish()
+    r.finish()
+    return Clients(compute=compute, bandwidth=ZipfProfile(a, 1.0 / hi_mbps, 1.0 / lo_mbps))
+
+
+def _dropout(r: Reader, protocol: ProtocolSpec) -> Dropout:
+    mode = r.choice("mode", DROPOUT_MODES, "fixed")
+    rate = r.number("rate", 0.0, lo=0, hi=1)
+    stage = r.choice("stage", protocol.dropout_stages, "before_upload")
+    silent = r.boolean("silent", False)
+    if mode == "per_client":
+        high = r.number("high", 0.99, lo=0, hi=1)
+        high_fraction = r.number("high_fraction", 0.5, lo=0, hi=1)
+        low = r.interval("low", (0.0, 0.1), lo=0, hi=1)
+        if r.has("rate"):
+            r.fail(
+                "rate",
+                "is not used with mode per_client (each client's probability comes from high, "
+                "high_fraction and low); remove it",
+            )
+    else:
+        high, high_fraction, low = 0.99, 0.5, (0.0, 0.1)
+        for key in ("high", "high_fraction", "low"):
+            if r.has(key):
+                r.raw(key)
+                r.fail(key, f"only applies to mode per_client, not {mode!r}")
+    r.finish(extra_allowed=("high", "high_fraction", "low"))
+    return Dropout(mode, rate, stage, silent, high, high_fraction, low)
+
+
+def _partition(value: Any) -> tuple[Partition, Any]:
+    allowed = "allowed: iid, natural, or {dirichlet: ALPHA} with ALPHA > 0"
+    if value in ("iid", "natural"):
+        return Partition(value), value
+    if isinstance(value, dict) and list(value) == ["dirichlet"]:
+        alpha = value["dirichlet"]
+        if isinstance(alpha, int | float) and not isinstance(alpha, bool) and alpha > 0 and math.isfinite(alpha):
+            return Partition("dirichlet", float(alpha)), {"dirichlet": float(alpha)}
+    raise ValueError(allowed)
+
+
+def _data(r: Reader, population: int | None) -> Data:
+    dataset = r.choice("dataset", DATASETS, "digits")
+    partition = r.custom("partition", Partition("iid"), _partition)
+    if "partition" not in r.resolved:
+        r.resolved["partition"] = "iid"
+    needs_path = dataset in ("femnist", "cifar10")
+    given_path = r.has("path")
+    path = r.string("path", None)
+    if needs_path and not given_path:
+        r.fail("path", f"is required for dataset {dataset}: the folder holding its files (no data set is downloaded)")
+    if not needs_path and given_path:
+        r.fail("path", f"is not used by dataset {dataset!r} (only femnist and cifar10 read files)")
+    test_fraction = r.number("test_fraction", 0.2, lo=0, hi=1, lo_open=True, hi_open=True)
+    samples_per_client = r.integer("samples_per_client", 50, lo=1)
+    writers_per_client = r.integer("writers_per_client", 1, lo=1)
+    if partition.kind == "natural" and dataset != "femnist":
+        r.fail("partition", f"is 'natural', which needs writer ids: only femnist has them, not {dataset}")
+    r.finish()
+    return Data(dataset, partition, path, test_fraction, samples_per_client, writers_per_client)
+
+
+def _training(r: Reader) -> Training:
+    t = Training(
+        local_epochs=r.integer("local_epochs", 1, lo=1),
+        batch_size=r.integer("batch_size", 20, lo=1),
+        lr=r.number("lr", 0.05, lo=0, lo_open=True),
+        momentum=r.number("momentum", 0.9, lo=0, hi=1, hi_open=True),
+        weight_decay=r.number("weight_decay", 0.0, lo=0),
+        server_lr=r.number("server_lr", 1.0, lo=0, lo_open=True),
+        threads=r.integer("threads", 1, lo=1, hi=256),
+    )
+    r.finish()
+    return t
+
+
+def _timeouts(r: Reader, protocol: ProtocolSpec) -> dict[str, float]:
+    timeouts = {}
+    for step in protocol.steps:
+        if r.has(step):
+            timeouts[step] = r.number(step, lo=0, lo_open=True)
+    r.finish(extra_allowed=protocol.steps)
+    return timeouts

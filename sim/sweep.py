@@ -1,0 +1,142 @@
+"""Running a sweep: every grid point of a scenario, in worker processes, resumable.
+
+Layout: ``OUTPUT/sweep.json`` (the file, the grid and the run ids in order), ``OUTPUT/runs/<run_id>/``
+(one run folder each), ``OUTPUT/runs.csv`` (status of every run: ``complete``, ``skipped`` when an earlier
+sweep finished it with the same resolved scenario, ``failed`` with the error) and ``OUTPUT/rounds.csv``
+(the rounds of every finished run, in sweep order). Both tables are rewritten atomically each time a run
+ends, so a killed sweep keeps every finished run, and running the sweep again skips them. A failing run is
+reported and does not stop the others. Workers are started with ``spawn`` (no forked torch state).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import traceback
+from collections.abc import Callable
+from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+from tqdm import tqdm
+
+from sim.results.read import SWEEP, ResultsError, read_manifest, read_run_table
+from sim.results.writer import csv_bytes, write_atomic, write_json
+from sim.runner import RunSummary, run_scenario, scenario_digest
+from sim.scenario.grid import Grid
+from sim.scenario.schema import Scenario
+
+RUN_COLUMNS = ("run_id", "status", "error", "rounds", "final_accuracy", "mean_round_time", "wall_seconds")
+
+
+@dataclass
+class RunStatus:
+    run_id: str
+    status: str
+    error: str = ""
+    summary: RunSummary | None = None
+
+
+def is_finished(directory: Path, scenario: Scenario) -> bool:
+    """Whether ``directory`` holds a complete run of exactly this resolved scenario."""
+    try:
+        manifest = read_manifest(directory)
+    except ResultsError:
+        return False
+    return manifest.get("status") == "complete" and manifest.get("scenario_sha256") == scenario_digest(scenario)
+
+
+def _run_point(scenario: Scenario, directory: str) -> RunStatus:
+    """Worker: one grid point (exceptions become a ``failed`` status; the run folder keeps details)."""
+    try:
+        summary = run_scenario(scenario, Path(directory), progress=False)
+    except Exception as exc:
+        (Path(directory) / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
+        return RunStatus(scenario.run_id, "failed", f"{type(exc).__name__}: {exc}")
+    return RunStatus(scenario.run_id, "complete", summary=summary)
+
+
+def run_sweep(
+    grid: Grid,
+    source: str,
+    jobs: int = 1,
+    progress: bool = True,
+    on_status: Callable[[RunStatus], None] | None = None,
+) -> list[RunStatus]:
+    """Run every point of ``grid`` (from scenario file ``source``) into its ``output`` folder."""
+    points = grid.points()
+    out = Path(points[0].output)
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(
+        out / SWEEP,
+        {"scenario_file": source, "sweep": grid.sweep, "run_ids": [p.run_id for p in points]},
+    )
+    statuses: dict[str, RunStatus] = {}
+    todo: list[Scenario] = []
+    for point in points:
+        if is_finished(out / "runs" / point.run_id, point):
+            statuses[point.run_id] = RunStatus(point.run_id, "skipped")
+        else:
+            todo.append(point)
+    order = [p.run_id for p in points]
+    _write_tables(out, order, statuses)
+    bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="sweep", unit="run", disable=not progress)
+
+    def finish(status: RunStatus) -> None:
+        statuses[status.run_id] = status
+        _write_tables(out, order, statuses)
+        bar.update(1)
+        if on_status is not None:
+            on_status(status)
+
+    if jobs <= 1:
+        for point in todo:
+            finish(_run_point(point, str(out / "runs" / point.run_id)))
+    elif todo:
+        context = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
+            futures: dict[Future[RunStatus], Scenario] = {
+                pool.submit(_run_point, p, str(out / "runs" / p.run_id)): p for p in todo
+            }
+            for future in as_completed(futures):
+                point = futures[future]
+                try:
+                    status = future.result()
+                except Exception as exc:  # the worker process itself died
+                    status = RunStatus(point.run_id, "failed", f"worker died: {type(exc).__name__}: {exc}")
+                finish(status)
+    bar.close()
+    return [statuses[r] for r in order]
+
+
+def _write_tables(out: Path, order: list[str], statuses: dict[str, RunStatus]) -> None:
+    rows: list[dict[str, Any]] = []
+    frames = []
+    for run_id in order:
+        status = statuses.get(run_id)
+        if status is None:
+            rows.append({"run_id": run_id, "status": "pending"})
+            continue
+        row: dict[str, Any] = {"run_id": run_id, "status": status.status, "error": status.error}
+        directory = out / "runs" / run_id
+        if status.status in ("complete", "skipped"):
+            try:
+                manifest = read_manifest(directory)
+                rounds = read_run_table(directory, "rounds")
+            except ResultsError as exc:
+                row.update(status="failed", error=str(exc))
+            else:
+                frames.append(rounds)
+                acc = rounds["accuracy"].dropna() if "accuracy" in rounds else pd.Series(dtype=float)
+                row.update(
+                    rounds=len(rounds),
+                    final_accuracy=float(acc.iloc[-1]) if len(acc) else None,
+                    mean_round_time=float(rounds["round_time"].mean()) if len(rounds) else None,
+                    wall_seconds=manifest.get("wall_seconds"),
+                )
+        rows.append(row)
+    write_atomic(out / "runs.csv", csv_bytes(rows, RUN_COLUMNS, header=True))
+    if frames:
+        combined = pd.concat(frames, ignore_index=True)
+        write_atomic(out / "rounds.csv", combined.to_csv(index=False, float_format=None).encode())

@@ -1,0 +1,207 @@
+"""Scenario files: every wrong key, value and type is reported with file:line, key path, value and what
+is allowed; overrides and sweeps expand as documented; defaults are resolved."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.scenario import ScenarioError, load
+from sim.scenario.grid import parse_override, run_label
+
+BASE = """\
+name: t
+seed: 3
+rounds: 2
+population: 20
+sampling: {clients_per_round: 5}
+dropout: {rate: 0.2, stage: before_upload}
+data: {dataset: digits, partition: iid}
+fidelity: timing
+"""
+
+
+def write(tmp_path: Path, text: str, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def problems(tmp_path: Path, text: str, overrides: list[str] | None = None) -> list[str]:
+    with pytest.raises(ScenarioError) as info:
+        load(write(tmp_path, text), overrides).points()
+    return [str(p) for p in info.value.problems]
+
+
+def test_valid_file_resolves_every_default(tmp_path):
+    scenario = load(write(tmp_path, BASE)).base()
+    assert scenario.name == "t" and scenario.seed == 3 and scenario.rounds == 2
+    assert scenario.sampling.clients_per_round == 5 and scenario.sampling.rate is None
+    assert scenario.clients.compute.zipf_a == 1.2
+    assert (scenario.clients.compute.fastest, scenario.clients.compute.slowest) == (1.0, 3.0)
+    assert scenario.clients.bandwidth.fastest == 1 / 210 and scenario.clients.bandwidth.slowest == 1 / 21
+    assert scenario.training.local_epochs == 1 and scenario.training.threads == 1
+    assert scenario.output == "results/t"
+    resolved = scenario.resolved
+    assert resolved["server"] == {"bandwidth_mbps": 1000.0, "speed": 1.0}
+    assert resolved["clients"]["bandwidth_mbps"] == {"zipf_a": 1.2, "range": [21.0, 210.0]}
+    assert resolved["dropout"]["mode"] == "fixed"
+    assert resolved["data"]["partition"] == "iid"
+
+
+def test_misspelt_key_names_line_path_and_closest_key(tmp_path):
+    text = BASE.replace("dropout: {rate: 0.2, stage: before_upload}", "dropout:\n  rat: 0.2")
+    (message,) = problems(tmp_path, text)
+    assert message.startswith(f"{tmp_path / 's.yaml'}:7: dropout.rat: is not a known key")
+    assert "did you mean 'dropout.rate'?" in message
+    assert "allowed keys here: high, high_fraction, low, mode, rate, silent, stage" in message
+
+
+def test_misspelt_top_level_key(tmp_path):
+    (message,) = problems(tmp_path, BASE + "rounds_: 3\n")
+    assert ":9: rounds_: is not a known key; did you mean 'rounds'?" in message
+
+
+def test_value_out_of_range_says_what_is_allowed(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("rate: 0.2", "rate: 1.5"))
+    assert message.endswith(":6: dropout.rate: is 1.5, out of range; allowed: a number in [0, 1]")
+
+
+def test_wrong_types(tmp_path):
+    found = problems(
+        tmp_path,
+        BASE.replace("rounds: 2", "rounds: two").replace("seed: 3", "seed: 1.5") + "server: {speed: true}\n",
+    )
+    assert any("rounds: is 'two'; a whole number >= 1 is expected" in m for m in found)
+    assert any("seed: is 1.5; a whole number in [0, 9223372036854775807] is expected" in m for m in found)
+    assert any("server.speed: is True; a number > 0 is expected" in m for m in found)
+    assert len(found) == 3
+
+
+def test_choice_suggests_closest_value(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("stage: before_upload", "stage: before_uplod"))
+    assert "dropout.stage: is 'before_uplod'; allowed: after_sampling | before_upload; did you mean" in message
+
+
+def test_missing_required_keys(tmp_path):
+    found = problems(tmp_path, "name: x\n")
+    assert any(m.endswith("rounds: is required") for m in found)
+    assert any(m.endswith("population: is required") for m in found)
+
+
+def test_sampling_needs_exactly_one_form(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("{clients_per_round: 5}", "{clients_per_round: 5, rate: 0.1}"))
+    assert "sampling.rate: cannot be given with clients_per_round" in message
+    (message,) = problems(tmp_path, BASE.replace("{clients_per_round: 5}", "{clients_per_round: 50}"))
+    assert "sampling.clients_per_round: is 50, more than the population (20)" in message
+
+
+def test_interval_must_be_ordered_pair(tmp_path):
+    text = BASE + "clients:\n  compute: {slowdown: [3, 1]}\n"
+    (message,) = problems(tmp_path, text)
+    assert "clients.compute.slowdown: is [3, 1]; a pair [low, high] of numbers > 0 with low <= high" in message
+
+
+def test_partition_forms(tmp_path):
+    ok = load(write(tmp_path, BASE.replace("partition: iid", "partition: {dirichlet: 0.5}"))).base()
+    assert ok.data.partition.kind == "dirichlet" and ok.data.partition.alpha == 0.5
+    assert ok.resolved["data"]["partition"] == {"dirichlet": 0.5}
+    (message,) = problems(tmp_path, BASE.replace("partition: iid", "partition: {dirichlet: -1}"))
+    assert "data.partition: is {'dirichlet': -1}; allowed: iid, natural, or {dirichlet: ALPHA}" in message
+    (message,) = problems(tmp_path, BASE.replace("partition: iid", "partition: natural"))
+    assert "natural', which needs writer ids: only femnist has them" in message
+
+
+def test_file_datasets_need_a_path(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("dataset: digits", "dataset: femnist"))
+    assert "data.path: is required for dataset femnist" in message
+    (message,) = problems(tmp_path, BASE.replace("dataset: digits", "dataset: digits, path: /x"))
+    assert "data.path: is not used by dataset 'digits'" in message
+
+
+def test_per_client_keys_only_with_per_client_mode(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("rate: 0.2,", "rate: 0.2, high: 0.9,"))
+    assert "dropout.high: only applies to mode per_client, not 'fixed'" in message
+    ok = load(write(tmp_path, BASE.replace("rate: 0.2,", "mode: per_client, low: [0, 0.2],"))).base()
+    assert ok.dropout.mode == "per_client" and ok.dropout.low == (0.0, 0.2) and ok.dropout.high == 0.99
+
+
+def test_timeouts_are_keyed_by_protocol_step(tmp_path):
+    ok = load(write(tmp_path, BASE + "timeouts: {upload: 30}\n")).base()
+    assert ok.timeouts == {"upload": 30.0}
+    (message,) = problems(tmp_path, BASE + "timeouts: {uplaod: 30}\n")
+    assert "timeouts.uplaod: is not a known key; did you mean 'timeouts.upload'?" in message
+
+
+def test_silent_dropout_needs_a_timeout(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("rate: 0.2,", "rate: 0.2, silent: true,"))
+    assert "dropout.silent: is true, but no step has a timeout" in message
+
+
+def test_yaml_errors_and_duplicates_name_the_line(tmp_path):
+    (message,) = problems(tmp_path, BASE + "model: {name: cnn\n")
+    assert "s.yaml:" in message and "is not valid YAML" in message
+    (message,) = problems(tmp_path, BASE + "seed: 4\n")
+    assert message.endswith(":9: seed: is given twice (first on line 2); keep one")
+
+
+def test_top_level_must_be_a_mapping(tmp_path):
+    (message,) = problems(tmp_path, "- 1\n- 2\n")
+    assert "must be a mapping of keys to values, not a list" in message
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(ScenarioError, match="cannot be read"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_overrides_and_output(tmp_path):
+    path = write(tmp_path, BASE)
+    scenario = load(path, ["dropout.rate=0.4", "training.lr=0.5", "sampling={rate: 0.25}"], output="o").base()
+    assert scenario.dropout.rate == 0.4 and scenario.training.lr == 0.5
+    assert scenario.sampling.rate == 0.25 and scenario.sampling.clients_per_round is None
+    assert scenario.output == "o"
+    with pytest.raises(ScenarioError) as info:
+        load(path, ["dropout.rate=2"]).base()
+    assert str(info.value) == "--set dropout.rate=2: dropout.rate: is 2, out of range; allowed: a number in [0, 1]"
+    with pytest.raises(ScenarioError, match="must be written KEY.PATH=VALUE"):
+        load(path, ["dropout.rate"])
+    with pytest.raises(ScenarioError, match="is 0.2, not a mapping"):
+        load(path, ["dropout.rate.x=1"])
+
+
+def test_parse_override_keeps_sweep_keys_whole():
+    assert parse_override("sweep.dropout.rate=[0, 0.5]") == (("sweep", "dropout.rate"), [0, 0.5])
+    assert parse_override("a.b=") == (("a", "b"), None)
+
+
+def test_sweep_is_the_product_in_written_order(tmp_path):
+    grid = load(write(tmp_path, BASE + "sweep: {dropout.rate: [0, 0.5], seed: [1, 2, 3]}\n"))
+    points = grid.points()
+    assert grid.size == 6
+    assert [(p.dropout.rate, p.seed) for p in points] == [(0, 1), (0, 2), (0, 3), (0.5, 1), (0.5, 2), (0.5, 3)]
+    assert [p.run_id for p in points][:2] == ["dropout.rate=0_seed=1", "dropout.rate=0_seed=2"]
+    assert points[3].swept == {"dropout.rate": 0.5, "seed": 1}
+    assert grid.base().run_id == "t" and grid.base().swept == {}
+
+
+def test_sweep_of_mappings_gets_safe_names(tmp_path):
+    grid = load(write(tmp_path, BASE + "sweep: {sampling: [{rate: 0.1}, {clients_per_round: 4}]}\n"))
+    assert [p.run_id for p in grid.points()] == ['sampling=-rate-0.1-', 'sampling=-clients_per_round-4-']
+    assert run_label({"a": "x y/z"}) == "a=x-y-z"
+
+
+def test_sweep_errors_name_the_point(tmp_path):
+    found = problems(tmp_path, BASE + "sweep: {dropout.rate: [0.1, 3], training.lrr: [1]}\n")
+    assert any("(sweep dropout.rate=3_training.lrr=1): dropout.rate: is 3, out of range" in m for m in found)
+    assert any("training.lrr: is not a known key; did you mean 'training.lr'?" in m for m in found)
+    found = problems(tmp_path, BASE + "sweep: {output: [a, b]}\n")
+    assert any("sweep.output: cannot be swept" in m for m in found)
+    found = problems(tmp_path, BASE + "sweep: {seed: 3}\n")
+    assert any("sweep.seed: is 3; a non-empty list of values is expected" in m for m in found)
+
+
+def test_shipped_quickstart_is_valid():
+    scenario = load(Path(__file__).parent.parent / "scenarios" / "quickstart.yaml").base()
+    assert scenario.name == "quickstart" and scenario.fidelity == "full"
