@@ -188,7 +188,7 @@ def test_sweep_is_the_product_in_written_order(tmp_path):
 
 def test_sweep_of_mappings_gets_safe_names(tmp_path):
     grid = load(write(tmp_path, BASE + "sweep: {sampling: [{rate: 0.1}, {clients_per_round: 4}]}\n"))
-    assert [p.run_id for p in grid.points()] == ['sampling=-rate-0.1-', 'sampling=-clients_per_round-4-']
+    assert [p.run_id for p in grid.points()] == ["sampling=-rate-0.1-", "sampling=-clients_per_round-4-"]
     assert run_label({"a": "x y/z"}) == "a=x-y-z"
 
 

@@ -1,0 +1,99 @@
+"""The ``dropsim`` command as a user meets it: exit codes, messages on stderr, files written."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+
+SCENARIO = """
+name: cli
+seed: 4
+rounds: 3
+population: 20
+sampling: {clients_per_round: 5}
+dropout: {rate: 0.2}
+data: {dataset: digits}
+model: {name: mlp}
+training: {local_epochs: 2, batch_size: 10}
+sweep: {dropout.rate: [0, 0.4]}
+"""
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    path = tmp_path / "cli.yaml"
+    path.write_text(SCENARIO)
+    return path
+
+
+def test_check_accepts_a_valid_file(scenario_file, capsys):
+    assert main(["check", str(scenario_file)]) == 0
+    out = capsys.readouterr().out
+    assert "ok: cli, 3 rounds, population 20" in out and "sweep of 2 runs over dropout.rate; all valid" in out
+
+
+def test_check_rejects_a_bad_file_naming_key_value_and_line(scenario_file, capsys):
+    scenario_file.write_text(SCENARIO.replace("dropout: {rate: 0.2}", "dropout: {rate: 0.2, stag: x}"))
+    assert main(["check", str(scenario_file)]) == 2
+    err = capsys.readouterr().err
+    assert f"dropsim: {scenario_file}:7: dropout.stag: is not a known key; did you mean 'dropout.stage'?" in err
+
+
+def test_check_reports_a_bad_set(scenario_file, capsys):
+    assert main(["check", str(scenario_file), "--set", "rounds=0"]) == 2
+    assert "--set rounds=0: rounds: is 0, out of range; allowed: a whole number >= 1" in capsys.readouterr().err
+
+
+def test_run_writes_results_where_asked_and_prints_a_summary(scenario_file, tmp_path, capsys):
+    out = tmp_path / "res"
+    code = main(["run", str(scenario_file), "--output", str(out), "--set", "rounds=2", "--quiet"])
+    assert code == 0
+    captured = capsys.readouterr()
+    assert "defines a sweep of 2 runs; this runs the scenario as written" in captured.err
+    assert "final acc" in captured.out and "cli" in captured.out
+    rounds = pd.read_csv(out / "rounds.csv")
+    assert list(rounds["round"]) == [1, 2] and (rounds["dropped"] == 1).all()
+    assert json.loads((out / "manifest.json").read_text())["scenario"]["output"] == str(out)
+
+
+def test_run_reports_data_problems_as_bad_input(scenario_file, tmp_path, capsys):
+    code = main(["run", str(scenario_file), "--output", str(tmp_path / "r"), "--set", "population=4000", "--quiet"])
+    assert code == 2
+    assert "population 4000 exceeds the 1438 training samples of digits" in capsys.readouterr().err
+
+
+def test_sweep_then_plot(scenario_file, tmp_path, capsys):
+    out = tmp_path / "sw"
+    assert main(["sweep", str(scenario_file), "--output", str(out), "--jobs", "2", "--quiet"]) == 0
+    assert "results:" in capsys.readouterr().out
+    assert len(pd.read_csv(out / "rounds.csv")) == 6
+    figs = tmp_path / "figs"
+    assert main(["plot", str(out), "--out", str(figs), "--by", "dropout.rate"]) == 0
+    names = sorted(p.name for p in figs.iterdir())
+    assert names == sorted(
+        f"{n}.{e}" for n in ("accuracy_vs_round", "accuracy_vs_time", "round_time") for e in ("png", "pdf")
+    )
+    assert (figs / "accuracy_vs_round.pdf").read_bytes().startswith(b"%PDF")
+    assert (figs / "round_time.png").read_bytes().startswith(b"\x89PNG")
+    assert main(["plot", str(out / "runs" / "dropout.rate=0"), str(out), "--out", str(tmp_path / "f2")]) == 0
+
+
+def test_plot_rejects_a_folder_without_results(tmp_path, capsys):
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
+    assert "neither a run folder" in capsys.readouterr().err
+    assert main(["plot", str(tmp_path), "--out", str(tmp_path / "f"), "--by", "x"]) == 2
+
+
+def test_the_console_script_is_installed(scenario_file):
+    done = subprocess.run(
+        [Path(sys.executable).with_name("dropsim"), "check", str(scenario_file)], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "ok: cli" in done.stdout

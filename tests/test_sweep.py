@@ -1,0 +1,87 @@
+"""Sweeps: worker processes, one combined table, resume, and failures that do not lose other runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+
+from sim.scenario import load
+from sim.sweep import run_sweep
+
+SCENARIO = """
+name: sw
+seed: 1
+rounds: 3
+population: 16
+sampling: {clients_per_round: 5}
+data: {dataset: synthetic, samples_per_client: 8}
+model: {name: mlp}
+fidelity: timing
+sweep: {dropout.rate: [0, 0.4], seed: [1, 2]}
+"""
+
+
+def grid(tmp_path: Path, text: str = SCENARIO, *overrides: str):
+    path = tmp_path / "sw.yaml"
+    path.write_text(text)
+    return load(path, list(overrides), output=str(tmp_path / "out")), str(path)
+
+
+def test_parallel_sweep_matches_serial_and_combines_rounds(tmp_path):
+    g, src = grid(tmp_path)
+    statuses = run_sweep(g, src, jobs=2, progress=False)
+    assert [s.status for s in statuses] == ["complete"] * 4
+    out = tmp_path / "out"
+    combined = pd.read_csv(out / "rounds.csv")
+    assert list(combined["run_id"].unique()) == [
+        "dropout.rate=0_seed=1",
+        "dropout.rate=0_seed=2",
+        "dropout.rate=0.4_seed=1",
+        "dropout.rate=0.4_seed=2",
+    ]
+    assert len(combined) == 12
+    assert set(combined.groupby("dropout.rate")["dropped"].unique().map(tuple)) == {(0,), (2,)}
+    # A one-process run of a point gives the very same tables as the worker did.
+    serial = tmp_path / "serial"
+    serial.mkdir()
+    g2, src2 = grid(serial)
+    run_sweep(g2, src2, jobs=1, progress=False)
+    for rid in combined["run_id"].unique():
+        a = (out / "runs" / rid / "rounds.csv").read_bytes()
+        b = (serial / "out" / "runs" / rid / "rounds.csv").read_bytes()
+        assert a == b
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs["status"]) == ["complete"] * 4 and (runs["rounds"] == 3).all()
+    assert json.loads((out / "sweep.json").read_text())["run_ids"] == list(runs["run_id"])
+
+
+def test_resume_skips_finished_runs_and_reruns_changed_ones(tmp_path):
+    g, src = grid(tmp_path)
+    run_sweep(g, src, jobs=1, progress=False)
+    out = tmp_path / "out"
+    stamp = (out / "runs" / "dropout.rate=0_seed=1" / "manifest.json").stat().st_mtime_ns
+    statuses = run_sweep(g, src, jobs=1, progress=False)
+    assert [s.status for s in statuses] == ["skipped"] * 4
+    assert (out / "runs" / "dropout.rate=0_seed=1" / "manifest.json").stat().st_mtime_ns == stamp
+    assert len(pd.read_csv(out / "rounds.csv")) == 12
+    # Changing the scenario invalidates the finished runs.
+    g3, _ = grid(tmp_path, SCENARIO, "rounds=2")
+    assert [s.status for s in run_sweep(g3, src, jobs=1, progress=False)] == ["complete"] * 4
+
+
+def test_a_failing_run_is_reported_and_the_others_finish(tmp_path):
+    # A population larger than digits' training set passes the scenario checks but fails when the
+    # run partitions the data.
+    text = SCENARIO.replace("sweep: {dropout.rate: [0, 0.4], seed: [1, 2]}", "sweep: {population: [16, 5000]}")
+    text = text.replace("data: {dataset: synthetic, samples_per_client: 8}", "data: {dataset: digits}")
+    g, src = grid(tmp_path, text)
+    statuses = run_sweep(g, src, jobs=2, progress=False)
+    assert [s.status for s in statuses] == ["complete", "failed"]
+    assert "population 5000 exceeds the 1438 training samples of digits" in statuses[1].error
+    out = tmp_path / "out"
+    runs = pd.read_csv(out / "runs.csv", keep_default_na=False)
+    assert list(runs["status"]) == ["complete", "failed"]
+    assert "Traceback" in (out / "runs" / "population=5000" / "error.txt").read_text()
+    assert list(pd.read_csv(out / "rounds.csv")["run_id"].unique()) == ["population=16"]
