@@ -40,7 +40,7 @@ def test_valid_file_resolves_every_default(tmp_path):
     assert scenario.sampling.clients_per_round == 5 and scenario.sampling.rate is None
     assert scenario.clients.compute.zipf_a == 1.2
     assert (scenario.clients.compute.fastest, scenario.clients.compute.slowest) == (1.0, 3.0)
-    assert scenario.clients.bandwidth.fastest == 1 / 210 and scenario.clients.bandwidth.slowest == 1 / 21
+    assert (scenario.clients.bandwidth.low_mbps, scenario.clients.bandwidth.high_mbps) == (21, 210)
     assert scenario.training.local_epochs == 1 and scenario.training.threads == 1
     assert scenario.output == "results/t"
     resolved = scenario.resolved

@@ -2,15 +2,16 @@
 
 Dordis section 6.1: "the end-to-end latency of the i-th slowest client is proportional to i^-a" with
 a = 1.2, and an independent Zipf for bandwidth within [21, 210] Mbps. dropsim applies the same rule to
-both resources: the i-th slowest of N devices (i = 1..N) gets the latency
+both resources. The i-th slowest of N devices (i = 1..N) sits at the Zipf position
 
-    L_i = L_fast + (L_slow - L_fast) * (i^-a - N^-a) / (1 - N^-a),
+    u_i = (i^-a - N^-a) / (1 - N^-a)        (1 for the slowest, 0 for the fastest),
 
-so the slowest device has ``L_slow`` and the fastest ``L_fast``. For compute, L is the slow-down factor
-against the profiled reference device; for bandwidth, L is the time per megabit (1 / Mbps), so the
-bandwidths span ``[1/L_slow, 1/L_fast]`` and most devices are near the fast end, with a Zipf tail of
-stragglers. Ranks are assigned to client indices by a seeded permutation, independently per resource.
-Only two float64 arrays of N entries are held: a million clients cost 16 MB.
+and its latency is min-max scaled by it: ``L_i = L_fast + (L_slow - L_fast) u_i``. For compute, L is the
+slow-down factor against the profiled reference device. For bandwidth, L is the time per megabit, scaled
+between 1/high and 1/low Mbps, which gives the bandwidth ``low * high / (low + (high - low) u_i)``
+(both ends of the range are attained exactly, and no value leaves it through round-off). Most devices
+are near the fast end, with a Zipf tail of stragglers. Ranks are assigned to client indices by a seeded
+permutation, independently per resource. Only two float64 arrays of N entries are held: a million clients cost 16 MB.
 """
 
 from __future__ import annotations
@@ -19,21 +20,36 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scenario.schema import Clients, ZipfProfile
+from sim.scenario.schema import BandwidthProfile, Clients, ZipfProfile
 from sim.seeds import Stream, generator
 
 
-def zipf_latencies(n: int, profile: ZipfProfile) -> np.ndarray:
-    """Latencies of the 1st..n-th slowest device (slowest first), scaled into the profile's range.
+def zipf_positions(n: int, zipf_a: float) -> np.ndarray:
+    """``u_i`` of the 1st..n-th slowest device (slowest first): 1 down to 0.
 
-    With ``n == 1`` or ``zipf_a == 0`` there is no skew to scale and every device gets ``fastest``.
+    With ``n == 1`` or ``zipf_a == 0`` there is no skew and every device is at 0 (the fast end).
     """
     i = np.arange(1, n + 1, dtype=np.float64)
-    z = i ** (-profile.zipf_a)
+    z = i ** (-zipf_a)
     span = z[0] - z[-1]
     if span <= 0:
-        return np.full(n, profile.fastest, dtype=np.float64)
-    return profile.fastest + (profile.slowest - profile.fastest) * (z - z[-1]) / span
+        return np.zeros(n, dtype=np.float64)
+    return (z - z[-1]) / span
+
+
+def zipf_latencies(n: int, profile: ZipfProfile) -> np.ndarray:
+    """Compute slow-down factors of the 1st..n-th slowest device (slowest first)."""
+    return profile.fastest + (profile.slowest - profile.fastest) * zipf_positions(n, profile.zipf_a)
+
+
+def zipf_bandwidths(n: int, profile: BandwidthProfile) -> np.ndarray:
+    """Bandwidths in Mbps of the 1st..n-th slowest link (slowest first)."""
+    lo, hi = profile.low_mbps, profile.high_mbps
+    u = zipf_positions(n, profile.zipf_a)
+    bandwidth = np.clip(lo * hi / (lo + (hi - lo) * u), lo, hi)  # lo * hi may round: keep inside the range
+    bandwidth[u == 0.0] = hi
+    bandwidth[u == 1.0] = lo
+    return bandwidth
 
 
 @dataclass(frozen=True)
@@ -52,8 +68,6 @@ class Population:
     @classmethod
     def build(cls, size: int, clients: Clients, seed: int) -> Population:
         """Zipf profiles for ``size`` clients, ranks permuted by the ``PROFILES`` stream of ``seed``."""
-        compute = zipf_latencies(size, clients.compute)
-        per_megabit = zipf_latencies(size, clients.bandwidth)
-        slowdown = compute[generator(seed, Stream.PROFILES, 0).permutation(size)]
-        bandwidth = 1.0 / per_megabit[generator(seed, Stream.PROFILES, 1).permutation(size)]
+        slowdown = zipf_latencies(size, clients.compute)[generator(seed, Stream.PROFILES, 0).permutation(size)]
+        bandwidth = zipf_bandwidths(size, clients.bandwidth)[generator(seed, Stream.PROFILES, 1).permutation(size)]
         return cls(slowdown=slowdown, bandwidth_mbps=bandwidth)

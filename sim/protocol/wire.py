@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import DTypeLike
 
 MAGIC = b"DS"
 VERSION = 1
@@ -35,7 +36,7 @@ class Blank:
     """A vector known only by its length and dtype (``timing`` fidelity): sized, never encoded."""
 
     length: int
-    dtype: np.dtype[Any]
+    dtype: DTypeLike
 
     def __post_init__(self) -> None:
         if self.length < 0:

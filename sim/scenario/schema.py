@@ -25,21 +25,29 @@ DROPOUT_MODES = ("fixed", "bernoulli", "per_client")
 
 @dataclass(frozen=True)
 class ZipfProfile:
-    """A population of device speeds: the i-th slowest of N devices has latency proportional to
-    ``i^-zipf_a`` (Dordis section 6.1), min-max scaled into ``[fastest, slowest]`` latency."""
+    """Compute speeds: the i-th slowest of N devices has latency proportional to ``i^-zipf_a``
+    (Dordis section 6.1), min-max scaled into ``[fastest, slowest]``."""
 
     zipf_a: float
     fastest: float
-    """Latency of the fastest device (compute: slow-down factor; bandwidth: seconds per megabit)."""
+    """Slow-down factor of the fastest device against the profiled reference device (1.0 = as fast)."""
     slowest: float
+
+
+@dataclass(frozen=True)
+class BandwidthProfile:
+    """Link speeds: the i-th slowest of N links has per-megabit time proportional to ``i^-zipf_a``,
+    min-max scaled so that bandwidths span ``[low_mbps, high_mbps]``."""
+
+    zipf_a: float
+    low_mbps: float
+    high_mbps: float
 
 
 @dataclass(frozen=True)
 class Clients:
     compute: ZipfProfile
-    """Compute slow-down factors relative to the profiled reference device (1.0 = as fast)."""
-    bandwidth: ZipfProfile
-    """Per-megabit transfer time, 1/Mbps; ``bandwidth_mbps.range`` is ``[1/slowest, 1/fastest]``."""
+    bandwidth: BandwidthProfile
 
 
 @dataclass(frozen=True)
@@ -241,7 +249,7 @@ def _clients(r: Reader) -> Clients:
     lo_mbps, hi_mbps = b.interval("range", (21.0, 210.0), lo=0, lo_open=True)
     b.finish()
     r.finish()
-    return Clients(compute=compute, bandwidth=ZipfProfile(a, 1.0 / hi_mbps, 1.0 / lo_mbps))
+    return Clients(compute=compute, bandwidth=BandwidthProfile(a, lo_mbps, hi_mbps))
 
 
 def _dropout(r: Reader, protocol: ProtocolSpec) -> Dropout:

@@ -1,0 +1,318 @@
+"""Tests for sim.engine.network: flow-level max-min fair sharing of links, in virtual time.
+
+Each story starts SimPy processes that send over a :class:`Network` and append ``(name, env.now)`` to a
+log when their transfer ends; the tests assert the whole log, computed by hand. Capacities and sizes are
+chosen so that every intermediate value is exact in binary floating point, so the times are asserted
+with ``==``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Generator, Sequence
+from typing import Any
+
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine.network import Flow, Link, Network, allocate_max_min
+
+Log = list[tuple[str, float]]
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _send(
+    env: simpy.Environment,
+    net: Network,
+    log: Log,
+    name: str,
+    nbytes: int,
+    path: Sequence[Link],
+    start: float = 0.0,
+    flows: dict[str, Flow] | None = None,
+) -> simpy.Process:
+    """A process that starts sending at ``start`` and logs ``(name, time)`` when the last bit arrives."""
+
+    def proc() -> Generator[simpy.Event, Any, None]:
+        if start > 0:
+            yield env.timeout(start)
+        flow = net.transfer(nbytes, path)
+        if flows is not None:
+            flows[name] = flow
+        done = yield flow.done
+        assert done is flow
+        log.append((name, env.now))
+
+    return env.process(proc())
+
+
+def _world() -> tuple[simpy.Environment, Network, Log]:
+    env = simpy.Environment()
+    return env, Network(env), []
+
+
+# ---------------------------------------------------------------------------------------- a lone flow
+
+
+def test_lone_flow_ends_at_size_over_bottleneck_exactly() -> None:
+    env, net, log = _world()
+    client = Link("client", 4000.0)
+    server = Link("server", 16000.0)
+    _send(env, net, log, "upload", 1000, [client, server])
+    env.run()
+    # 8 * 1000 bytes / min(4000, 16000) bit/s = 8000 / 4000 = 2 s
+    assert log == [("upload", 2.0)]
+
+
+def test_lone_flow_bottleneck_can_be_the_second_link() -> None:
+    env, net, log = _world()
+    _send(env, net, log, "download", 250_000, [Link("server", 8e6), Link("client", 1e6)], start=3.0)
+    env.run()
+    # starts at 3 s; 8 * 250000 bytes / min(8e6, 1e6) bit/s = 2e6 / 1e6 = 2 s -> 5 s
+    assert log == [("download", 5.0)]
+
+
+def test_lone_flow_inexact_numbers() -> None:
+    env, net, log = _world()
+    _send(env, net, log, "upload", 1000, [Link("client", 1e6), Link("server", 1e7)])
+    env.run()
+    # 8 * 1000 bytes / 1e6 bit/s = 0.008 s (not exact in binary)
+    assert [name for name, _ in log] == ["upload"]
+    assert log[0][1] == pytest.approx(0.008, rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    nbytes=st.integers(1, 10**9),
+    c1=st.floats(1e3, 1e10),
+    c2=st.floats(1e3, 1e10),
+    start=st.floats(0.0, 1e4),
+)
+def test_lone_flow_time_property(nbytes: int, c1: float, c2: float, start: float) -> None:
+    env, net, log = _world()
+    _send(env, net, log, "f", nbytes, [Link("a", c1), Link("b", c2)], start=start)
+    env.run()
+    assert len(log) == 1
+    # the duration is a difference of absolute clock values: allow a few ulps of the clock
+    end = log[0][1]
+    assert end - start == pytest.approx(8 * nbytes / min(c1, c2), rel=1e-9, abs=4 * math.ulp(end))
+
+
+# --------------------------------------------------------------------------------- sharing a link
+
+
+@pytest.mark.parametrize(
+    ("b_client_bps", "b_end"),
+    [
+        # B alone after 2 s: min(4e6, 2e6) = 2e6 bit/s; 6e6 bits left / 2e6 = 3 s -> ends at 5 s
+        (4e6, 5.0),
+        # B alone after 2 s: min(1.5e6, 2e6) = 1.5e6 bit/s; 6e6 / 1.5e6 = 4 s -> ends at 6 s
+        (1.5e6, 6.0),
+    ],
+)
+def test_two_flows_share_server_link_then_survivor_speeds_up(b_client_bps: float, b_end: float) -> None:
+    env, net, log = _world()
+    server = Link("server", 2e6)
+    flows: dict[str, Flow] = {}
+    # both client links exceed C/2 = 1e6, so the server link is the bottleneck: 1e6 bit/s each
+    _send(env, net, log, "A", 250_000, [Link("a", 1.5e6), server], flows=flows)
+    _send(env, net, log, "B", 1_000_000, [Link("b", b_client_bps), server], flows=flows)
+    env.run(until=1.0)
+    assert (flows["A"].rate, flows["B"].rate) == (1e6, 1e6)
+    env.run()
+    # A: 8 * 250000 = 2e6 bits / 1e6 bit/s = 2 s.  B: 8e6 bits, 2e6 of them delivered by t = 2 s.
+    assert log == [("A", 2.0), ("B", b_end)]
+    assert flows["B"].remaining == 0.0
+    assert net.flows == {}
+
+
+def test_water_filling_client_capped_flow_leaves_remainder_to_others() -> None:
+    env, net, log = _world()
+    server = Link("server", 10e6)
+    flows: dict[str, Flow] = {}
+    # A is capped at 2e6 by its own link (below the fair share 10e6 / 3); B and C split the rest: 4e6 each.
+    _send(env, net, log, "A", 250_000, [Link("a", 2e6), server], flows=flows)
+    _send(env, net, log, "B", 1_125_000, [Link("b", 100e6), server], flows=flows)
+    _send(env, net, log, "C", 1_750_000, [Link("c", 100e6), server], flows=flows)
+    env.run(until=0.5)
+    assert [flows[n].rate for n in "ABC"] == [2e6, 4e6, 4e6]
+    env.run()
+    # A: 8 * 250000 = 2e6 bits / 2e6 bit/s = 1 s.
+    # B: 9e6 bits; 4e6 by t = 1, then 5e6 bit/s (10e6 / 2): 5e6 / 5e6 = 1 s -> 2 s.
+    # C: 14e6 bits; 4e6 + 5e6 = 9e6 by t = 2, then alone at min(100e6, 10e6): 5e6 / 10e6 = 0.5 s -> 2.5 s.
+    assert log == [("A", 1.0), ("B", 2.0), ("C", 2.5)]
+
+
+def test_flow_joining_later_takes_its_share() -> None:
+    env, net, log = _world()
+    server = Link("server", 4e6)
+    _send(env, net, log, "early", 1_000_000, [Link("e", 100e6), server])
+    _send(env, net, log, "late", 250_000, [Link("l", 100e6), server], start=1.0)
+    env.run()
+    # early: 8e6 bits; alone at 4e6 for 1 s (4e6 bits), then 2e6 bit/s each.
+    # late: 2e6 bits / 2e6 = 1 s -> ends at 2 s; early then has 4e6 - 2e6 = 2e6 bits left at 4e6 -> 2.5 s.
+    assert log == [("late", 2.0), ("early", 2.5)]
+
+
+def test_simultaneous_ends_are_logged_in_start_order() -> None:
+    env, net, log = _world()
+    server = Link("server", 2e6)
+    _send(env, net, log, "first", 125_000, [Link("x", 8e6), server])
+    _send(env, net, log, "second", 125_000, [Link("y", 8e6), server])
+    env.run()
+    # 1e6 bits each at 1e6 bit/s -> both at 1 s
+    assert log == [("first", 1.0), ("second", 1.0)]
+
+
+# ---------------------------------------------------------------------------- zero bytes, cancel
+
+
+def test_zero_byte_transfer_completes_at_once_without_disturbing_others() -> None:
+    env, net, log = _world()
+    server = Link("server", 1e6)
+    flows: dict[str, Flow] = {}
+    _send(env, net, log, "big", 250_000, [Link("a", 8e6), server], flows=flows)
+    _send(env, net, log, "empty", 0, [Link("b", 8e6), server], start=0.5, flows=flows)
+    env.run()
+    # empty: done at its start, 0.5 s; big: 2e6 bits at 1e6 bit/s throughout -> 2 s
+    assert log == [("empty", 0.5), ("big", 2.0)]
+    assert flows["empty"].id not in net.flows
+
+
+def test_cancel_stops_flow_and_others_speed_up() -> None:
+    env, net, log = _world()
+    server = Link("server", 2e6)
+    flows: dict[str, Flow] = {}
+    _send(env, net, log, "A", 1_000_000, [Link("a", 4e6), server], flows=flows)
+    _send(env, net, log, "B", 1_000_000, [Link("b", 4e6), server], flows=flows)
+
+    def leaver() -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(1.0)
+        net.cancel(flows["A"])
+        log.append(("cancel A", env.now))
+        net.cancel(flows["A"])  # a second cancel is harmless
+
+    env.process(leaver())
+    env.run()
+    # B: 8e6 bits; 1e6 bit/s for 1 s, then alone at min(4e6, 2e6) = 2e6: 7e6 / 2e6 = 3.5 s -> 4.5 s
+    assert log == [("cancel A", 1.0), ("B", 4.5)]
+    assert not flows["A"].done.triggered
+    assert net.flows == {}
+
+
+def test_invalid_inputs_are_rejected() -> None:
+    _, net, _ = _world()
+    with pytest.raises(ValueError, match="capacity"):
+        Link("bad", 0.0)
+    with pytest.raises(ValueError, match="-1 bytes"):
+        net.transfer(-1, [Link("l", 1.0)])
+    with pytest.raises(ValueError, match="at least one link"):
+        net.transfer(10, [])
+
+
+# --------------------------------------------------------------------------- max-min property
+
+
+def _check_max_min(flows: Sequence[Flow]) -> None:
+    """Capacities hold and every flow has a bottleneck: a saturated link where its rate is the largest."""
+    links = {id(link): link for f in flows for link in f.path}
+    for link in links.values():
+        assert sum(f.rate for f in link.flows.values()) <= link.capacity * (1 + 1e-9), link
+    for f in flows:
+        assert f.rate > 0
+        bottlenecks = [
+            link
+            for link in f.path
+            if sum(g.rate for g in link.flows.values()) >= link.capacity * (1 - 1e-9)
+            and f.rate >= max(g.rate for g in link.flows.values()) * (1 - 1e-9)
+        ]
+        assert bottlenecks, f"flow {f.id} at {f.rate} bit/s has no bottleneck on {f.path}"
+
+
+@st.composite
+def _topologies(draw: st.DrawFn) -> tuple[float, list[tuple[float, int, float]]]:
+    server = draw(st.floats(1e3, 1e9))
+    n = draw(st.integers(1, 12))
+    flows = [
+        (
+            draw(st.floats(1e3, 1e9)),  # client link, bit/s
+            draw(st.integers(0, 10**6)),  # bytes
+            draw(st.one_of(st.just(0.0), st.floats(0.0, 10.0))),  # start time
+        )
+        for _ in range(n)
+    ]
+    return server, flows
+
+
+@settings(max_examples=150, deadline=None)
+@given(_topologies())
+def test_random_topology_allocation_is_max_min_fair_and_everything_arrives(
+    topology: tuple[float, list[tuple[float, int, float]]],
+) -> None:
+    server_bps, specs = topology
+    env, net, log = _world()
+    server = Link("server", server_bps)
+    snapshots: list[tuple[float, dict[int, float]]] = []
+    started: dict[str, Flow] = {}
+
+    def snapshot() -> None:
+        active = list(net.flows.values())
+        _check_max_min(active)
+        snapshots.append((env.now, {f.id: f.rate for f in active}))
+
+    def sender(i: int, client_bps: float, nbytes: int, start: float) -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(start)
+        flow = net.transfer(nbytes, [Link(f"client{i}", client_bps), server])
+        started[str(i)] = flow
+        snapshot()
+        yield flow.done
+        log.append((str(i), env.now))
+        snapshot()
+
+    for i, (client_bps, nbytes, start) in enumerate(specs):
+        env.process(sender(i, client_bps, nbytes, start))
+    env.run()
+
+    assert sorted(name for name, _ in log) == sorted(str(i) for i in range(len(specs)))
+    assert net.flows == {}
+    # every flow takes at least as long as it would alone
+    for name, end in log:
+        client_bps, nbytes, start = specs[int(name)]
+        # (less a few ulps of the clock: a duration is a difference of two absolute times)
+        assert end - start >= 8 * nbytes / min(client_bps, server_bps) * (1 - 1e-9) - 4 * math.ulp(end)
+    # integrate the piecewise-constant rates between snapshots: every bit arrives, no more
+    # (each interval's length is a difference of clock values, good to a few ulps of the clock)
+    delivered = {f.id: 0.0 for f in started.values()}
+    slack = {f.id: 1e-6 for f in started.values()}
+    for (t0, rates), (t1, _) in itertools.pairwise(snapshots):
+        for fid, rate in rates.items():
+            delivered[fid] += rate * (t1 - t0)
+            slack[fid] += rate * 4 * math.ulp(t1)
+    for name, flow in started.items():
+        assert delivered[flow.id] == pytest.approx(8 * specs[int(name)][1], rel=1e-9, abs=slack[flow.id])
+    total = 8 * sum(nbytes for _, nbytes, _ in specs)
+    assert sum(delivered.values()) == pytest.approx(total, rel=1e-9, abs=sum(slack.values()))
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    capacities=st.lists(st.floats(1e3, 1e9), min_size=2, max_size=6),
+    paths=st.lists(st.lists(st.integers(0, 5), min_size=1, max_size=3, unique=True), min_size=1, max_size=12),
+)
+def test_allocate_max_min_on_arbitrary_paths(capacities: list[float], paths: list[list[int]]) -> None:
+    """Progressive filling directly, on flows crossing any set of distinct links (not only client+server)."""
+    env = simpy.Environment()
+    links = [Link(f"l{i}", c) for i, c in enumerate(capacities)]
+    flows = []
+    for fid, path in enumerate(paths):
+        distinct = dict.fromkeys(i % len(links) for i in path)
+        flow = Flow(fid, 8.0, [links[j] for j in distinct], env.event(), 0.0)
+        for link in flow.path:
+            link.flows[fid] = flow
+        flows.append(flow)
+    allocate_max_min(flows)
+    _check_max_min(flows)

@@ -1,0 +1,183 @@
+"""Tests for sim.engine.population: Zipf latencies and the seeded assignment of ranks to clients.
+
+The i-th slowest of N devices sits at ``u_i = (i^-a - N^-a) / (1 - N^-a)`` (1 for the slowest, 0 for the
+fastest). Its compute slow-down is ``L_fast + (L_slow - L_fast) u_i``; its per-megabit time is scaled the
+same way between ``1/high`` and ``1/low``, i.e. its bandwidth is ``low * high / (low + (high - low) u_i)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.engine.population import Population, zipf_bandwidths, zipf_latencies
+from sim.scenario.schema import BandwidthProfile, Clients, ZipfProfile
+from sim.seeds import Stream, generator
+
+# ------------------------------------------------------------------------------------------- helpers
+
+
+def _clients(lo_mbps: float = 21.0, hi_mbps: float = 210.0, slowdown: tuple[float, float] = (1.0, 3.0)) -> Clients:
+    """The scenario defaults: compute Zipf 1.2 over slow-downs [1, 3], bandwidth Zipf 1.2 over [21, 210] Mbps."""
+    return Clients(
+        compute=ZipfProfile(1.2, slowdown[0], slowdown[1]),
+        bandwidth=BandwidthProfile(1.2, lo_mbps, hi_mbps),
+    )
+
+
+def _ranks(values: np.ndarray, slowest_first_descending: bool) -> np.ndarray:
+    """Rank (0 = slowest) of each client's value; values are distinct."""
+    order = np.argsort(-values if slowest_first_descending else values, kind="stable")
+    ranks = np.empty_like(order)
+    ranks[order] = np.arange(order.shape[0])
+    return ranks
+
+
+# ---------------------------------------------------------------------------------- zipf_latencies
+
+
+def test_zipf_latencies_known_answer_n3_a1() -> None:
+    profile = ZipfProfile(zipf_a=1.0, fastest=1.0, slowest=3.0)
+    latencies = zipf_latencies(3, profile)
+    # i^-1 = 1, 1/2, 1/3; N^-a = 1/3; 1 - N^-a = 2/3
+    # L_1 = 1 + 2 * (1 - 1/3) / (2/3) = 3;  L_2 = 1 + 2 * (1/2 - 1/3) / (2/3) = 1 + 2 * 1/4 = 1.5;  L_3 = 1
+    assert latencies.dtype == np.float64
+    assert latencies[0] == 3.0
+    assert latencies[1] == pytest.approx(1.5, rel=1e-12)
+    assert latencies[2] == 1.0
+
+
+def test_zipf_latencies_known_answer_n4_a2() -> None:
+    profile = ZipfProfile(zipf_a=2.0, fastest=2.0, slowest=17.0)
+    # i^-2 = 1, 1/4, 1/9, 1/16; 1 - 1/16 = 15/16; slowest - fastest = 15
+    # L_2 = 2 + 15 * (1/4 - 1/16) / (15/16) = 2 + 16 * 3/16 = 5
+    # L_3 = 2 + 16 * (1/9 - 1/16) = 2 + 16 * 7/144 = 2 + 7/9
+    assert zipf_latencies(4, profile) == pytest.approx([17.0, 5.0, 2.0 + 7.0 / 9.0, 2.0], rel=1e-12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(2, 2000),
+    a=st.floats(0.01, 4.0),
+    fastest=st.floats(0.01, 10.0),
+    extra=st.floats(0.0, 100.0),
+)
+def test_zipf_latencies_endpoints_and_monotone(n: int, a: float, fastest: float, extra: float) -> None:
+    profile = ZipfProfile(a, fastest, fastest + extra)
+    latencies = zipf_latencies(n, profile)
+    assert latencies.shape == (n,)
+    assert latencies[0] == pytest.approx(profile.slowest, rel=1e-12)
+    assert latencies[-1] == profile.fastest
+    assert np.all(np.diff(latencies) <= 0)
+    assert np.all(latencies >= profile.fastest)
+    assert np.all(latencies <= profile.slowest * (1 + 1e-12))
+
+
+def test_zipf_latencies_exact_endpoints_with_exact_profile() -> None:
+    latencies = zipf_latencies(1000, ZipfProfile(1.2, 1.0, 3.0))
+    # (1 - N^-a) / (1 - N^-a) is exactly 1 for the slowest, 0 for the fastest: 1 + 2 * 1 = 3 and 1 + 2 * 0 = 1
+    assert (latencies[0], latencies[-1]) == (3.0, 1.0)
+
+
+@pytest.mark.parametrize(("n", "a"), [(1, 1.2), (1, 0.0), (5, 0.0), (1000, 0.0)])
+def test_no_skew_gives_every_device_fastest(n: int, a: float) -> None:
+    latencies = zipf_latencies(n, ZipfProfile(a, 1.5, 4.0))
+    assert latencies.tolist() == [1.5] * n
+
+
+# --------------------------------------------------------------------------------- zipf_bandwidths
+
+
+def test_zipf_bandwidths_known_answer_n3_a1() -> None:
+    bandwidths = zipf_bandwidths(3, BandwidthProfile(1.0, 21.0, 210.0))
+    # u = 1, 1/4, 0; b = 21 * 210 / (21 + 189 u) = 4410 / 210, 4410 / 68.25, 4410 / 21
+    assert bandwidths[0] == 21.0
+    assert bandwidths[1] == pytest.approx(4410 / 68.25, rel=1e-12)
+    assert bandwidths[2] == 210.0
+    # the per-megabit times are the Zipf latencies between 1/210 and 1/21
+    assert 1 / bandwidths[1] == pytest.approx(1 / 210 + (1 / 21 - 1 / 210) / 4, rel=1e-12)
+
+
+@pytest.mark.parametrize(("n", "a"), [(1, 1.2), (4, 0.0)])
+def test_zipf_bandwidths_no_skew_gives_every_link_high(n: int, a: float) -> None:
+    assert zipf_bandwidths(n, BandwidthProfile(a, 21.0, 210.0)).tolist() == [210.0] * n
+
+
+@settings(max_examples=100, deadline=None)
+@given(n=st.integers(2, 2000), a=st.floats(0.01, 4.0), lo=st.integers(1, 10_000), extra=st.integers(1, 10_000))
+def test_zipf_bandwidths_integer_range_is_exact_and_monotone(n: int, a: float, lo: int, extra: int) -> None:
+    hi = lo + extra
+    bandwidths = zipf_bandwidths(n, BandwidthProfile(a, float(lo), float(hi)))
+    # integer Mbps: lo * hi is exact, so lo * hi / hi and lo * hi / lo are exactly lo and hi
+    assert (bandwidths[0], bandwidths[-1]) == (lo, hi)
+    assert np.all(np.diff(bandwidths) >= 0)
+    assert np.all((bandwidths >= lo) & (bandwidths <= hi))
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.6, 14.0), (254.4, 783.96)])
+def test_zipf_bandwidths_decimal_range_ends_exact(lo: float, hi: float) -> None:
+    bandwidths = zipf_bandwidths(50, BandwidthProfile(1.2, lo, hi))
+    assert np.all((bandwidths >= lo) & (bandwidths <= hi))
+    assert (bandwidths[0], bandwidths[-1]) == (lo, hi)
+
+
+# -------------------------------------------------------------------------------- Population.build
+
+
+def test_build_profiles_are_permutations_of_the_zipf_arrays() -> None:
+    clients = _clients()
+    population = Population.build(500, clients, seed=11)
+    assert population.size == 500
+    assert population.slowdown.shape == population.bandwidth_mbps.shape == (500,)
+    # the multiset of slow-downs is exactly zipf_latencies (slowest first when sorted descending)
+    assert np.array_equal(np.sort(population.slowdown)[::-1], zipf_latencies(500, clients.compute))
+    assert np.array_equal(np.sort(population.bandwidth_mbps), zipf_bandwidths(500, clients.bandwidth))
+
+
+def test_build_uses_the_profiles_streams() -> None:
+    clients = _clients()
+    population = Population.build(64, clients, seed=5)
+    compute = zipf_latencies(64, clients.compute)
+    bandwidth = zipf_bandwidths(64, clients.bandwidth)
+    assert np.array_equal(population.slowdown, compute[generator(5, Stream.PROFILES, 0).permutation(64)])
+    assert np.array_equal(population.bandwidth_mbps, bandwidth[generator(5, Stream.PROFILES, 1).permutation(64)])
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(21.0, 210.0), (1.0, 1000.0), (8.0, 64.0), (93.0, 98.0)])
+def test_bandwidths_lie_in_range_with_both_endpoints_attained(lo: float, hi: float) -> None:
+    bandwidth = Population.build(300, _clients(lo, hi), seed=3).bandwidth_mbps
+    assert np.all((bandwidth >= lo) & (bandwidth <= hi))
+    assert (bandwidth.min(), bandwidth.max()) == (lo, hi)
+
+
+def test_build_same_seed_identical_other_seed_permuted_differently() -> None:
+    clients = _clients()
+    a = Population.build(200, clients, seed=42)
+    b = Population.build(200, clients, seed=42)
+    c = Population.build(200, clients, seed=43)
+    assert np.array_equal(a.slowdown, b.slowdown)
+    assert np.array_equal(a.bandwidth_mbps, b.bandwidth_mbps)
+    assert not np.array_equal(a.slowdown, c.slowdown)
+    assert not np.array_equal(a.bandwidth_mbps, c.bandwidth_mbps)
+    # same multisets, other assignment
+    assert np.array_equal(np.sort(a.slowdown), np.sort(c.slowdown))
+    assert np.array_equal(np.sort(a.bandwidth_mbps), np.sort(c.bandwidth_mbps))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2, 12345])
+def test_compute_and_bandwidth_ranks_are_assigned_independently(seed: int) -> None:
+    population = Population.build(200, _clients(), seed=seed)
+    compute_rank = _ranks(population.slowdown, slowest_first_descending=True)  # large slow-down = slow
+    bandwidth_rank = _ranks(population.bandwidth_mbps, slowest_first_descending=False)  # low Mbps = slow
+    assert not np.array_equal(compute_rank, bandwidth_rank)
+    # independent permutations of 200 have a small rank correlation (|rho| < 4 / sqrt(199) ~ 0.28)
+    rho = np.corrcoef(compute_rank, bandwidth_rank)[0, 1]
+    assert abs(rho) < 4 / np.sqrt(199)
+
+
+def test_build_single_client_gets_fastest_profile() -> None:
+    population = Population.build(1, _clients(), seed=0)
+    assert population.slowdown.tolist() == [1.0]
+    assert population.bandwidth_mbps.tolist() == [210.0]
