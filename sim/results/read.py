@@ -1,0 +1,70 @@
+"""Reading result folders back: a run folder, or a sweep folder holding many runs.
+
+A run folder has ``manifest.json`` and the tables; rows of rounds beyond the manifest's
+``rounds_completed`` (a run killed between writing a table and committing the round) are dropped. A sweep
+folder has ``sweep.json``, ``runs.csv`` and ``runs/<run_id>/``; its combined tables are the
+concatenation of its runs' tables in sweep order.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.errors import InputError
+from sim.results.writer import MANIFEST
+
+SWEEP = "sweep.json"
+
+
+class ResultsError(InputError):
+    """A folder that holds no readable dropsim results."""
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    path = directory / MANIFEST
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot be read ({exc.strerror}); is {directory} a dropsim run folder?") from None
+    except json.JSONDecodeError as exc:
+        raise ResultsError(f"{path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+    if not isinstance(doc, dict):
+        raise ResultsError(f"{path}: not a dropsim manifest")
+    return doc
+
+
+def read_run_table(directory: Path, table: str = "rounds") -> pd.DataFrame:
+    """One table of one run, cut to the rounds its manifest committed."""
+    manifest = read_manifest(directory)
+    path = directory / f"{table}.csv"
+    try:
+        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
+    except (OSError, pd.errors.ParserError) as exc:
+        raise ResultsError(f"{path}: cannot be read: {exc}") from None
+    done = int(manifest.get("rounds_completed", 0))
+    if "round" in frame.columns:
+        frame = frame[frame["round"] <= done]
+    return frame.reset_index(drop=True)
+
+
+def run_dirs(path: Path) -> list[Path]:
+    """The run folders under ``path``: itself for a run, its runs (in sweep order) for a sweep."""
+    if (path / SWEEP).is_file():
+        doc = json.loads((path / SWEEP).read_text(encoding="utf-8"))
+        return [path / "runs" / rid for rid in doc.get("run_ids", []) if (path / "runs" / rid / MANIFEST).is_file()]
+    if (path / MANIFEST).is_file():
+        return [path]
+    raise ResultsError(f"{path}: neither a run folder (no {MANIFEST}) nor a sweep folder (no {SWEEP})")
+
+
+def read_table(paths: list[Path], table: str = "rounds") -> pd.DataFrame:
+    """One table over every run found under ``paths``."""
+    frames = [read_run_table(d, table) for p in paths for d in run_dirs(p)]
+    frames = [f for f in frames if not f.empty]
+    if not frames:
+        return pd.DataFrame()
+    return pd.concat(frames, ignore_index=True)

@@ -1,0 +1,175 @@
+"""The result tables: their columns, and the rows a round contributes to each.
+
+Tidy tables (one row per observation) with fixed leading columns; the sweep's parameters follow as
+extra columns named by their key path (``dropout.rate``). Times are virtual seconds, sizes bytes.
+
+- ``rounds.csv``: one row per round.
+- ``clients.csv``: one row per round and sampled client.
+- ``stages.csv``: one row per round and stage: client-side activity spans (``download``, ``train``,
+  ``upload``: first start to last end over the clients that did it), server collection steps
+  (``step.<name>``) and the server's aggregation (``aggregate``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Any
+
+from sim.engine.round import ClientRecord, mean_of
+from sim.engine.simulation import RoundResult
+
+ROUND_COLUMNS = (
+    "run_id",
+    "round",
+    "t_start",
+    "t_end",
+    "round_time",
+    "outcome",
+    "sampled",
+    "survivors",
+    "dropped",
+    "dropped_planned",
+    "timed_out",
+    "accuracy",
+    "loss",
+    "model_sha256",
+    "download_s",
+    "train_s",
+    "upload_s",
+    "aggregate_s",
+    "client_bytes_down_mean",
+    "client_bytes_up_mean",
+    "server_bytes_out",
+    "server_bytes_in",
+)
+CLIENT_COLUMNS = (
+    "run_id",
+    "round",
+    "client",
+    "slowdown",
+    "bandwidth_mbps",
+    "samples",
+    "download_s",
+    "train_s",
+    "upload_s",
+    "compute_s",
+    "bytes_down",
+    "bytes_up",
+    "dropped_stage",
+)
+STAGE_COLUMNS = ("run_id", "round", "stage", "resource", "t_start", "t_end", "clients")
+
+TABLES = {"rounds": ROUND_COLUMNS, "clients": CLIENT_COLUMNS, "stages": STAGE_COLUMNS}
+
+
+def swept_value(value: Any) -> Any:
+    """A sweep value as a table cell: scalars as they are, anything else as compact JSON."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    return json.dumps(value, separators=(",", ":"), sort_keys=True)
+
+
+def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    """The rows one round adds to each table."""
+    rec = result.record
+    extra = {k: swept_value(v) for k, v in swept.items()}
+    clients = rec.clients
+    n = len(clients)
+    round_row = {
+        "run_id": run_id,
+        "round": rec.round,
+        "t_start": rec.t_start,
+        "t_end": rec.t_end,
+        "round_time": rec.t_end - rec.t_start,
+        "outcome": rec.outcome,
+        "sampled": rec.sampled,
+        "survivors": rec.survivors,
+        "dropped": rec.sampled - rec.survivors,
+        "dropped_planned": rec.dropped_planned,
+        "timed_out": rec.timed_out,
+        "accuracy": result.accuracy,
+        "loss": result.loss,
+        "model_sha256": result.model_sha256,
+        "download_s": mean_of([c.download_end - c.download_start for c in clients]),
+        "train_s": mean_of([c.train_end - c.train_start for c in clients]),
+        "upload_s": mean_of([c.upload_s for c in clients if c.bytes_up]),
+        "aggregate_s": rec.t_end - rec.aggregate_start,
+        "client_bytes_down_mean": sum(c.bytes_down for c in clients) / n if n else math.nan,
+        "client_bytes_up_mean": sum(c.bytes_up for c in clients) / n if n else math.nan,
+        "server_bytes_out": rec.server_bytes_out,
+        "server_bytes_in": rec.server_bytes_in,
+        **extra,
+    }
+    client_rows = [_client_row(run_id, rec.round, c, extra) for c in clients]
+    stage_rows = []
+    for stage, start_attr, end_attr in (
+        ("download", "download_start", "download_end"),
+        ("train", "train_start", "train_end"),
+    ):
+        span = _span(clients, start_attr, end_attr)
+        if span is not None:
+            stage_rows.append(
+                _stage_row(run_id, rec.round, stage, "network" if stage == "download" else "client", *span, extra)
+            )
+    uploaders = [c for c in clients if c.bytes_up and not math.isnan(c.train_end)]
+    if uploaders:
+        stage_rows.append(
+            _stage_row(
+                run_id,
+                rec.round,
+                "upload",
+                "network",
+                min(c.train_end for c in uploaders),
+                max(c.last_upload_end for c in uploaders if not math.isnan(c.last_upload_end))
+                if any(not math.isnan(c.last_upload_end) for c in uploaders)
+                else math.nan,
+                len(uploaders),
+                extra,
+            )
+        )
+    for step, start, end in rec.steps:
+        stage_rows.append(_stage_row(run_id, rec.round, f"step.{step}", "server", start, end, rec.sampled, extra))
+    stage_rows.append(_stage_row(run_id, rec.round, "aggregate", "server", rec.aggregate_start, rec.t_end, 1, extra))
+    return {"rounds": [round_row], "clients": client_rows, "stages": stage_rows}
+
+
+def _client_row(run_id: str, round: int, c: ClientRecord, extra: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "round": round,
+        "client": c.client,
+        "slowdown": c.slowdown,
+        "bandwidth_mbps": c.bandwidth_mbps,
+        "samples": c.samples,
+        "download_s": c.download_end - c.download_start,
+        "train_s": c.train_end - c.train_start,
+        "upload_s": c.upload_s if c.bytes_up else math.nan,
+        "compute_s": c.compute_s,
+        "bytes_down": c.bytes_down,
+        "bytes_up": c.bytes_up,
+        "dropped_stage": c.dropped_stage,
+        **extra,
+    }
+
+
+def _span(clients: list[ClientRecord], start: str, end: str) -> tuple[float, float, int] | None:
+    done = [c for c in clients if not math.isnan(getattr(c, end))]
+    if not done:
+        return None
+    return min(getattr(c, start) for c in done), max(getattr(c, end) for c in done), len(done)
+
+
+def _stage_row(
+    run_id: str, round: int, stage: str, resource: str, start: float, end: float, clients: int, extra: dict[str, Any]
+) -> dict[str, Any]:
+    return {
+        "run_id": run_id,
+        "round": round,
+        "stage": stage,
+        "resource": resource,
+        "t_start": start,
+        "t_end": end,
+        "clients": clients,
+        **extra,
+    }
