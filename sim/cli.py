@@ -15,7 +15,8 @@ from pathlib import Path
 import pandas as pd
 
 import sim
-from sim.scenario import ScenarioError, load
+from sim.errors import InputError
+from sim.scenario import load
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -71,7 +72,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(_COMMANDS[args.command](args))
-    except ScenarioError as exc:
+    except InputError as exc:
         print(f"dropsim: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
@@ -98,7 +99,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sim.learning.datasets import DataError
     from sim.runner import run_scenario
 
     grid = load(args.file, args.overrides, args.output)
@@ -109,11 +109,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             f"Use `dropsim sweep {args.file}` for the grid.",
             file=sys.stderr,
         )
-    try:
-        summary = run_scenario(scenario, Path(scenario.output), progress=not args.quiet)
-    except DataError as exc:
-        print(f"dropsim: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    summary = run_scenario(scenario, Path(scenario.output), progress=not args.quiet)
     _print_table([summary.row()])
     print(f"results: {scenario.output}/ (rounds.csv, clients.csv, stages.csv, manifest.json)")
     return 0
@@ -150,13 +146,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     from sim.plots import plot_results
-    from sim.results.read import ResultsError
 
-    try:
-        written = plot_results(args.results, args.out, by=args.by)
-    except ResultsError as exc:
-        print(f"dropsim: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
+    written = plot_results(args.results, args.out, by=args.by)
     for path in written:
         print(path)
     return 0

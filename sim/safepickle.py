@@ -47,10 +47,12 @@ from typing import IO, Any
 
 import numpy as np
 
+from sim.errors import InputError
+
 __all__ = ["PickleFormatError", "UnsafePickleError", "restricted_load", "restricted_loads"]
 
 
-class UnsafePickleError(ValueError):
+class UnsafePickleError(InputError):
     """A pickle asked for a global outside the allow-list (or held an object array).
 
     ``source`` names the file (or ``"<bytes>"``); ``global_name`` is the dotted global as the pickle spelled
@@ -63,7 +65,7 @@ class UnsafePickleError(ValueError):
         self.global_name = global_name
 
 
-class PickleFormatError(ValueError):
+class PickleFormatError(InputError):
     """Data that is not a complete, well-formed pickle (truncated, garbage, unsupported opcode...)."""
 
     def __init__(self, message: str, *, source: str) -> None:

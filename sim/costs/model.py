@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.errors import InputError
 from sim.protocol.machine import Work
 
 DEFAULT_PROFILE = Path(__file__).with_name("default.json")
 FORMAT = 1
 
 
-class CostModelError(ValueError):
+class CostModelError(InputError):
     """A profile that cannot be used: unreadable, malformed, or lacking an operation."""
 
 

@@ -54,12 +54,13 @@ from typing import Any
 
 import numpy as np
 
+from sim.errors import InputError
 from sim.safepickle import PickleFormatError, restricted_load
 
 __all__ = ["DataError", "Dataset", "load_cifar10", "load_digits", "load_femnist"]
 
 
-class DataError(ValueError):
+class DataError(InputError):
     """A data file or folder that cannot be read.
 
     The message names the file (and line/key where it helps) and what was expected.

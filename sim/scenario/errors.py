@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sim.errors import InputError
+
 
 @dataclass(frozen=True)
 class Problem:
@@ -22,7 +24,7 @@ class Problem:
         return f"{self.origin}: {self.key}: {self.message}"
 
 
-class ScenarioError(ValueError):
+class ScenarioError(InputError):
     """A scenario that cannot be run, with every problem found in it."""
 
     def __init__(self, problems: Sequence[Problem], context: str = "") -> None:
