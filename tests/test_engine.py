@@ -31,7 +31,7 @@ def profile(tmp_path: Path) -> Path:
     return path
 
 
-def scenario(tmp_path: Path, extra: str = "", slowdown: str = "[1, 1]", fidelity: str = "timing"):
+def scenario(tmp_path: Path, extra: str = "", slowdown: str = "[1, 1]", fidelity: str = "timing", overrides=()):
     text = f"""
 name: story
 seed: 7
@@ -50,7 +50,7 @@ costs: {{profile: {profile(tmp_path)}}}
 """
     path = tmp_path / "story.yaml"
     path.write_text(text)
-    return load(path).base()
+    return load(path, list(overrides)).base()
 
 
 def test_model_size_is_the_real_mlp():
@@ -193,3 +193,20 @@ def test_fedavg_learns_digits_in_the_quickstart(tmp_path):
     assert summary.rounds == 30
     # Ten classes: chance is 0.1. The quickstart reaches about 0.95 (seed 1).
     assert summary.final_accuracy > 0.8
+
+
+def test_evaluation_every_k_rounds_and_after_the_last(tmp_path):
+    import pandas as pd
+
+    out = run_small(tmp_path, "every", "evaluation.every=2", "rounds=5", "timeouts={}")
+    accuracy = pd.read_csv(out / "rounds.csv")["accuracy"]
+    assert accuracy.notna().tolist() == [False, True, False, True, True]
+
+
+def test_poisson_sampling_may_sample_nobody(tmp_path):
+    sim = Simulation(scenario(tmp_path, overrides=["sampling={rate: 0.05}", "rounds=40"]))
+    results = [sim.step().record for _ in range(40)]
+    empty = [r for r in results if r.sampled == 0]
+    assert empty, "with q = 0.05 and two clients most rounds sample nobody"
+    assert all(r.outcome == "aborted: no client uploaded an update" and r.t_end == r.t_start for r in empty)
+    assert any(r.sampled > 0 and r.outcome == "ok" for r in results)

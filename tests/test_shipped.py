@@ -45,7 +45,10 @@ def _tool(name: str) -> str:
 @pytest.mark.slow
 def test_ruff_is_clean():
     done = subprocess.run(
-        [_tool("ruff"), "check", "sim", "tests", "benchmarks"], cwd=ROOT, capture_output=True, text=True
+        [_tool("ruff"), "check", *(d for d in ("sim", "tests", "benchmarks") if (ROOT / d).is_dir())],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
     )
     assert done.returncode == 0, done.stdout + done.stderr
 

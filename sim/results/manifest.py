@@ -6,6 +6,7 @@ import os
 import platform
 import sys
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 import sim
@@ -38,7 +39,7 @@ def host() -> dict[str, Any]:
 
 def _cpu_model() -> str:
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
+        with Path("/proc/cpuinfo").open(encoding="utf-8") as f:
             for line in f:
                 if line.startswith("model name"):
                     return line.split(":", 1)[1].strip()

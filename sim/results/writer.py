@@ -32,7 +32,7 @@ def write_atomic(path: Path, data: bytes) -> None:
         f.write(data)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, path)
+    tmp.replace(path)
 
 
 def write_json(path: Path, doc: Any) -> None:
