@@ -20,7 +20,7 @@ from tqdm import tqdm
 
 from sim.engine.simulation import Simulation
 from sim.results.manifest import host, versions
-from sim.results.tables import round_rows
+from sim.results.tables import round_rows, step_columns
 from sim.results.writer import RunWriter
 from sim.scenario.schema import Scenario
 
@@ -73,7 +73,12 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
         "versions": versions(),
         "host": host(),
     }
-    writer = RunWriter(directory, manifest, extra_columns=list(scenario.swept))
+    writer = RunWriter(
+        directory,
+        manifest,
+        extra_columns=list(scenario.swept),
+        round_columns=step_columns(scenario.aggregation.steps()),
+    )
     accuracies: list[float] = []
     times: list[float] = []
     dropped: list[int] = []

@@ -35,6 +35,12 @@ class Stream(enum.IntEnum):
     """Key material of the secure-aggregation protocols."""
     SYNTHETIC = 9
     """Procedural data sets."""
+    ENCODING = 10
+    """Stochastic rounding of the fixed-point encoding."""
+    IDENTITY = 11
+    """Long-term signing keys of clients (the PKI of the malicious variant)."""
+    GRAPH = 12
+    """The public SecAgg+ communication graph of each round."""
 
 
 def seed_sequence(seed: int, stream: Stream, *context: int) -> np.random.SeedSequence:
@@ -45,6 +51,11 @@ def seed_sequence(seed: int, stream: Stream, *context: int) -> np.random.SeedSeq
 def generator(seed: int, stream: Stream, *context: int) -> np.random.Generator:
     """A PCG64 generator for ``stream`` and ``context`` under scenario ``seed``."""
     return np.random.Generator(np.random.PCG64(seed_sequence(seed, stream, *context)))
+
+
+def seed_bytes(seed: int, stream: Stream, *context: int) -> bytes:
+    """32 bytes of key material for ``stream`` and ``context`` (seeds a :class:`sim.crypto.randomness.SeededRandom`)."""
+    return seed_sequence(seed, stream, *context).generate_state(8, dtype=np.uint32).astype("<u4").tobytes()
 
 
 def int_seed(seed: int, stream: Stream, *context: int) -> int:

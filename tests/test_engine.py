@@ -26,6 +26,8 @@ def profile(tmp_path: Path) -> Path:
         "train.mlp.1x8x8.10": {"coef": {"const": 1.0}},
         "fedavg.accumulate": {"coef": {"elements": 0.0}},
         "fedavg.finalize": {"coef": {"const": 0.5}},
+        "wire.encode": {"coef": {}},
+        "wire.decode": {"coef": {}},
     }
     path.write_text(json.dumps({"format": 1, "machine": {"note": "test"}, "operations": ops}))
     return path

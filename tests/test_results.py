@@ -40,7 +40,7 @@ def test_tables_have_the_documented_columns_and_swept_values(tmp_path):
     out = tmp_path / "out"
     run_scenario(scenario, out, progress=False)
     rounds = pd.read_csv(out / "rounds.csv")
-    assert tuple(rounds.columns) == (*ROUND_COLUMNS, "dropout.rate", "seed")
+    assert tuple(rounds.columns) == (*ROUND_COLUMNS, "time_upload", "dropout.rate", "seed")
     assert tuple(pd.read_csv(out / "clients.csv").columns) == (*CLIENT_COLUMNS, "dropout.rate", "seed")
     assert tuple(pd.read_csv(out / "stages.csv").columns) == (*STAGE_COLUMNS, "dropout.rate", "seed")
     assert list(rounds["round"]) == [1, 2, 3, 4, 5]

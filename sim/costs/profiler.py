@@ -10,6 +10,7 @@ coefficients (a feature whose coefficient comes out negative is dropped and the 
 - ``fedavg.accumulate`` and ``fedavg.finalize``: the FedAvg server machine's ``close_step`` over n
   updates of d values, fitted as ``a + b n d + c d``; ``accumulate`` (charged per arriving update) gets
   ``b`` per element, ``finalize`` gets ``a`` and ``c``.
+- the secure-aggregation and wire operations of :mod:`sim.costs.micro`.
 
 Torch runs with one thread, so the reference device is one core of the profiling machine; a client's
 slow-down factor and the server's speed scale from there.
@@ -29,6 +30,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.costs.micro import BENCHMARKS
 from sim.costs.model import FORMAT
 from sim.learning.federated import SHAPES, FederatedData
 from sim.learning.models import MODELS, train_op
@@ -68,7 +70,7 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def fit_nonnegative(features: Sequence[str], rows: list[dict[str, float]], seconds: list[float]) -> dict[str, Any]:
+def fit_nonnegative(features: Sequence[str], rows: Sequence[dict[str, float]], seconds: list[float]) -> dict[str, Any]:
     """Least-squares fit of ``seconds`` on ``features`` with every coefficient >= 0."""
     active = list(features)
     y = np.asarray(seconds)
@@ -110,7 +112,8 @@ def profile_training(
 
 
 def profile_fedavg(clients: Sequence[int], dims: Sequence[int], repeats: int) -> dict[str, dict[str, Any]]:
-    rows, seconds = [], []
+    rows: list[dict[str, float]] = []
+    seconds: list[float] = []
     rng = np.random.default_rng(0)
     for d in dims:
         delta = rng.standard_normal(d).astype(np.float32)
@@ -163,6 +166,13 @@ def run_profile(out: Path, quick: bool = False, progress: Callable[[str], None] 
             (2, 8) if quick else (2, 5, 10, 20), (1_000, 10_000) if quick else (10_000, 100_000, 1_000_000), repeats
         )
     )
+    for bench in BENCHMARKS:
+        say(bench.op)
+        rows, seconds = [], []
+        for point in bench.points(quick):
+            rows.append(point.features)
+            seconds.append(_median_seconds(point.run, repeats))
+        operations[bench.op] = fit_nonnegative(bench.features, rows, seconds)
     doc = {
         "format": FORMAT,
         "machine": {

@@ -3,17 +3,19 @@
 The frame of a round (DESIGN "A round"): the server sends the global model to every sampled client
 (concurrent transfers share the server's downlink), each client trains (its cost-model time times its
 slow-down), then enters the aggregation protocol with its update. From there the round is driven by the
-machines: every message a machine emits crosses the simulated network with its real encoded size (in
-``full`` fidelity it is really encoded and decoded; in ``timing`` fidelity its size is computed), and
-every operation a machine reports is charged from the cost model, to the client's CPU (times its
-slow-down) or to the server's (divided by its speed). The server handles one message at a time.
+machines (:mod:`sim.protocol.registry`): every message a machine emits crosses the simulated network with
+its real encoded size (in ``full`` fidelity it is really encoded and decoded; in ``timing`` fidelity its
+size is computed), and every operation a machine reports, plus encoding and decoding each frame
+(``wire.encode``, ``wire.decode``), is charged from the cost model: to the client's CPU times its
+slow-down, or to the server's divided by its speed. Each party computes one thing at a time.
 
 Collection steps end when every client the server machine still expects has answered or has left, or
 when the step's timeout passes; clients that have not answered by then are late (``timeout:<step>``) and
-whatever they send afterwards is discarded. A client that drops out leaves at its planned stage; unless
-``dropout.silent`` the server learns of it at once (a closed connection), else only by the timeout.
-When the server machine is done or aborts, the round ends: clients still busy are stopped and their
-transfers cancelled.
+whatever they send afterwards is discarded. A client that drops out leaves just before its planned step;
+unless ``dropout.silent`` the server learns of it at once (a closed connection), else only by the
+timeout. A client machine that detects a misbehaving server aborts (``aborted: <why>``) and leaves. When
+the server machine is done or aborts, the round ends: clients still busy are stopped and their transfers
+cancelled.
 """
 
 from __future__ import annotations
@@ -27,13 +29,19 @@ import numpy as np
 import simpy
 
 from sim.costs.model import CostModel
+from sim.crypto import signatures
+from sim.crypto.randomness import SeededRandom
 from sim.engine.network import Flow, Link, Network
 from sim.engine.population import Population
 from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
-from sim.protocol.fedavg import FedAvgClient, FedAvgServer, ModelDownload
-from sim.protocol.machine import SERVER, Aggregate, Reaction, RemoteProtocolError
-from sim.protocol.wire import Blank, Message
+from sim.protocol.encoding import EncodingError
+from sim.protocol.fedavg import ModelDownload
+from sim.protocol.machine import SERVER, Aggregate, ClientMachine, Reaction, RemoteProtocolError, ServerMachine, Work
+from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory, round_machines
+from sim.protocol.suite import RealSuite, SizedSuite
+from sim.protocol.wire import Blank, Message, Opaque
+from sim.seeds import Stream, generator, int_seed, seed_bytes
 
 MBPS = 1e6
 """Bits per second in one Mbps."""
@@ -60,7 +68,8 @@ class ClientRecord:
     bytes_down: int = 0
     bytes_up: int = 0
     dropped_stage: str = ""
-    """Empty for a survivor, else the planned dropout stage, ``timeout:<step>`` or ``rejected: <why>``."""
+    """Empty for a survivor, else the planned dropout stage, ``timeout:<step>``, ``rejected: <why>``
+    (the server refused its message) or ``aborted: <why>`` (it refused the server's)."""
     last_upload_end: float = _NAN
 
 
@@ -82,6 +91,7 @@ class RoundRecord:
     aggregate_start: float = _NAN
     server_bytes_in: int = 0
     server_bytes_out: int = 0
+    server_compute_s: float = 0.0
     aggregate: Aggregate | None = None
 
 
@@ -106,6 +116,8 @@ class RoundSetup:
     """Callable ``client -> number of local samples``."""
     learner: Learner | None
     """The real model (``full`` fidelity) or None (``timing``)."""
+    aggregation: AggregationParams
+    seed: int
 
 
 class Round:
@@ -116,15 +128,21 @@ class Round:
         self.env = setup.env
         self.number = number
         self.sampled = tuple(int(c) for c in sampled)
-        self.drops = drops
         self.full = setup.learner is not None
-        self.machine = FedAvgServer(number, self.sampled, setup.dim)
+        spec = setup.aggregation.spec
+        self.leave_before = {c: spec.dropout_stages[stage] for c, stage in drops.items()}
+        """Client -> the step it leaves before (``""``: before the download)."""
+        self.drops = drops
         self.inbox = simpy.Store(self.env)
         self.client_inbox = {c: simpy.Store(self.env) for c in self.sampled}
         self.gone: set[int] = set()
         self.late: set[int] = set()
         self.flows: dict[int, Flow] = {}
         self.procs: list[simpy.Process] = []
+        self.encoded: dict[int, tuple[Message, bytes]] = {}
+        """Frames of messages already encoded this round, by message identity (a broadcast is serialised
+        once); the message is kept alive with its frame so that its id cannot be reused."""
+        self._model: ModelDownload | None = None
         pop = setup.population
         self.links: dict[int, tuple[Link, Link]] = {}
         self.record = RoundRecord(round=number, t_start=self.env.now, sampled=len(self.sampled))
@@ -138,10 +156,40 @@ class Round:
                 bandwidth_mbps=float(pop.bandwidth_mbps[c]),
                 samples=int(setup.samples(c)),
             )
+        self.signing: dict[int, wire.Data] = {}
+        """Long-term signing keys of the sampled clients (malicious variant)."""
+        self.machine: ServerMachine | None = None
+        self.client_factory: ClientFactory | None = None
+        self.setup_error = ""
+        try:
+            self.machine, self.client_factory = self._machines()
+        except EncodingError as exc:
+            self.setup_error = str(exc)
+
+    def _machines(self) -> tuple[ServerMachine, ClientFactory]:
+        s, params = self.s, self.s.aggregation
+        suite = RealSuite() if self.full else SizedSuite()
+        verification: dict[int, wire.Data] = {}
+        if params.malicious:
+            for c in self.sampled:
+                if self.full:
+                    self.signing[c], verification[c] = signatures.generate(
+                        SeededRandom(seed_bytes(s.seed, Stream.IDENTITY, c))
+                    )
+                else:
+                    self.signing[c], verification[c] = Opaque(32), Opaque(32)
+        graph_seed = int_seed(s.seed, Stream.GRAPH, self.number)
+        return round_machines(params, self.number, self.sampled, s.dim, suite, graph_seed, verification)
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
-        env, machine, rec = self.env, self.machine, self.record
+        env, rec = self.env, self.record
+        if self.machine is None:
+            rec.t_end, rec.outcome = env.now, f"aborted: {self.setup_error}"
+            rec.clients = [self.clients[c] for c in self.sampled]
+            return rec
+        machine = self.machine
+        yield from self._server_compute([Work("wire.encode", _frame_size(self._model_message()))])
         for c in self.sampled:
             self.procs.append(env.process(self._client(c)))
         yield from self._server_react(machine.begin())
@@ -168,6 +216,7 @@ class Round:
                     continue
                 if sender in self.late or sender not in machine.expected():
                     continue
+                yield from self._server_compute([Work("wire.decode", _frame_size(message))])
                 try:
                     reaction = machine.receive(sender, message)
                 except RemoteProtocolError as exc:
@@ -193,12 +242,27 @@ class Round:
             rec.clients.append(record)
         return rec
 
-    def _server_react(self, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
-        seconds = self.s.costs.work_seconds(reaction.work) / self.s.server_speed
+    def _server_compute(self, work: list[Work] | tuple[Work, ...]) -> Generator[simpy.Event, Any, None]:
+        seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         if seconds > 0:
+            self.record.server_compute_s += seconds
             yield self.env.timeout(seconds)
+
+    def _server_react(self, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+        encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
+        yield from self._server_compute([*reaction.work, *self._first_encodings(reaction, encode)])
         for send in reaction.sends:
             self.procs.append(self.env.process(self._deliver(SERVER, send.to, send.message)))
+
+    def _first_encodings(self, reaction: Reaction, encode: list[Work]) -> list[Work]:
+        """Encoding work of the messages not serialised before (a broadcast is encoded once)."""
+        seen: set[int] = set()
+        out = []
+        for send, work in zip(reaction.sends, encode, strict=True):
+            if id(send.message) not in seen:
+                seen.add(id(send.message))
+                out.append(work)
+        return out
 
     def _stop_clients(self) -> None:
         for proc in self.procs:
@@ -211,13 +275,14 @@ class Round:
     # -- clients ----------------------------------------------------------------------------------
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
         env, rec, s = self.env, self.clients[c], self.s
+        leave_before = self.leave_before.get(c)
         try:
-            if self.drops.get(c) == "after_sampling":
-                self._leave(c, "after_sampling")
+            if leave_before == "":
+                self._leave(c, AFTER_SAMPLING)
                 return
-            params = s.learner.params if s.learner is not None else Blank(s.dim, np.dtype("<f4"))
             rec.download_start = env.now
-            yield from self._transfer(SERVER, c, ModelDownload(self.number, params))
+            yield from self._transfer(SERVER, c, self._model_message())
+            yield from self._client_compute(c, [Work("wire.decode", _frame_size(self._model_message()))])
             rec.download_end = rec.train_start = env.now
             samples = rec.samples
             train_seconds = rec.slowdown * s.costs.seconds(
@@ -234,24 +299,53 @@ class Round:
                 update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
             yield env.timeout(train_seconds)
             rec.train_end = env.now
-            if self.drops.get(c) == "before_upload":
-                self._leave(c, "before_upload")
+            machine = self._client_machine(c)
+            if leave_before == machine.first_step:
+                self._leave(c, self.drops[c])
                 return
-            machine = FedAvgClient(self.number, c)
             yield from self._client_react(c, machine.start(update, weight))
             inbox = self.client_inbox[c]
             while True:
                 message = yield inbox.get()
-                yield from self._client_react(c, machine.receive(message))
+                yield from self._client_compute(c, [Work("wire.decode", _frame_size(message))])
+                if leave_before and machine.stage_of(message) == leave_before:
+                    self._leave(c, self.drops[c])
+                    return
+                try:
+                    reaction = machine.receive(message)
+                except RemoteProtocolError as exc:
+                    rec.dropped_stage = f"aborted: {exc.reason}"
+                    self.inbox.put(("gone", c, None))
+                    return
+                yield from self._client_react(c, reaction)
         except simpy.Interrupt:
             return
 
-    def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+    def _model_message(self) -> ModelDownload:
+        """The round's global model, one message for every client (encoded once)."""
+        if self._model is None:
+            s = self.s
+            params = s.learner.params if s.learner is not None else Blank(s.dim, np.dtype("<f4"))
+            self._model = ModelDownload(self.number, params)
+        return self._model
+
+    def _client_machine(self, c: int) -> ClientMachine:
+        s = self.s
+        assert self.client_factory is not None
+        keys = SeededRandom(seed_bytes(s.seed, Stream.KEYS, self.number, c))
+        encoding = generator(s.seed, Stream.ENCODING, self.number, c) if self.full else None
+        return self.client_factory(c, keys, encoding, self.signing.get(c))
+
+    def _client_compute(self, c: int, work: list[Work] | tuple[Work, ...]) -> Generator[simpy.Event, Any, None]:
         rec = self.clients[c]
-        seconds = self.s.costs.work_seconds(reaction.work) * rec.slowdown
+        seconds = self.s.costs.work_seconds(work) * rec.slowdown
         if seconds > 0:
             rec.compute_s += seconds
             yield self.env.timeout(seconds)
+
+    def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+        encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
+        yield from self._client_compute(c, [*reaction.work, *encode])
         for send in reaction.sends:
             self.procs.append(self.env.process(self._deliver(c, send.to, send.message)))
 
@@ -263,8 +357,12 @@ class Round:
     # -- network ----------------------------------------------------------------------------------
     def _transfer(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, Message]:
         """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes."""
+        data = b""
         if self.full:
-            data = message.encode()
+            cached = self.encoded.get(id(message))
+            if cached is None or cached[0] is not message:
+                cached = self.encoded[id(message)] = (message, message.encode())
+            data = cached[1]
             nbytes = len(data)
         else:
             nbytes = message.wire_size()
@@ -297,6 +395,11 @@ class Round:
                 self.inbox.put(("msg", sender, received))
         except simpy.Interrupt:
             return
+
+
+def _frame_size(message: Message) -> dict[str, float]:
+    """Cost features of encoding or decoding ``message``: frame bytes and bit-packed values."""
+    return {"bytes": message.wire_size(), "packed": message.packed_elements()}
 
 
 def mean_of(values: list[float]) -> float:

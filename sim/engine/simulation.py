@@ -70,6 +70,8 @@ class Simulation:
             batch_size=sc.training.batch_size,
             samples=self.data.num_samples,
             learner=self.learner,
+            aggregation=sc.aggregation,
+            seed=sc.seed,
         )
         self._everyone = np.arange(sc.population, dtype=np.int64)
         self.round = 0

@@ -116,6 +116,8 @@ class FedAvgServer:
 class FedAvgClient:
     """Client side of one FedAvg round: send the update, done."""
 
+    first_step = "upload"
+
     def __init__(self, round: int, client: int) -> None:
         self.round = round
         self.client = client
@@ -127,6 +129,9 @@ class FedAvgClient:
         self.started = True
         message = ClientUpdate(self.round, self.client, float(weight), update)
         return Reaction(sends=(Send(SERVER, message),))
+
+    def stage_of(self, message: object) -> str:
+        return "upload"
 
     def receive(self, message: object) -> Reaction:
         raise RemoteProtocolError(SERVER, f"sent {type(message).__name__}; FedAvg clients expect no messages")

@@ -108,8 +108,15 @@ class ServerMachine(Protocol):
 
 
 class ClientMachine(Protocol):
+    first_step: str
+    """The step :meth:`start` performs (for dropout before it)."""
+
     def start(self, update: Vector, weight: float) -> Reaction:
         """Enter the protocol with this round's local update and its weight (sample count)."""
+        ...
+
+    def stage_of(self, message: Message) -> str:
+        """The step that handling ``message`` would perform (for dropout before it)."""
         ...
 
     def receive(self, message: Message) -> Reaction: ...

@@ -1,25 +1,119 @@
-"""What the engine and the scenario parser need to know of each aggregation protocol.
+"""What drivers and the scenario parser need to know of each aggregation protocol, and its machines.
 
-``steps`` are the server's collection steps in order (the keys of ``timeouts:``); ``dropout_stages`` the
-points of the round where ``dropout.stage`` may make a client leave, in the order they occur.
+``steps`` are the server's collection steps in order (the keys of ``timeouts:``). ``dropout_stages`` map
+each ``dropout.stage`` to the client step before which a dropping client leaves (``after_sampling``
+means before the model download, which every protocol shares). :func:`round_machines` builds one
+round's server machine and a factory for its client machines.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.crypto.randomness import RandomSource
+from sim.protocol import graph
+from sim.protocol.encoding import FixedPoint
+from sim.protocol.fedavg import FedAvgClient, FedAvgServer
+from sim.protocol.machine import ClientMachine, ServerMachine
+from sim.protocol.plain import PlainClient, PlainServer
+from sim.protocol.secagg import SecAggClient, SecAggConfig, SecAggServer
+from sim.protocol.suite import Suite
+from sim.protocol.wire import Data
+
+AFTER_SAMPLING = "after_sampling"
 
 
 @dataclass(frozen=True)
 class ProtocolSpec:
     name: str
     steps: tuple[str, ...]
-    dropout_stages: tuple[str, ...]
+    dropout_stages: dict[str, str] = field(default_factory=dict)
+    """``dropout.stage`` -> the client step it precedes (``after_sampling`` -> ``""``: before download)."""
+    encoded: bool = True
+    """Whether updates are fixed-point encoded (and ``aggregation.bits``/``clip`` apply)."""
 
+
+_SECAGG_DROPOUT = {
+    AFTER_SAMPLING: "",
+    "before_share_keys": "share_keys",
+    "before_upload": "masked_input",
+    "during_unmasking": "unmasking",
+}
+_SECAGG_STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking")
 
 PROTOCOLS: dict[str, ProtocolSpec] = {
-    "fedavg": ProtocolSpec(
-        name="fedavg",
-        steps=("upload",),
-        dropout_stages=("after_sampling", "before_upload"),
-    ),
+    "fedavg": ProtocolSpec("fedavg", ("upload",), {AFTER_SAMPLING: "", "before_upload": "upload"}, encoded=False),
+    "plain": ProtocolSpec("plain", ("upload",), {AFTER_SAMPLING: "", "before_upload": "upload"}),
+    "secagg": ProtocolSpec("secagg", _SECAGG_STEPS, _SECAGG_DROPOUT),
+    "secagg+": ProtocolSpec("secagg+", _SECAGG_STEPS, _SECAGG_DROPOUT),
 }
+
+
+@dataclass(frozen=True)
+class AggregationParams:
+    """The ``aggregation:`` section of a scenario."""
+
+    protocol: str = "fedavg"
+    bits: int = 20
+    clip: float = 1.0
+    """L2 norm bound of updates in the fixed-point encoding (model units)."""
+    threshold: float = 0.5
+    """Fraction of share holders strictly exceeded by the reconstruction threshold."""
+    neighbours: int | None = None
+    """SecAgg+ degree; None for ``auto`` (2 ceil(log2 n))."""
+    malicious: bool = False
+
+    @property
+    def spec(self) -> ProtocolSpec:
+        return PROTOCOLS[self.protocol]
+
+    def steps(self) -> tuple[str, ...]:
+        """The server's steps under this adversary model."""
+        return tuple(s for s in self.spec.steps if s != "consistency_check" or self.malicious)
+
+
+ClientFactory = Callable[[int, RandomSource, "np.random.Generator | None", "Data | None"], ClientMachine]
+"""``(client, key randomness, encoding randomness, signing key) -> machine``."""
+
+
+def neighbourhoods(params: AggregationParams, sampled: tuple[int, ...], graph_seed: int) -> dict[int, tuple[int, ...]]:
+    """The round's communication graph: complete for SecAgg, sparse for SecAgg+."""
+    if params.protocol != "secagg+":
+        return graph.complete(sampled)
+    degree = graph.auto_degree(len(sampled)) if params.neighbours is None else params.neighbours
+    if degree < len(sampled) - 1 and degree % 2:
+        degree += 1  # the ring graph needs an even degree
+    return graph.harary(sampled, degree, graph_seed)
+
+
+def round_machines(
+    params: AggregationParams,
+    round: int,
+    sampled: tuple[int, ...],
+    dim: int,
+    suite: Suite,
+    graph_seed: int,
+    verification_keys: Mapping[int, Data] | None = None,
+) -> tuple[ServerMachine, ClientFactory]:
+    """The server machine of one round and a factory of its client machines."""
+    if params.protocol == "fedavg":
+        return FedAvgServer(round, sampled, dim), lambda c, _rng, _enc, _sig: FedAvgClient(round, c)
+    encoding = FixedPoint.for_clients(params.bits, params.clip, max(len(sampled), 1))
+    if params.protocol == "plain":
+        return PlainServer(round, sampled, dim, encoding), lambda c, _rng, enc, _sig: PlainClient(
+            round, c, dim, encoding, enc
+        )
+    config = SecAggConfig(
+        round=round,
+        sampled=sampled,
+        dim=dim,
+        encoding=encoding,
+        neighbours=neighbourhoods(params, sampled, graph_seed),
+        threshold_fraction=params.threshold,
+        malicious=params.malicious,
+        verification_keys=dict(verification_keys or {}),
+    )
+    return SecAggServer(config, suite), lambda c, rng, enc, sig: SecAggClient(config, c, suite, rng, enc, sig)

@@ -52,6 +52,63 @@ def vector_length(v: Vector) -> int:
     return v.length if isinstance(v, Blank) else int(v.shape[0])
 
 
+@dataclass(frozen=True)
+class Opaque:
+    """Bytes known only by their length (``timing`` fidelity): keys, ciphertexts, shares, signatures."""
+
+    length: int
+
+    def __len__(self) -> int:
+        return self.length
+
+
+Data = bytes | Opaque
+"""A byte string, or its length only in timing fidelity."""
+
+
+@dataclass(frozen=True, eq=False)
+class ModVector:
+    """A vector over Z_(2^bits), 1 <= bits <= 32, sent bit-packed: ``ceil(length * bits / 8)`` bytes.
+
+    ``values`` is a uint64 array with every value below 2^bits, or a :class:`Blank` in timing fidelity.
+    """
+
+    bits: int
+    values: Vector
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.bits <= 32:
+            raise ValueError(f"ModVector bits must be in 1..32, not {self.bits}")
+
+    @property
+    def length(self) -> int:
+        return vector_length(self.values)
+
+
+def pack_bits(values: np.ndarray, bits: int) -> bytes:
+    """Little-endian bit packing of values < 2^bits, ``bits`` bits each, zero-padded to a whole byte."""
+    v = np.ascontiguousarray(values, dtype="<u4")
+    if bits == 32:
+        return v.tobytes()
+    if bits in (8, 16):
+        return v.astype(f"<u{bits // 8}").tobytes()
+    bitmat = np.unpackbits(v.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, :bits]
+    return np.packbits(bitmat.reshape(-1), bitorder="little").tobytes()
+
+
+def unpack_bits(data: bytes | memoryview, count: int, bits: int) -> np.ndarray:
+    """Inverse of :func:`pack_bits`: ``count`` values as uint64."""
+    raw = np.frombuffer(data, dtype=np.uint8)
+    if bits in (8, 16, 32):
+        return raw.view(f"<u{bits // 8}").astype(np.uint64)
+    bitarr = np.unpackbits(raw, bitorder="little")
+    if bitarr[count * bits :].any():
+        raise WireError("non-zero padding bits after a packed vector")
+    full = np.zeros((count, 32), dtype=np.uint8)
+    full[:, :bits] = bitarr[: count * bits].reshape(count, bits)
+    return np.packbits(full, axis=1, bitorder="little").view("<u4").reshape(count).astype(np.uint64)
+
+
 class Codec:
     """Encoding of one field type: size, write, read."""
 
@@ -122,6 +179,8 @@ class _Bytes(Codec):
         return 4 + len(value)
 
     def write(self, value: Any, out: list[bytes]) -> None:
+        if isinstance(value, Opaque):
+            raise ValueError("an Opaque value (timing fidelity) has no bytes to encode")
         out.append(struct.pack("<I", len(value)))
         out.append(bytes(value))
 
@@ -184,6 +243,111 @@ class _Vector(Codec):
         return arr, offset + 9 + n
 
 
+class _FixedBytes(Codec):
+    """Exactly ``n`` bytes (keys, signatures)."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.name = f"{n}-byte string"
+
+    def size(self, value: Any) -> int:
+        return self.n
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        if isinstance(value, Opaque):
+            raise ValueError("an Opaque value (timing fidelity) has no bytes to encode")
+        if len(value) != self.n:
+            raise ValueError(f"expected {self.n} bytes, got {len(value)}")
+        out.append(bytes(value))
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, self.n)
+        return bytes(buf[offset : offset + self.n]), offset + self.n
+
+
+class _List(Codec):
+    """``count (u32) | items``."""
+
+    def __init__(self, item: Codec, limit: int = 1 << 24) -> None:
+        self.item = item
+        self.limit = limit
+        self.name = f"list of {item.name}"
+
+    def size(self, value: Any) -> int:
+        return 4 + sum(self.item.size(v) for v in value)
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        out.append(struct.pack("<I", len(value)))
+        for v in value:
+            self.item.write(v, out)
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, 4)
+        (n,) = struct.unpack_from("<I", buf, offset)
+        if n > self.limit:
+            raise WireError(f"{self.name} of {n} items exceeds the limit of {self.limit}")
+        offset += 4
+        items = []
+        for _ in range(n):
+            item, offset = self.item.read(buf, offset)
+            items.append(item)
+        return tuple(items), offset
+
+
+class _Tuple(Codec):
+    """Fields in order, as a Python tuple."""
+
+    def __init__(self, *items: Codec) -> None:
+        self.items = items
+        self.name = "(" + ", ".join(i.name for i in items) + ")"
+
+    def size(self, value: Any) -> int:
+        return sum(c.size(v) for c, v in zip(self.items, value, strict=True))
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        if len(value) != len(self.items):
+            raise ValueError(f"{self.name} needs {len(self.items)} values, not {len(value)}")
+        for c, v in zip(self.items, value, strict=True):
+            c.write(v, out)
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        values = []
+        for c in self.items:
+            v, offset = c.read(buf, offset)
+            values.append(v)
+        return tuple(values), offset
+
+
+class _Packed(Codec):
+    """A :class:`ModVector`: ``bits (u8) | count (u64) | ceil(count * bits / 8) packed bytes``."""
+
+    name = "packed vector"
+
+    def size(self, value: Any) -> int:
+        return 9 + -(-value.length * value.bits // 8)
+
+    def write(self, value: Any, out: list[bytes]) -> None:
+        if isinstance(value.values, Blank):
+            raise ValueError("a Blank vector (timing fidelity) has no bytes to encode")
+        values = np.asarray(value.values)
+        if values.ndim != 1:
+            raise ValueError(f"packed vectors must be one-dimensional, not of shape {values.shape}")
+        if values.size and int(values.max()) >> value.bits:
+            raise ValueError(f"a value does not fit in {value.bits} bits")
+        out.append(struct.pack("<BQ", value.bits, values.shape[0]))
+        out.append(pack_bits(values, value.bits))
+
+    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+        self._need(buf, offset, 9)
+        bits, count = struct.unpack_from("<BQ", buf, offset)
+        if not 1 <= bits <= 32:
+            raise WireError(f"packed vector bit width {bits} is not in 1..32")
+        n = -(-count * bits // 8)
+        self._need(buf, offset + 9, n)
+        values = unpack_bits(buf[offset + 9 : offset + 9 + n], count, bits)
+        return ModVector(bits, values), offset + 9 + n
+
+
 U8 = _Int("B", "u8")
 U32 = _Int("I", "u32")
 U64 = _Int("Q", "u64")
@@ -192,6 +356,22 @@ F64 = _Float()
 BYTES = _Bytes()
 VECTOR = _Vector()
 F32_VECTOR = _Vector(["<f4"])
+PACKED = _Packed()
+KEY = _FixedBytes(32)
+SIGNATURE = _FixedBytes(64)
+
+
+def fixed_bytes(n: int) -> Codec:
+    return _FixedBytes(n)
+
+
+def list_of(item: Codec, limit: int = 1 << 24) -> Codec:
+    return _List(item, limit)
+
+
+def tuple_of(*items: Codec) -> Codec:
+    return _Tuple(*items)
+
 
 _REGISTRY: dict[int, type[Message]] = {}
 
@@ -214,6 +394,14 @@ class Message:
 
     def body_size(self) -> int:
         return sum(codec.size(getattr(self, name)) for name, codec in self.FIELDS)
+
+    def packed_elements(self) -> int:
+        """Values of this message that are bit-packed at a width other than 8, 16 or 32 (costly to pack)."""
+        return sum(
+            getattr(self, name).length
+            for name, codec in self.FIELDS
+            if isinstance(codec, _Packed) and getattr(self, name).bits not in (8, 16, 32)
+        )
 
     def wire_size(self) -> int:
         """Bytes of the encoded frame (header included), computed without encoding."""

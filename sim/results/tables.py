@@ -3,7 +3,7 @@
 Tidy tables (one row per observation) with fixed leading columns; the sweep's parameters follow as
 extra columns named by their key path (``dropout.rate``). Times are virtual seconds, sizes bytes.
 
-- ``rounds.csv``: one row per round.
+- ``rounds.csv``: one row per round; ``time_<step>`` columns give each server collection step's duration.
 - ``clients.csv``: one row per round and sampled client.
 - ``stages.csv``: one row per round and stage: client-side activity spans (``download``, ``train``,
   ``upload``: first start to last end over the clients that did it), server collection steps
@@ -42,6 +42,8 @@ ROUND_COLUMNS = (
     "client_bytes_up_mean",
     "server_bytes_out",
     "server_bytes_in",
+    "server_compute_s",
+    "client_compute_s_mean",
 )
 CLIENT_COLUMNS = (
     "run_id",
@@ -63,6 +65,11 @@ STAGE_COLUMNS = ("run_id", "round", "stage", "resource", "t_start", "t_end", "cl
 TABLES = {"rounds": ROUND_COLUMNS, "clients": CLIENT_COLUMNS, "stages": STAGE_COLUMNS}
 
 
+def step_columns(steps: tuple[str, ...]) -> tuple[str, ...]:
+    """``rounds.csv`` columns with the duration of each of the protocol's server steps."""
+    return tuple(f"time_{step}" for step in steps)
+
+
 def swept_value(value: Any) -> Any:
     """A sweep value as a table cell: scalars as they are, anything else as compact JSON."""
     if value is None or isinstance(value, bool | int | float | str):
@@ -71,7 +78,7 @@ def swept_value(value: Any) -> Any:
 
 
 def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
-    """The rows one round adds to each table."""
+    """The rows one round adds to each table (step durations as ``time_<step>``, NaN if not reached)."""
     rec = result.record
     extra = {k: swept_value(v) for k, v in swept.items()}
     clients = rec.clients
@@ -99,6 +106,9 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         "client_bytes_up_mean": sum(c.bytes_up for c in clients) / n if n else math.nan,
         "server_bytes_out": rec.server_bytes_out,
         "server_bytes_in": rec.server_bytes_in,
+        "server_compute_s": rec.server_compute_s,
+        "client_compute_s_mean": mean_of([c.compute_s for c in clients]),
+        **{f"time_{step}": end - start for step, start, end in rec.steps},
         **extra,
     }
     client_rows = [_client_row(run_id, rec.round, c, extra) for c in clients]

@@ -61,10 +61,17 @@ def csv_bytes(rows: Iterable[Mapping[str, Any]], columns: Sequence[str], header:
 class RunWriter:
     """Appends one run's rows round by round and keeps its manifest current."""
 
-    def __init__(self, directory: Path, manifest: dict[str, Any], extra_columns: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        manifest: dict[str, Any],
+        extra_columns: Sequence[str] = (),
+        round_columns: Sequence[str] = (),
+    ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
         self.columns = {name: (*cols, *extra_columns) for name, cols in TABLES.items()}
+        self.columns["rounds"] = (*TABLES["rounds"], *round_columns, *extra_columns)
         self.manifest = dict(manifest)
         self.manifest.update(status="running", rounds_completed=0)
         write_json(directory / MANIFEST, self.manifest)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.protocol.registry import PROTOCOLS, ProtocolSpec
+from sim.protocol.registry import PROTOCOLS, AggregationParams
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader
 from sim.scenario.source import Document
@@ -149,7 +149,7 @@ class Scenario:
     timeouts: dict[str, float]
     """Server-side wait limit in virtual seconds per protocol step; a step without one waits for all."""
     cost_profile: str | None
-    protocol: ProtocolSpec
+    aggregation: AggregationParams
     resolved: dict[str, Any] = field(compare=False, repr=False)
     """The scenario as a plain mapping with every default filled in (for the manifest)."""
     swept: dict[str, Any] = field(default_factory=dict)
@@ -173,8 +173,9 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         speed=s.number("speed", 1.0, lo=0, lo_open=True),
     )
     s.finish()
-    protocol = PROTOCOLS["fedavg"]
-    dropout = _dropout(r.section("dropout"), protocol)
+    aggregation = _aggregation(r.section("aggregation"), sampling)
+    steps = aggregation.steps()
+    dropout = _dropout(r.section("dropout"), aggregation)
     data = _data(r.section("data"), population)
     m = r.section("model")
     model = Model(name=m.choice("name", MODELS, "cnn"))
@@ -185,7 +186,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     e.finish()
     fidelity = r.choice("fidelity", FIDELITIES, "full")
     output = r.string("output", f"results/{name}")
-    timeouts = _timeouts(r.section("timeouts"), protocol)
+    timeouts = _timeouts(r.section("timeouts"), aggregation)
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
@@ -193,7 +194,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         r.fail(
             ("dropout", "silent"),
             "is true, but no step has a timeout, so the server would wait for ever; "
-            f"set timeouts for the steps ({', '.join(protocol.steps)})",
+            f"set timeouts for the steps ({', '.join(steps)})",
         )
     r.finish(extra_allowed=("sweep",))
     if r.problems:
@@ -215,7 +216,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         output=output,
         timeouts=timeouts,
         cost_profile=cost_profile,
-        protocol=protocol,
+        aggregation=aggregation,
         resolved=r.resolved,
     )
 
@@ -252,10 +253,44 @@ def _clients(r: Reader) -> Clients:
     return Clients(compute=compute, bandwidth=BandwidthProfile(a, lo_mbps, hi_mbps))
 
 
-def _dropout(r: Reader, protocol: ProtocolSpec) -> Dropout:
+def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
+    protocol = r.choice("protocol", tuple(PROTOCOLS), "fedavg")
+    bits = r.integer("bits", 20, lo=2, hi=32)
+    clip = r.number("clip", 1.0, lo=0, lo_open=True)
+    threshold = r.number("threshold", 0.5, lo=0, hi=1, hi_open=True)
+    neighbours = r.custom("neighbours", None, _neighbours)
+    if "neighbours" not in r.resolved:
+        r.resolved["neighbours"] = "auto"
+    adversary = r.choice("adversary", ("semi-honest", "malicious"), "semi-honest")
+    if neighbours is not None and protocol != "secagg+":
+        r.fail("neighbours", f"only applies to protocol secagg+, not {protocol!r}")
+    if adversary == "malicious" and protocol not in ("secagg", "secagg+"):
+        r.fail("adversary", f"malicious needs protocol secagg or secagg+ (signatures), not {protocol!r}")
+    if adversary == "malicious" and threshold is not None and threshold < 0.5:
+        r.fail(
+            "threshold",
+            f"is {threshold}; the malicious variant needs threshold >= 0.5 so that more than half "
+            "the clients must take part (Dordis footnote 3)",
+        )
+    k = sampling.clients_per_round
+    if protocol != "fedavg" and bits is not None and k is not None and 2 ** (bits - 1) - 1 - k <= 0:
+        r.fail("bits", f"is {bits}: too few to sum {k} clients' updates; need 2^(bits-1) > {k + 1}")
+    r.finish()
+    return AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
+
+
+def _neighbours(value: Any) -> tuple[int | None, Any]:
+    if value == "auto":
+        return None, "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+        return value, value
+    raise ValueError("allowed: auto, or a whole number >= 2 (the SecAgg+ degree, rounded up to even)")
+
+
+def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
     mode = r.choice("mode", DROPOUT_MODES, "fixed")
     rate = r.number("rate", 0.0, lo=0, hi=1)
-    stage = r.choice("stage", protocol.dropout_stages, "before_upload")
+    stage = r.choice("stage", tuple(aggregation.spec.dropout_stages), "before_upload")
     silent = r.boolean("silent", False)
     if mode == "per_client":
         high = r.number("high", 0.99, lo=0, hi=1)
@@ -323,10 +358,11 @@ def _training(r: Reader) -> Training:
     return t
 
 
-def _timeouts(r: Reader, protocol: ProtocolSpec) -> dict[str, float]:
+def _timeouts(r: Reader, aggregation: AggregationParams) -> dict[str, float]:
     timeouts = {}
-    for step in protocol.steps:
+    steps = aggregation.steps()
+    for step in steps:
         if r.has(step):
             timeouts[step] = r.number(step, lo=0, lo_open=True)
-    r.finish(extra_allowed=protocol.steps)
+    r.finish(extra_allowed=steps)
     return timeouts

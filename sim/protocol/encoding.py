@@ -1,0 +1,75 @@
+"""Fixed-point encoding of model updates into Z_(2^bits), shared by every encoded protocol.
+
+Client side (``encode``): clip the update to L2 norm ``clip`` (``x * min(1, clip / ||x||_2)``), multiply
+by the scale ``s``, round stochastically (``floor(y + u)``, u ~ U[0, 1): unbiased), and wrap mod 2^bits.
+Server side (``decode_mean``): the sum of n encodings mod 2^bits, read as a centred integer in
+``(-2^(bits-1), 2^(bits-1))``, divided by ``s * n``: the mean of the clipped updates up to rounding.
+
+The scale leaves room for the sum of all ``clients`` sampled in the round: every clipped coordinate is at
+most ``clip`` in magnitude and rounds to at most ``clip * s + 1``, so with
+
+    s = (2^(bits-1) - 1 - clients) / (clients * clip)
+
+the sum of up to ``clients`` encodings never wraps. ``plain``, ``secagg`` and ``secagg+`` use the same
+encoding with the same randomness, so they aggregate to bit-identical sums; only masks differ, and those
+cancel exactly mod 2^bits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+class EncodingError(ValueError):
+    """Parameters that leave no room to encode (too few bits for the number of clients)."""
+
+
+@dataclass(frozen=True)
+class FixedPoint:
+    bits: int
+    clip: float
+    """L2 norm bound of an update, in model units."""
+    scale: float
+    """Integer units per model unit."""
+
+    @classmethod
+    def for_clients(cls, bits: int, clip: float, clients: int) -> FixedPoint:
+        """The encoding whose sum over ``clients`` encodings cannot wrap around."""
+        room = 2 ** (bits - 1) - 1 - clients
+        if room <= 0 or clients < 1:
+            raise EncodingError(
+                f"{bits} bits leave no room to sum {clients} clients' updates; use more bits or fewer clients"
+            )
+        return cls(bits, clip, room / (clients * clip))
+
+    @property
+    def modulus(self) -> int:
+        return 1 << self.bits
+
+    def clip_factor(self, x: np.ndarray) -> float:
+        norm = float(np.linalg.norm(x.astype(np.float64)))
+        return 1.0 if norm <= self.clip else self.clip / norm
+
+    def encode(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """Clip, scale, round stochastically and wrap: uint64 values below 2^bits."""
+        y = x.astype(np.float64) * (self.clip_factor(x) * self.scale)
+        q = np.floor(y + rng.random(y.shape[0])).astype(np.int64)
+        return (q & (self.modulus - 1)).astype(np.uint64)
+
+    def decode_mean(self, total: np.ndarray, count: int) -> np.ndarray:
+        """Mean of ``count`` clipped updates from the sum of their encodings mod 2^bits (float32)."""
+        centred = total.astype(np.int64)
+        centred[centred >= self.modulus // 2] -= self.modulus
+        return (centred.astype(np.float64) / (self.scale * count)).astype(np.float32)
+
+
+def add_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """``(a + b) mod 2^bits`` for uint64 vectors of values below 2^bits."""
+    return (a + b) & np.uint64((1 << bits) - 1)
+
+
+def sub_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
+    """``(a - b) mod 2^bits`` for uint64 vectors of values below 2^bits."""
+    return (a - b) & np.uint64((1 << bits) - 1)

@@ -1,0 +1,110 @@
+"""An in-memory driver for the protocol machines: no time, no network, every frame really encoded.
+
+The reference driver for tests and micro-benchmarks (in the manner of h11's tests, which drive a pair of
+connections through an in-memory link). It delivers each step's messages in ascending client order,
+encoding every message to bytes and decoding it on the other side, lets clients leave before a chosen
+step, and records per party the wall-clock seconds spent inside machine calls and the bytes sent (the
+only place in ``sim.protocol`` that reads a clock, and only to report how long the machines took).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import partial
+
+from sim.protocol import wire
+from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, ServerMachine
+from sim.protocol.wire import Message, Vector
+
+
+@dataclass
+class LoopbackResult:
+    server: ServerMachine
+    aborted: dict[int, RemoteProtocolError] = field(default_factory=dict)
+    """Clients whose machine refused a server message, with the error."""
+    left: set[int] = field(default_factory=set)
+    client_seconds: dict[int, float] = field(default_factory=dict)
+    server_seconds: float = 0.0
+    bytes_up: dict[int, int] = field(default_factory=dict)
+    bytes_down: dict[int, int] = field(default_factory=dict)
+
+
+def run_loopback(
+    server: ServerMachine,
+    clients: Mapping[int, ClientMachine],
+    updates: Mapping[int, Vector],
+    leave_before: Mapping[int, str] | None = None,
+    tamper: Callable[[int, Message], Message] | None = None,
+    encode: bool = True,
+    observe: Callable[[int, Message], None] | None = None,
+) -> LoopbackResult:
+    """Run one round to its end. ``leave_before[c]`` is the step before which client c leaves;
+    ``tamper(to, message)`` may replace any server-to-client message (to test a misbehaving server);
+    ``observe(sender, message)`` sees every client-to-server message."""
+    leave = dict(leave_before or {})
+    result = LoopbackResult(server, client_seconds=dict.fromkeys(clients, 0.0))
+    result.bytes_up = dict.fromkeys(clients, 0)
+    result.bytes_down = dict.fromkeys(clients, 0)
+    to_server: list[tuple[int, Message]] = []
+    to_clients: list[tuple[int, Message]] = []
+
+    def carry(message: Message) -> tuple[Message, int]:
+        if not encode:
+            return message, message.wire_size()
+        data = message.encode()
+        return wire.decode(data), len(data)
+
+    def client_call(c: int, call: Callable[[], Reaction]) -> None:
+        start = time.perf_counter()
+        try:
+            reaction = call()
+        except RemoteProtocolError as exc:
+            result.aborted[c] = exc
+            return
+        finally:
+            result.client_seconds[c] += time.perf_counter() - start
+        for send in reaction.sends:
+            message, n = carry(send.message)
+            result.bytes_up[c] += n
+            if observe is not None:
+                observe(c, message)
+            to_server.append((c, message))
+
+    def server_call(call: Callable[[], Reaction]) -> None:
+        start = time.perf_counter()
+        reaction = call()
+        result.server_seconds += time.perf_counter() - start
+        for send in reaction.sends:
+            message = tamper(send.to, send.message) if tamper is not None else send.message
+            delivered, n = carry(message)
+            result.bytes_down[send.to] += n
+            to_clients.append((send.to, delivered))
+
+    def active(c: int) -> bool:
+        return c not in result.left and c not in result.aborted
+
+    server_call(server.begin)
+    for c in sorted(clients):
+        machine = clients[c]
+        if leave.get(c) == machine.first_step:
+            result.left.add(c)
+            continue
+        client_call(c, partial(machine.start, updates[c], 1.0))
+    while server.step not in ("done", "aborted"):
+        for sender, message in sorted(to_server, key=lambda item: item[0]):
+            if active(sender) and sender in server.expected():
+                server_call(partial(server.receive, sender, message))
+        to_server.clear()
+        server_call(server.close_step)
+        deliveries = sorted(to_clients, key=lambda item: item[0])
+        to_clients.clear()
+        for c, message in deliveries:
+            if not active(c):
+                continue
+            if leave.get(c) and clients[c].stage_of(message) == leave[c]:
+                result.left.add(c)
+                continue
+            client_call(c, partial(clients[c].receive, message))
+    return result

@@ -1,0 +1,131 @@
+"""Wire messages of the encoded protocols: ``plain`` and SecAgg/SecAgg+ (Dordis Figure 5).
+
+Every message carries its round; client-to-server messages carry the sender, which the server checks
+against the connection it came from. Vectors over Z_(2^bits) travel bit-packed (:class:`ModVector`), so a
+20-bit update of d values costs 2.5 d bytes. In the semi-honest variant the signature fields are empty.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sim.protocol.wire import BYTES, KEY, PACKED, SIGNATURE, U8, U32, U64, Data, Message, ModVector, list_of, tuple_of
+
+
+@dataclass(frozen=True, eq=False)
+class EncodedUpdate(Message):
+    """``plain``: a client's encoded update, unmasked."""
+
+    TYPE: ClassVar[int] = 3
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("data", PACKED))
+    round: int
+    client: int
+    data: ModVector
+
+
+@dataclass(frozen=True)
+class AdvertiseKeys(Message):
+    """Stage 0: a client's two X25519 public keys (c for encryption, s for masks) [and its signature]."""
+
+    TYPE: ClassVar[int] = 10
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("c_pk", KEY), ("s_pk", KEY), ("signature", BYTES))
+    round: int
+    client: int
+    c_pk: Data
+    s_pk: Data
+    signature: Data
+
+
+@dataclass(frozen=True)
+class KeyList(Message):
+    """Server to client: the advertised keys of the clients in U1 the recipient deals with."""
+
+    TYPE: ClassVar[int] = 11
+    FIELDS: ClassVar = (("round", U32), ("entries", list_of(tuple_of(U64, KEY, KEY, BYTES))))
+    round: int
+    entries: tuple[tuple[int, Data, Data, Data], ...]
+    """``(client, c_pk, s_pk, signature)`` sorted by client."""
+
+
+@dataclass(frozen=True)
+class ShareKeys(Message):
+    """Stage 1: a client's encrypted shares, one ciphertext per other share holder."""
+
+    TYPE: ClassVar[int] = 12
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("ciphertexts", list_of(tuple_of(U64, BYTES))))
+    round: int
+    client: int
+    ciphertexts: tuple[tuple[int, Data], ...]
+    """``(receiver, ciphertext)``."""
+
+
+@dataclass(frozen=True)
+class Ciphertexts(Message):
+    """Server to client: the ciphertexts addressed to it by the clients in U2."""
+
+    TYPE: ClassVar[int] = 13
+    FIELDS: ClassVar = (("round", U32), ("ciphertexts", list_of(tuple_of(U64, BYTES))))
+    round: int
+    ciphertexts: tuple[tuple[int, Data], ...]
+    """``(sender, ciphertext)`` sorted by sender."""
+
+
+@dataclass(frozen=True, eq=False)
+class MaskedInput(Message):
+    """Stage 2: the masked encoded update y_u."""
+
+    TYPE: ClassVar[int] = 14
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("y", PACKED))
+    round: int
+    client: int
+    y: ModVector
+
+
+@dataclass(frozen=True)
+class Survivors(Message):
+    """Server to client: U3, the clients whose masked input arrived (consistency check or unmasking)."""
+
+    TYPE: ClassVar[int] = 15
+    FIELDS: ClassVar = (("round", U32), ("clients", list_of(U64)))
+    round: int
+    clients: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class ConsistencySignature(Message):
+    """Stage 3 (malicious): the client's signature of the round and U3."""
+
+    TYPE: ClassVar[int] = 16
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("signature", SIGNATURE))
+    round: int
+    client: int
+    signature: Data
+
+
+@dataclass(frozen=True)
+class SignedSurvivors(Message):
+    """Server to client (malicious): U4 with each member's signature of the round and U3."""
+
+    TYPE: ClassVar[int] = 17
+    FIELDS: ClassVar = (("round", U32), ("signatures", list_of(tuple_of(U64, SIGNATURE))))
+    round: int
+    signatures: tuple[tuple[int, Data], ...]
+
+
+SHARE_OF_KEY = 0
+"""Kind of an unmasking share: of the client's mask private key s_sk (it dropped)."""
+SHARE_OF_SEED = 1
+"""Kind of an unmasking share: of the client's self-mask seed b (it survived)."""
+
+
+@dataclass(frozen=True)
+class UnmaskShares(Message):
+    """Stage 4: shares of s_sk for clients in U2 \\ U3 and of b for clients in U3."""
+
+    TYPE: ClassVar[int] = 18
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("shares", list_of(tuple_of(U64, U8, BYTES))))
+    round: int
+    client: int
+    shares: tuple[tuple[int, int, Data], ...]
+    """``(about, kind, share)`` with kind ``SHARE_OF_KEY`` or ``SHARE_OF_SEED``."""

@@ -1,0 +1,99 @@
+"""``plain``: the fixed-point encoding of the secure protocols, without masks.
+
+Each client sends its encoded update (:mod:`sim.protocol.encoding`) in the clear; the server sums the
+encodings mod 2^bits and decodes the mean. With the same survivors and the same encoding randomness this
+is bit for bit the aggregate SecAgg and SecAgg+ compute, so it isolates what secure aggregation costs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from sim.protocol.encoding import FixedPoint, add_mod
+from sim.protocol.machine import SERVER, Aggregate, LocalProtocolError, Reaction, RemoteProtocolError, Send, Work
+from sim.protocol.messages import EncodedUpdate
+from sim.protocol.wire import Blank, Message, ModVector, Vector
+
+
+class PlainServer:
+    """One step, ``upload``: collect encoded updates, sum, decode the mean."""
+
+    def __init__(self, round: int, sampled: tuple[int, ...], dim: int, encoding: FixedPoint) -> None:
+        self.round = round
+        self.sampled = frozenset(sampled)
+        self.dim = dim
+        self.encoding = encoding
+        self.step = "upload"
+        self.outcome = ""
+        self.aggregate: Aggregate | None = None
+        self._inputs: dict[int, Vector] = {}
+
+    def begin(self) -> Reaction:
+        return Reaction()
+
+    def expected(self) -> frozenset[int]:
+        return self.sampled - self._inputs.keys() if self.step == "upload" else frozenset()
+
+    def receive(self, sender: int, message: Message) -> Reaction:
+        if self.step != "upload":
+            raise RemoteProtocolError(sender, f"sent {type(message).__name__} after the upload step ({self.step})")
+        if not isinstance(message, EncodedUpdate):
+            raise RemoteProtocolError(sender, f"sent {type(message).__name__}, not EncodedUpdate")
+        if sender not in self.sampled or message.client != sender:
+            raise RemoteProtocolError(sender, f"is not sampled or claims to be client {message.client}")
+        if message.round != self.round:
+            raise RemoteProtocolError(sender, f"sent an update for round {message.round}, this is {self.round}")
+        if sender in self._inputs:
+            raise RemoteProtocolError(sender, "sent a second update")
+        if message.data.bits != self.encoding.bits or message.data.length != self.dim:
+            raise RemoteProtocolError(sender, f"sent {message.data.length} values of {message.data.bits} bits")
+        self._inputs[sender] = message.data.values
+        return Reaction(work=(Work("vector.add", {"elements": self.dim}),))
+
+    def close_step(self) -> Reaction:
+        if self.step != "upload":
+            raise LocalProtocolError(f"close_step called in state {self.step}")
+        if not self._inputs:
+            self.step, self.outcome = "aborted", "aborted: no client uploaded an update"
+            return Reaction()
+        survivors = tuple(sorted(self._inputs))
+        vector: Vector = Blank(self.dim, np.float32)
+        if not any(isinstance(v, Blank) for v in self._inputs.values()):
+            total = np.zeros(self.dim, dtype=np.uint64)
+            for c in survivors:
+                total = add_mod(total, self._inputs[c], self.encoding.bits)  # type: ignore[arg-type]
+            vector = self.encoding.decode_mean(total, len(survivors))
+        self.aggregate = Aggregate(vector, survivors, float(len(survivors)))
+        self.step, self.outcome = "done", "ok"
+        self._inputs.clear()
+        return Reaction(work=(Work("decode.fixed_point", {"elements": self.dim}),))
+
+
+class PlainClient:
+    """Encode the update and send it."""
+
+    first_step = "upload"
+
+    def __init__(
+        self, round: int, client: int, dim: int, encoding: FixedPoint, rng: np.random.Generator | None
+    ) -> None:
+        self.round, self.client, self.dim, self.encoding, self.rng = round, client, dim, encoding, rng
+        self.started = False
+        self.finished = False
+
+    def stage_of(self, message: Message) -> str:
+        return "upload"
+
+    def start(self, update: Vector, weight: float) -> Reaction:
+        if self.started:
+            raise LocalProtocolError("start called twice")
+        self.started = self.finished = True
+        values: Vector = Blank(self.dim, np.uint64)
+        if not isinstance(update, Blank):
+            assert self.rng is not None
+            values = self.encoding.encode(update, self.rng)
+        message = EncodedUpdate(self.round, self.client, ModVector(self.encoding.bits, values))
+        return Reaction(sends=(Send(SERVER, message),), work=(Work("encode.fixed_point", {"elements": self.dim}),))
+
+    def receive(self, message: Message) -> Reaction:
+        raise RemoteProtocolError(SERVER, f"sent {type(message).__name__}; plain clients expect no messages")

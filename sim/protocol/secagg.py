@@ -1,0 +1,553 @@
+"""SecAgg (Bonawitz et al. CCS'17) and SecAgg+ (Bell et al. CCS'20) as sans-IO state machines.
+
+The protocol is the box of Dordis Figure 5 without its XNoise parts:
+
+0. AdvertiseKeys: each client sends two X25519 public keys (c: encryption, s: masks) [signed]. The
+   server needs U1 of at least t clients and sends each one the keys of the clients it deals with.
+1. ShareKeys: each client Shamir-shares its mask key s_sk and a fresh self-mask seed b among its share
+   holders and encrypts each holder's pair of shares (AES-GCM under the agreed c key). U2.
+2. MaskedInputCollection: each client sends y = x + PRG(b) + sum_v gamma_uv PRG(s_uv) mod 2^bits, the
+   pairwise masks cancelling in the sum (gamma = +1 if u > v else -1). U3.
+3. [ConsistencyCheck, malicious only: each client signs (round, U3); U4 with the signatures is sent back
+   and every client verifies them, so the server cannot show different survivor sets to different
+   clients.]
+4. Unmasking: each client sends its shares of b for survivors and of s_sk for clients that dropped after
+   sharing, never both for one client. The server reconstructs (checking each key against its public
+   key), removes the self masks and the dropped clients' pairwise masks, and decodes the mean.
+
+SecAgg+ is the same protocol on a sparse graph (:mod:`sim.protocol.graph`): a client masks with, and
+shares among, only its neighbours, each neighbourhood with its own threshold. Thresholds: a client's
+secrets are shared among its holders H(u) (itself and its neighbours) with ``t_u = floor(threshold *
+|H(u)|) + 1``, strictly more than the fraction ``threshold`` (SecAgg: H(u) is everyone, so t = floor(threshold
+* |U|) + 1; the malicious variant needs t > |U|/2, Dordis footnote 3). The server aborts a step with
+fewer than ``min_u t_u`` answers and a round whose secrets it cannot reconstruct.
+
+Extension point for XNoise (Dordis Figure 5, underlined parts): clients can share more seeds alongside b
+and the server can run a further step after unmasking; see :class:`SecAggServer` ``_STEPS``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from sim.crypto import aead
+from sim.crypto.randomness import RandomSource
+from sim.protocol.encoding import FixedPoint, add_mod, sub_mod
+from sim.protocol.machine import SERVER, Aggregate, LocalProtocolError, Reaction, RemoteProtocolError, Send, Work
+from sim.protocol.messages import (
+    SHARE_OF_KEY,
+    SHARE_OF_SEED,
+    AdvertiseKeys,
+    Ciphertexts,
+    ConsistencySignature,
+    KeyList,
+    MaskedInput,
+    ShareKeys,
+    SignedSurvivors,
+    Survivors,
+    UnmaskShares,
+)
+from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, survivors_bytes
+from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
+
+SECRET_ELEMENTS = math.ceil(32 / 3)
+"""Field elements of one 32-byte secret (see :mod:`sim.crypto.shamir`)."""
+
+
+class BadSignatureError(RemoteProtocolError):
+    """A signature that does not verify under the signer's long-term key (malicious variant)."""
+
+
+class BadCiphertextError(RemoteProtocolError):
+    """A share ciphertext that does not decrypt and authenticate, or names the wrong parties."""
+
+
+class InconsistentViewError(RemoteProtocolError):
+    """A set of clients from the server that contradicts what this client saw or may accept."""
+
+
+class TooFewClientsError(RemoteProtocolError):
+    """Fewer clients than the threshold: continuing would expose an input."""
+
+
+def share_threshold(fraction: float, holders: int) -> int:
+    """``floor(fraction * holders) + 1``, at most ``holders``: strictly more than the fraction."""
+    return min(holders, math.floor(fraction * holders) + 1)
+
+
+@dataclass(frozen=True)
+class SecAggConfig:
+    """What every party of one round knows in advance (public)."""
+
+    round: int
+    sampled: tuple[int, ...]
+    dim: int
+    encoding: FixedPoint
+    neighbours: Mapping[int, tuple[int, ...]]
+    """Each client's neighbours (SecAgg: everyone else)."""
+    threshold_fraction: float
+    malicious: bool
+    verification_keys: Mapping[int, Data] = field(default_factory=dict)
+    """Long-term Ed25519 verification key of each client (malicious variant)."""
+
+    @property
+    def bits(self) -> int:
+        return self.encoding.bits
+
+    def holders(self, client: int) -> tuple[int, ...]:
+        """H(u): the client and its neighbours, sorted."""
+        return tuple(sorted((client, *self.neighbours[client])))
+
+    def threshold(self, client: int) -> int:
+        return share_threshold(self.threshold_fraction, len(self.holders(client)))
+
+    @property
+    def minimum(self) -> int:
+        """Fewest answers any step may go on with."""
+        return min((self.threshold(c) for c in self.sampled), default=1)
+
+
+# ------------------------------------------------------------------------------------------------ server
+@dataclass
+class _Peer:
+    c_pk: Data
+    s_pk: Data
+    signature: Data
+
+
+class SecAggServer:
+    """Server side of one round."""
+
+    _STEPS: ClassVar[dict[str, tuple[type[Message], str, str]]] = {
+        "advertise_keys": (AdvertiseKeys, "_on_advertise", "_close_advertise"),
+        "share_keys": (ShareKeys, "_on_share", "_close_share"),
+        "masked_input": (MaskedInput, "_on_masked", "_close_masked"),
+        "consistency_check": (ConsistencySignature, "_on_consistency", "_close_consistency"),
+        "unmasking": (UnmaskShares, "_on_unmask", "_close_unmask"),
+    }
+    """Transitions as data: step -> (message it collects, handler, closer)."""
+
+    def __init__(self, config: SecAggConfig, suite: Suite) -> None:
+        self.config = config
+        self.suite = suite
+        self.step = "advertise_keys"
+        self.outcome = ""
+        self.aggregate: Aggregate | None = None
+        self._expected: set[int] = set(config.sampled)
+        self._received: dict[int, Message] = {}
+        self.u1: dict[int, _Peer] = {}
+        self.u2: dict[int, dict[int, Data]] = {}
+        self.u3: dict[int, Vector] = {}
+        self.u4: dict[int, Data] = {}
+        self.u5: dict[int, dict[tuple[int, int], Data]] = {}
+
+    # -- driver interface -------------------------------------------------------------------------
+    def begin(self) -> Reaction:
+        return Reaction()
+
+    def expected(self) -> frozenset[int]:
+        if self.step in ("done", "aborted"):
+            return frozenset()
+        return frozenset(self._expected - self._received.keys())
+
+    def receive(self, sender: int, message: Message) -> Reaction:
+        if self.step not in self._STEPS:
+            raise RemoteProtocolError(sender, f"sent {type(message).__name__} after the round ended ({self.step})")
+        kind, handler, _ = self._STEPS[self.step]
+        if not isinstance(message, kind):
+            raise RemoteProtocolError(sender, f"sent {type(message).__name__} in step {self.step}, not {kind.__name__}")
+        if sender not in self._expected:
+            raise RemoteProtocolError(sender, f"is not expected in step {self.step}")
+        if sender in self._received:
+            raise RemoteProtocolError(sender, f"sent a second {kind.__name__}")
+        if getattr(message, "round", None) != self.config.round:
+            raise RemoteProtocolError(sender, f"sent a message for round {getattr(message, 'round', None)}")
+        claimed = getattr(message, "client", sender)
+        if claimed != sender:
+            raise RemoteProtocolError(sender, f"sent a message claiming to be client {claimed}")
+        work: list[Work] = getattr(self, handler)(sender, message)
+        self._received[sender] = message
+        return Reaction(work=tuple(work))
+
+    def close_step(self) -> Reaction:
+        if self.step not in self._STEPS:
+            raise LocalProtocolError(f"close_step called in state {self.step}")
+        _, _, closer = self._STEPS[self.step]
+        answered = dict(sorted(self._received.items()))
+        self._received = {}
+        if len(answered) < self.config.minimum:
+            return self._abort(
+                f"{self.step}: {len(answered)} of {len(self._expected)} clients answered, "
+                f"threshold {self.config.minimum}"
+            )
+        reaction: Reaction = getattr(self, closer)(answered)
+        return reaction
+
+    def _abort(self, reason: str) -> Reaction:
+        self.step = "aborted"
+        self.outcome = f"aborted: {reason}"
+        return Reaction()
+
+    # -- step 0 -----------------------------------------------------------------------------------
+    def _on_advertise(self, sender: int, m: AdvertiseKeys) -> list[Work]:
+        return []
+
+    def _close_advertise(self, answered: dict[int, Message]) -> Reaction:
+        for c, m in answered.items():
+            assert isinstance(m, AdvertiseKeys)
+            self.u1[c] = _Peer(m.c_pk, m.s_pk, m.signature)
+        sends = []
+        for c in self.u1:
+            entries = tuple(
+                (v, self.u1[v].c_pk, self.u1[v].s_pk, self.u1[v].signature)
+                for v in self.config.holders(c)
+                if v in self.u1
+            )
+            sends.append(Send(c, KeyList(self.config.round, entries)))
+        self.step, self._expected = "share_keys", set(self.u1)
+        return Reaction(sends=tuple(sends))
+
+    # -- step 1 -----------------------------------------------------------------------------------
+    def _on_share(self, sender: int, m: ShareKeys) -> list[Work]:
+        allowed = {v for v in self.config.holders(sender) if v in self.u1 and v != sender}
+        receivers = [v for v, _ in m.ciphertexts]
+        if len(set(receivers)) != len(receivers) or not set(receivers) <= allowed:
+            raise RemoteProtocolError(sender, "sent ciphertexts for clients that are not its share holders")
+        return []
+
+    def _close_share(self, answered: dict[int, Message]) -> Reaction:
+        inbox: dict[int, list[tuple[int, Data]]] = {c: [] for c in answered}
+        for sender, m in answered.items():
+            assert isinstance(m, ShareKeys)
+            self.u2[sender] = dict(m.ciphertexts)
+            for receiver, ct in m.ciphertexts:
+                if receiver in inbox:
+                    inbox[receiver].append((sender, ct))
+        sends = tuple(Send(c, Ciphertexts(self.config.round, tuple(sorted(cts)))) for c, cts in inbox.items())
+        self.step, self._expected = "masked_input", set(self.u2)
+        return Reaction(sends=sends)
+
+    # -- step 2 -----------------------------------------------------------------------------------
+    def _on_masked(self, sender: int, m: MaskedInput) -> list[Work]:
+        if m.y.bits != self.config.bits or m.y.length != self.config.dim:
+            raise RemoteProtocolError(sender, f"sent a masked input of {m.y.length} values of {m.y.bits} bits")
+        return [Work("vector.add", {"elements": self.config.dim})]
+
+    def _close_masked(self, answered: dict[int, Message]) -> Reaction:
+        for c, m in answered.items():
+            assert isinstance(m, MaskedInput)
+            self.u3[c] = m.y.values
+        survivors = tuple(self.u3)
+        request = Survivors(self.config.round, survivors)
+        self.step = "consistency_check" if self.config.malicious else "unmasking"
+        self._expected = set(survivors)
+        return Reaction(sends=tuple(Send(c, request) for c in survivors))
+
+    # -- step 3 (malicious) -----------------------------------------------------------------------
+    def _on_consistency(self, sender: int, m: ConsistencySignature) -> list[Work]:
+        return []
+
+    def _close_consistency(self, answered: dict[int, Message]) -> Reaction:
+        for c, m in answered.items():
+            assert isinstance(m, ConsistencySignature)
+            self.u4[c] = m.signature
+        request = SignedSurvivors(self.config.round, tuple(self.u4.items()))
+        self.step, self._expected = "unmasking", set(self.u4)
+        return Reaction(sends=tuple(Send(c, request) for c in self.u4))
+
+    # -- step 4 -----------------------------------------------------------------------------------
+    def _on_unmask(self, sender: int, m: UnmaskShares) -> list[Work]:
+        seen = set()
+        for about, kind, share in m.shares:
+            if about in seen:
+                raise RemoteProtocolError(sender, f"sent two shares about client {about}")
+            seen.add(about)
+            if sender not in self.config.holders(about) or about not in self.u2:
+                raise RemoteProtocolError(sender, f"sent a share about client {about}, which it does not hold")
+            want = SHARE_OF_SEED if about in self.u3 else SHARE_OF_KEY
+            if kind != want:
+                raise RemoteProtocolError(sender, f"sent a share of kind {kind} about client {about}, expected {want}")
+            if len(share) != SHARE_BYTES:
+                raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
+        return []
+
+    def _close_unmask(self, answered: dict[int, Message]) -> Reaction:
+        cfg, suite = self.config, self.suite
+        shares: dict[tuple[int, int], dict[int, Data]] = {}
+        for holder, m in answered.items():
+            assert isinstance(m, UnmaskShares)
+            for about, kind, share in m.shares:
+                shares.setdefault((about, kind), {})[holder] = share
+        work: list[Work] = []
+        survivors = sorted(self.u3)
+        dropped = sorted(set(self.u2) - self.u3.keys())
+
+        def secret(about: int, kind: int) -> Data | None:
+            have = shares.get((about, kind), {})
+            t = cfg.threshold(about)
+            if len(have) < t:
+                return None
+            holders = sorted(have)[:t]
+            work.append(Work("shamir.reconstruct", {"secrets": 1, "shares": t, "elements": SECRET_ELEMENTS * t}))
+            return suite.reconstruct(holders, [have[h] for h in holders])
+
+        total: Vector = Blank(cfg.dim, np.uint64)
+        if suite.full:
+            total = np.zeros(cfg.dim, dtype=np.uint64)
+            for c in survivors:
+                total = add_mod(total, self.u3[c], cfg.bits)  # type: ignore[arg-type]
+        for u in survivors:
+            b = secret(u, SHARE_OF_SEED)
+            if b is None:
+                return self._abort(f"unmasking: too few shares to recover client {u}'s mask seed")
+            mask = suite.self_mask(b, cfg.dim, cfg.bits)
+            work += [Work("prg.expand", {"elements": cfg.dim}), Work("vector.add", {"elements": cfg.dim})]
+            if suite.full:
+                total = sub_mod(total, mask, cfg.bits)  # type: ignore[arg-type]
+        for v in dropped:
+            s_sk = secret(v, SHARE_OF_KEY)
+            if s_sk is None:
+                return self._abort(f"unmasking: too few shares to recover dropped client {v}'s mask key")
+            work.append(Work("x25519.public", {"count": 1}))
+            if suite.full and suite.public_of(s_sk) != self.u1[v].s_pk:
+                return self._abort(f"unmasking: the key reconstructed for client {v} does not match its public key")
+            for u in (u for u in cfg.neighbours[v] if u in self.u3):
+                mask = suite.pair_mask(s_sk, self.u1[u].s_pk, cfg.round, u, v, cfg.dim, cfg.bits)
+                work += [
+                    Work("x25519.agree", {"count": 1}),
+                    Work("prg.expand", {"elements": cfg.dim}),
+                    Work("vector.add", {"elements": cfg.dim}),
+                ]
+                if suite.full:  # y_u holds gamma_uv * PRG(s_uv) with gamma_uv = +1 if u > v else -1
+                    total = sub_mod(total, mask, cfg.bits) if u > v else add_mod(total, mask, cfg.bits)  # type: ignore[arg-type]
+        work.append(Work("decode.fixed_point", {"elements": cfg.dim}))
+        vector: Vector = Blank(cfg.dim, np.float32)
+        if suite.full:
+            assert isinstance(total, np.ndarray)
+            vector = cfg.encoding.decode_mean(total, len(survivors))
+        self.aggregate = Aggregate(vector, tuple(survivors), float(len(survivors)))
+        self.step, self.outcome = "done", "ok"
+        return Reaction(work=tuple(work))
+
+
+# ------------------------------------------------------------------------------------------------ client
+class SecAggClient:
+    """Client side of one round."""
+
+    first_step = "advertise_keys"
+
+    def __init__(
+        self,
+        config: SecAggConfig,
+        client: int,
+        suite: Suite,
+        rng: RandomSource,
+        encoding_rng: np.random.Generator | None,
+        signing_key: Data | None = None,
+    ) -> None:
+        self.config = config
+        self.client = client
+        self.suite = suite
+        self.rng = rng
+        self.encoding_rng = encoding_rng
+        self.signing_key = signing_key
+        self.state = "new"
+        self.x: Vector = Blank(config.dim, np.uint64)
+        self.c_sk: Data = b""
+        self.s_sk: Data = b""
+        self.b: Data = b""
+        self.peers: dict[int, _Peer] = {}
+        self.ciphertexts: dict[int, Data] = {}
+        self.u3: tuple[int, ...] = ()
+        self._own: tuple[Data, Data] = (b"", b"")
+        """This client's own shares of its s_sk and b (it holds one of each)."""
+        self.finished = False
+
+    _EXPECTS: ClassVar[dict[str, tuple[type[Message], str]]] = {
+        "keys": (KeyList, "_on_keys"),
+        "ciphertexts": (Ciphertexts, "_on_ciphertexts"),
+        "survivors": (Survivors, "_on_survivors"),
+        "signatures": (SignedSurvivors, "_on_signatures"),
+    }
+    """Transitions as data: state -> (message it accepts, handler)."""
+
+    def stage_of(self, message: Message) -> str:
+        """The protocol step that handling ``message`` performs (for dropout at a stage)."""
+        if isinstance(message, KeyList):
+            return "share_keys"
+        if isinstance(message, Ciphertexts):
+            return "masked_input"
+        if isinstance(message, Survivors):
+            return "consistency_check" if self.config.malicious else "unmasking"
+        return "unmasking"
+
+    def start(self, update: Vector, weight: float) -> Reaction:
+        if self.state != "new":
+            raise LocalProtocolError(f"start called in state {self.state}")
+        cfg, suite = self.config, self.suite
+        work = [Work("encode.fixed_point", {"elements": cfg.dim}), Work("x25519.keygen", {"count": 2})]
+        if suite.full:
+            assert isinstance(update, np.ndarray) and self.encoding_rng is not None
+            self.x = cfg.encoding.encode(update, self.encoding_rng)
+        self.c_sk, c_pk = suite.keypair(self.rng)
+        self.s_sk, s_pk = suite.keypair(self.rng)
+        signature: Data = b""
+        if cfg.malicious:
+            assert self.signing_key is not None
+            signature = suite.sign(self.signing_key, keys_bytes(cfg.round, self.client, c_pk, s_pk))
+            work.append(Work("ed25519.sign", {"count": 1}))
+        self.state = "keys"
+        message = AdvertiseKeys(cfg.round, self.client, c_pk, s_pk, signature)
+        return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
+
+    def receive(self, message: Message) -> Reaction:
+        if self.state not in self._EXPECTS:
+            raise RemoteProtocolError(SERVER, f"sent {type(message).__name__} in state {self.state}")
+        kind, handler = self._EXPECTS[self.state]
+        if not isinstance(message, kind):
+            raise RemoteProtocolError(SERVER, f"sent {type(message).__name__}, expected {kind.__name__}")
+        if getattr(message, "round", None) != self.config.round:
+            raise RemoteProtocolError(SERVER, f"sent a message for round {getattr(message, 'round', None)}")
+        step: Callable[[Any], Reaction] = getattr(self, handler)
+        return step(message)
+
+    def _fail(self, error: type[RemoteProtocolError], reason: str) -> RemoteProtocolError:
+        self.state = "aborted"
+        return error(SERVER, reason)
+
+    # -- stage 1 ----------------------------------------------------------------------------------
+    def _on_keys(self, m: KeyList) -> Reaction:
+        cfg, suite, me = self.config, self.suite, self.client
+        holders = set(cfg.holders(me))
+        peers = {v: _Peer(c_pk, s_pk, sig) for v, c_pk, s_pk, sig in m.entries}
+        if len(peers) != len(m.entries) or not set(peers) <= holders or me not in peers:
+            raise InconsistentViewError(SERVER, "the key list is not a set of this client's holders including itself")
+        t = cfg.threshold(me)
+        if len(peers) < t:
+            raise TooFewClientsError(SERVER, f"key list of {len(peers)} clients, threshold {t}")
+        work: list[Work] = []
+        if suite.full:
+            keys = [p.c_pk for p in peers.values()] + [p.s_pk for p in peers.values()]
+            if len(set(keys)) != len(keys):
+                raise InconsistentViewError(SERVER, "the key list repeats a public key")
+        if cfg.malicious:
+            work.append(Work("ed25519.verify", {"count": len(peers)}))
+            for v, p in peers.items():
+                if not suite.verify(cfg.verification_keys[v], keys_bytes(cfg.round, v, p.c_pk, p.s_pk), p.signature):
+                    raise BadSignatureError(SERVER, f"client {v}'s advertised keys carry an invalid signature")
+        self.peers = peers
+        order = sorted(peers)
+        self.b = suite.seed(self.rng)
+        s_shares = suite.share(self.s_sk, t, order, self.rng)
+        b_shares = suite.share(self.b, t, order, self.rng)
+        work.append(
+            Work(
+                "shamir.share", {"secrets": 2, "holders": len(order), "products": 2 * SECRET_ELEMENTS * len(order) * t}
+            )
+        )
+        ciphertexts = []
+        for v, s_share, b_share in zip(order, s_shares, b_shares, strict=True):
+            if v == me:
+                self._own = (s_share, b_share)
+                continue
+            ciphertexts.append((v, suite.seal(self.c_sk, peers[v].c_pk, cfg.round, me, v, s_share, b_share, self.rng)))
+        work += [
+            Work("x25519.agree", {"count": len(ciphertexts)}),
+            Work("aead.seal", {"count": len(ciphertexts)}),
+        ]
+        self.state = "ciphertexts"
+        return Reaction(sends=(Send(SERVER, ShareKeys(cfg.round, me, tuple(ciphertexts))),), work=tuple(work))
+
+    # -- stage 2 ----------------------------------------------------------------------------------
+    def _on_ciphertexts(self, m: Ciphertexts) -> Reaction:
+        cfg, suite, me = self.config, self.suite, self.client
+        senders = [v for v, _ in m.ciphertexts]
+        if len(set(senders)) != len(senders) or not set(senders) <= set(self.peers) - {me}:
+            raise InconsistentViewError(SERVER, "ciphertexts from clients that are not this client's share holders")
+        t = cfg.threshold(me)
+        if len(senders) + 1 < t:
+            raise TooFewClientsError(SERVER, f"ciphertexts from {len(senders)} clients, threshold {t}")
+        self.ciphertexts = dict(m.ciphertexts)
+        y = self.x
+        work = [Work("prg.expand", {"elements": cfg.dim}), Work("vector.add", {"elements": cfg.dim})]
+        mask = suite.self_mask(self.b, cfg.dim, cfg.bits)
+        if suite.full:
+            y = add_mod(y, mask, cfg.bits)  # type: ignore[arg-type]
+        for v in sorted(self.ciphertexts):
+            if v not in cfg.neighbours[me]:
+                continue
+            mask = suite.pair_mask(self.s_sk, self.peers[v].s_pk, cfg.round, me, v, cfg.dim, cfg.bits)
+            work += [
+                Work("x25519.agree", {"count": 1}),
+                Work("prg.expand", {"elements": cfg.dim}),
+                Work("vector.add", {"elements": cfg.dim}),
+            ]
+            if suite.full:
+                y = add_mod(y, mask, cfg.bits) if me > v else sub_mod(y, mask, cfg.bits)  # type: ignore[arg-type]
+        self.state = "survivors"
+        message = MaskedInput(cfg.round, me, ModVector(cfg.bits, y))
+        return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
+
+    # -- stage 3 / 4 ------------------------------------------------------------------------------
+    def _check_survivors(self, u3: tuple[int, ...]) -> None:
+        cfg, me = self.config, self.client
+        known = set(self.ciphertexts) | {me}
+        if len(set(u3)) != len(u3) or me not in u3:
+            raise InconsistentViewError(SERVER, "the survivor set repeats a client or leaves this client out")
+        if not {v for v in u3 if v in self.peers} <= known:
+            raise InconsistentViewError(
+                SERVER, "the survivor set names a holder that never sent this client its shares"
+            )
+        if len(u3) < cfg.minimum:
+            raise TooFewClientsError(SERVER, f"{len(u3)} survivors, threshold {cfg.minimum}")
+
+    def _on_survivors(self, m: Survivors) -> Reaction:
+        self._check_survivors(m.clients)
+        self.u3 = tuple(sorted(m.clients))
+        if not self.config.malicious:
+            return self._unmask()
+        assert self.signing_key is not None
+        signature = self.suite.sign(self.signing_key, survivors_bytes(self.config.round, self.u3))
+        self.state = "signatures"
+        reply = ConsistencySignature(self.config.round, self.client, signature)
+        return Reaction(sends=(Send(SERVER, reply),), work=(Work("ed25519.sign", {"count": 1}),))
+
+    def _on_signatures(self, m: SignedSurvivors) -> Reaction:
+        cfg, suite = self.config, self.suite
+        signers = [v for v, _ in m.signatures]
+        if len(set(signers)) != len(signers) or not set(signers) <= set(self.u3):
+            raise InconsistentViewError(SERVER, "consistency signatures from clients outside the survivor set")
+        if len(signers) < cfg.minimum:
+            raise TooFewClientsError(SERVER, f"{len(signers)} consistency signatures, threshold {cfg.minimum}")
+        message = survivors_bytes(cfg.round, self.u3)
+        for v, signature in m.signatures:
+            if not suite.verify(cfg.verification_keys[v], message, signature):
+                raise BadSignatureError(SERVER, f"client {v}'s signature does not match this client's survivor set")
+        reaction = self._unmask()
+        return Reaction(reaction.sends, (Work("ed25519.verify", {"count": len(signers)}), *reaction.work))
+
+    def _unmask(self) -> Reaction:
+        cfg, suite, me = self.config, self.suite, self.client
+        survivors = set(self.u3)
+        shares: list[tuple[int, int, Data]] = []
+        shares.append((me, SHARE_OF_SEED, self._own[1]))
+        for v in sorted(self.ciphertexts):
+            try:
+                opened = suite.open(self.c_sk, self.peers[v].c_pk, cfg.round, v, me, self.ciphertexts[v])
+            except aead.DecryptionError as exc:
+                raise BadCiphertextError(SERVER, f"the ciphertext from client {v}: {exc}") from None
+            if v in survivors:
+                shares.append((v, SHARE_OF_SEED, opened.b_share))
+            else:
+                shares.append((v, SHARE_OF_KEY, opened.s_share))
+        self.state, self.finished = "done", True
+        work = (
+            Work("x25519.agree", {"count": len(self.ciphertexts)}),
+            Work("aead.open", {"count": len(self.ciphertexts)}),
+        )
+        return Reaction(sends=(Send(SERVER, UnmaskShares(cfg.round, me, tuple(shares))),), work=work)

@@ -1,0 +1,213 @@
+"""The cryptographic operations of secure aggregation, for real or by size only.
+
+The SecAgg machines (:mod:`sim.protocol.secagg`) call these compositions of the primitives in
+:mod:`sim.crypto`; everything protocol-specific about them (what is encrypted, bound or derived) is here,
+in one place. :class:`RealSuite` performs them. :class:`SizedSuite` is the ``timing`` fidelity: it returns
+:class:`~sim.protocol.wire.Opaque` bytes and :class:`~sim.protocol.wire.Blank` vectors of exactly the sizes
+the real operations produce, so the machines send the same messages with the same sizes and report the
+same work, without the arithmetic.
+
+Domain separation (HKDF ``info``, AEAD associated data, signed bytes) binds every derived key, ciphertext
+and signature to the protocol version, the round and the parties involved.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Sequence
+from typing import Protocol
+
+import numpy as np
+
+from sim.crypto import aead, agreement, prg, shamir, signatures
+from sim.crypto.randomness import RandomSource
+from sim.protocol.wire import Blank, Data, Opaque, Vector
+
+SEED_BYTES = 32
+KEY_BYTES = agreement.KEY_BYTES
+SHARE_BYTES = shamir.share_size(32)
+"""A share of a 32-byte secret (an X25519 private key or a mask seed)."""
+PLAINTEXT_BYTES = 8 + 8 + 2 * SHARE_BYTES
+"""``sender (u64) | receiver (u64) | share of s_sk | share of b``."""
+CIPHERTEXT_BYTES = PLAINTEXT_BYTES + aead.OVERHEAD
+_DOMAIN = b"dropsim/secagg/v1/"
+
+
+def _pair(round: int, a: int, b: int) -> bytes:
+    return struct.pack("<IQQ", round, a, b)
+
+
+def _pair_key_info(purpose: bytes, round: int, a: int, b: int) -> bytes:
+    """HKDF info of a key both parties of the pair derive: purpose, round, the pair in ascending order."""
+    return _DOMAIN + purpose + _pair(round, min(a, b), max(a, b))
+
+
+def survivors_bytes(round: int, clients: Sequence[int]) -> bytes:
+    """What a client signs in the consistency check: the round and the sorted survivor set U3."""
+    return _DOMAIN + b"survivors" + struct.pack(f"<II{len(clients)}Q", round, len(clients), *sorted(clients))
+
+
+def keys_bytes(round: int, client: int, c_pk: Data, s_pk: Data) -> bytes:
+    """What a client signs when advertising its keys (Figure 5, stage 0), bound to round and sender.
+
+    Empty for sized (timing) keys, which are never really signed."""
+    if not (isinstance(c_pk, bytes) and isinstance(s_pk, bytes)):
+        return b""
+    return _DOMAIN + b"keys" + struct.pack("<IQ", round, client) + c_pk + s_pk
+
+
+class OpenedShares:
+    """The two shares a client holds of another client's secrets, from one decrypted ciphertext."""
+
+    def __init__(self, s_share: Data, b_share: Data) -> None:
+        self.s_share = s_share
+        self.b_share = b_share
+
+
+class Suite(Protocol):
+    full: bool
+
+    def keypair(self, rng: RandomSource) -> tuple[Data, Data]: ...
+    def seed(self, rng: RandomSource) -> Data: ...
+    def sign(self, signing_key: Data, message: bytes) -> Data: ...
+    def verify(self, public: Data, message: bytes, signature: Data) -> bool: ...
+    def share(self, secret: Data, threshold: int, holders: Sequence[int], rng: RandomSource) -> list[Data]: ...
+    def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data: ...
+    def public_of(self, private: Data) -> Data: ...
+    def seal(
+        self,
+        c_sk: Data,
+        peer_c_pk: Data,
+        round: int,
+        sender: int,
+        receiver: int,
+        s_share: Data,
+        b_share: Data,
+        rng: RandomSource,
+    ) -> Data: ...
+    def open(self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data) -> OpenedShares: ...
+    def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector: ...
+    def self_mask(self, seed: Data, length: int, bits: int) -> Vector: ...
+
+
+class RealSuite:
+    """The operations performed with :mod:`sim.crypto`."""
+
+    full = True
+
+    def keypair(self, rng: RandomSource) -> tuple[Data, Data]:
+        return agreement.generate(rng)
+
+    def seed(self, rng: RandomSource) -> Data:
+        return rng.bytes(SEED_BYTES)
+
+    def sign(self, signing_key: Data, message: bytes) -> Data:
+        assert isinstance(signing_key, bytes)
+        return signatures.sign(signing_key, message)
+
+    def verify(self, public: Data, message: bytes, signature: Data) -> bool:
+        assert isinstance(public, bytes)
+        return isinstance(signature, bytes) and signatures.verify(public, message, signature)
+
+    def share(self, secret: Data, threshold: int, holders: Sequence[int], rng: RandomSource) -> list[Data]:
+        assert isinstance(secret, bytes)
+        return list(shamir.share_bytes(secret, threshold, [h + 1 for h in holders], rng))
+
+    def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data:
+        assert all(isinstance(s, bytes) for s in shares)
+        return shamir.reconstruct_bytes([h + 1 for h in holders], shares, 32)  # type: ignore[arg-type]
+
+    def public_of(self, private: Data) -> Data:
+        assert isinstance(private, bytes)
+        return agreement.public_of(private)
+
+    def seal(
+        self,
+        c_sk: Data,
+        peer_c_pk: Data,
+        round: int,
+        sender: int,
+        receiver: int,
+        s_share: Data,
+        b_share: Data,
+        rng: RandomSource,
+    ) -> Data:
+        assert isinstance(c_sk, bytes) and isinstance(peer_c_pk, bytes)
+        assert isinstance(s_share, bytes) and isinstance(b_share, bytes)
+        key = agreement.agree(
+            c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver))
+        )
+        plaintext = struct.pack("<QQ", sender, receiver) + s_share + b_share
+        return aead.encrypt(key, plaintext, _pair(round, sender, receiver), rng)
+
+    def open(self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data) -> OpenedShares:
+        """Decrypt the shares ``sender`` sealed for ``receiver``; raises ``aead.DecryptionError``."""
+        assert isinstance(c_sk, bytes) and isinstance(peer_c_pk, bytes) and isinstance(ct, bytes)
+        key = agreement.agree(
+            c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver))
+        )
+        plaintext = aead.decrypt(key, ct, _pair(round, sender, receiver))
+        if len(plaintext) != PLAINTEXT_BYTES:
+            raise aead.DecryptionError(f"plaintext of {len(plaintext)} bytes, expected {PLAINTEXT_BYTES}")
+        u, v = struct.unpack_from("<QQ", plaintext)
+        if (u, v) != (sender, receiver):
+            raise aead.DecryptionError(f"plaintext names sender {u} and receiver {v}, not {sender} and {receiver}")
+        return OpenedShares(plaintext[16 : 16 + SHARE_BYTES], plaintext[16 + SHARE_BYTES :])
+
+    def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
+        assert isinstance(s_sk, bytes) and isinstance(peer_s_pk, bytes)
+        seed = agreement.agree(s_sk, peer_s_pk, _pair_key_info(b"mask", round, a, b))
+        return prg.expand(seed, length, bits)
+
+    def self_mask(self, seed: Data, length: int, bits: int) -> Vector:
+        assert isinstance(seed, bytes)
+        return prg.expand(seed, length, bits)
+
+
+class SizedSuite:
+    """The same operations by size only (``timing`` fidelity): nothing is computed."""
+
+    full = False
+
+    def keypair(self, rng: RandomSource) -> tuple[Data, Data]:
+        return Opaque(KEY_BYTES), Opaque(KEY_BYTES)
+
+    def seed(self, rng: RandomSource) -> Data:
+        return Opaque(SEED_BYTES)
+
+    def sign(self, signing_key: Data, message: bytes) -> Data:
+        return Opaque(signatures.SIGNATURE_BYTES)
+
+    def verify(self, public: Data, message: bytes, signature: Data) -> bool:
+        return True
+
+    def share(self, secret: Data, threshold: int, holders: Sequence[int], rng: RandomSource) -> list[Data]:
+        return [Opaque(SHARE_BYTES) for _ in holders]
+
+    def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data:
+        return Opaque(32)
+
+    def public_of(self, private: Data) -> Data:
+        return Opaque(KEY_BYTES)
+
+    def seal(
+        self,
+        c_sk: Data,
+        peer_c_pk: Data,
+        round: int,
+        sender: int,
+        receiver: int,
+        s_share: Data,
+        b_share: Data,
+        rng: RandomSource,
+    ) -> Data:
+        return Opaque(CIPHERTEXT_BYTES)
+
+    def open(self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data) -> OpenedShares:
+        return OpenedShares(Opaque(SHARE_BYTES), Opaque(SHARE_BYTES))
+
+    def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
+        return Blank(length, np.uint64)
+
+    def self_mask(self, seed: Data, length: int, bits: int) -> Vector:
+        return Blank(length, np.uint64)

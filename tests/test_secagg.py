@@ -1,0 +1,251 @@
+"""SecAgg and SecAgg+ against ``plain``: exact sums under dropout, aborts below threshold, and clients
+that catch a misbehaving server (tampered ciphertexts, forged signatures, inconsistent survivor sets)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.crypto import signatures
+from sim.crypto.randomness import SeededRandom
+from sim.protocol import graph
+from sim.protocol.encoding import FixedPoint
+from sim.protocol.loopback import run_loopback
+from sim.protocol.machine import LocalProtocolError, RemoteProtocolError
+from sim.protocol.messages import (
+    SHARE_OF_KEY,
+    SHARE_OF_SEED,
+    Ciphertexts,
+    KeyList,
+    MaskedInput,
+    SignedSurvivors,
+    Survivors,
+    UnmaskShares,
+)
+from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.secagg import (
+    BadCiphertextError,
+    BadSignatureError,
+    InconsistentViewError,
+    SecAggClient,
+    TooFewClientsError,
+    share_threshold,
+)
+from sim.protocol.suite import RealSuite
+from sim.protocol.wire import ModVector
+
+STAGES = ("advertise_keys", "share_keys", "masked_input", "unmasking")
+
+
+def setup(protocol, n, dim=64, malicious=False, threshold=0.5, seed=0, bits=20, neighbours=None):
+    sampled = tuple(range(10, 10 + 3 * n, 3))  # population indices need not be contiguous
+    params = AggregationParams(protocol, bits, 1.0, threshold, neighbours, malicious)
+    keys = {c: signatures.generate(SeededRandom(bytes([c % 256]) * 32)) for c in sampled}
+    server, factory = round_machines(params, 5, sampled, dim, RealSuite(), seed, {c: k[1] for c, k in keys.items()})
+    clients = {
+        c: factory(
+            c, SeededRandom(seed.to_bytes(8, "little") + bytes([c % 256]) * 24), np.random.default_rng(c), keys[c][0]
+        )
+        for c in sampled
+    }
+    rng = np.random.default_rng(seed)
+    updates = {c: rng.normal(0, 0.2, dim).astype(np.float32) for c in sampled}
+    return sampled, params, server, clients, updates
+
+
+def plain_aggregate(sampled, updates, survivors, dim=64, bits=20):
+    server, factory = round_machines(AggregationParams("plain", bits, 1.0), 5, sampled, dim, RealSuite(), 0)
+    clients = {c: factory(c, None, np.random.default_rng(c), None) for c in sampled}
+    leave = {c: "upload" for c in sampled if c not in survivors}
+    run_loopback(server, clients, updates, leave)
+    assert server.outcome == "ok"
+    return server.aggregate.vector
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    protocol=st.sampled_from(["secagg", "secagg+"]),
+    n=st.integers(3, 40),
+    threshold=st.sampled_from([0.3, 0.5, 0.66]),
+    malicious=st.booleans(),
+    data=st.data(),
+)
+def test_unmasked_sum_equals_plain_sum_under_dropout(protocol, n, threshold, malicious, data):
+    threshold = max(threshold, 0.5) if malicious else threshold
+    sampled, _params, server, clients, updates = setup(protocol, n, malicious=malicious, threshold=threshold, seed=n)
+    cfg = server.config
+    # Dropouts within tolerance: every client's secrets stay reconstructable (each neighbourhood keeps
+    # t_u of its holders) and every step keeps the server's minimum.
+    leave: dict[int, str] = {}
+    for c in data.draw(st.permutations(sampled)):
+        stage = data.draw(st.sampled_from(STAGES))
+        trial = {**leave, c: stage}
+        alive = [v for v in sampled if v not in trial]
+        if len(alive) < cfg.minimum:
+            continue
+        if all(len([h for h in cfg.holders(u) if h not in trial]) >= cfg.threshold(u) for u in sampled):
+            leave = trial
+    result = run_loopback(server, clients, updates, leave)
+    assert result.aborted == {}
+    assert server.outcome == "ok", server.outcome
+    survivors = [c for c in sampled if leave.get(c) not in ("advertise_keys", "share_keys", "masked_input")]
+    assert list(server.aggregate.survivors) == survivors
+    expected = plain_aggregate(sampled, updates, set(survivors))
+    assert np.array_equal(server.aggregate.vector, expected)
+
+
+def test_the_sum_is_the_mean_of_the_encodings_exactly():
+    sampled, _, server, clients, updates = setup("secagg", 6)
+    run_loopback(server, clients, updates)
+    enc = FixedPoint.for_clients(20, 1.0, 6)
+    total = sum(enc.encode(updates[c], np.random.default_rng(c)).astype(np.int64) for c in sampled) % (1 << 20)
+    assert np.array_equal(server.aggregate.vector, enc.decode_mean(total.astype(np.uint64), 6))
+    clipped = [updates[c] * min(1.0, 1.0 / np.linalg.norm(updates[c])) for c in sampled]
+    assert np.linalg.norm(updates[sampled[0]]) > 1  # the encoding clipped these updates to norm 1
+    assert np.abs(server.aggregate.vector - np.mean(clipped, axis=0)).max() < 1 / enc.scale
+
+
+def test_secagg_plus_degree_and_graph():
+    assert graph.auto_degree(100) == 14 and graph.auto_degree(16) == 8 and graph.auto_degree(3) == 2
+    g = graph.harary(list(range(40)), 8, seed=3)
+    assert all(len(v) == 8 for v in g.values())
+    assert all(u in g[v] for u in g for v in g[u])  # symmetric
+    assert g == graph.harary(list(range(40)), 8, seed=3) and g != graph.harary(list(range(40)), 8, seed=4)
+    sampled, _, server, clients, updates = setup("secagg+", 40)
+    assert all(len(server.config.neighbours[c]) == 12 for c in sampled)  # 2 * ceil(log2 40)
+    assert server.config.threshold(sampled[0]) == share_threshold(0.5, 13) == 7
+    result = run_loopback(server, clients, updates)
+    # Each client receives only its neighbours' keys and ciphertexts: far fewer bytes than SecAgg.
+    _, _, s2, c2, u2 = setup("secagg", 40)
+    full = run_loopback(s2, c2, u2)
+    assert sum(result.bytes_down.values()) < sum(full.bytes_down.values()) / 2
+    assert np.array_equal(server.aggregate.vector, s2.aggregate.vector)
+
+
+@pytest.mark.parametrize("protocol", ["secagg", "secagg+"])
+def test_below_threshold_the_round_aborts(protocol):
+    sampled, _, server, clients, updates = setup(protocol, 10)
+    t = server.config.minimum
+    leave = {c: "masked_input" for c in sampled[: len(sampled) - t + 1]}
+    run_loopback(server, clients, updates, leave)
+    assert server.outcome == f"aborted: masked_input: {t - 1} of 10 clients answered, threshold {t}"
+    assert server.aggregate is None
+
+
+def test_dropout_during_unmasking_beyond_tolerance_aborts():
+    sampled, _, server, clients, updates = setup("secagg", 10)  # t = 6
+    leave = {c: "unmasking" for c in sampled[:5]}
+    run_loopback(server, clients, updates, leave)
+    assert server.outcome == "aborted: unmasking: 5 of 10 clients answered, threshold 6"
+
+
+def _flip_byte(data: bytes, index: int = 30) -> bytes:
+    return data[:index] + bytes([data[index] ^ 0x40]) + data[index + 1 :]
+
+
+def test_a_tampered_ciphertext_makes_its_recipient_abort():
+    sampled, _, server, clients, updates = setup("secagg", 5)
+    victim, sender = sampled[2], sampled[0]
+
+    def tamper(to, message):
+        if to == victim and isinstance(message, Ciphertexts):
+            cts = tuple((v, _flip_byte(ct) if v == sender else ct) for v, ct in message.ciphertexts)
+            return dataclasses.replace(message, ciphertexts=cts)
+        return message
+
+    result = run_loopback(server, clients, updates, tamper=tamper)
+    assert isinstance(result.aborted[victim], BadCiphertextError)
+    assert f"the ciphertext from client {sender}: ciphertext does not authenticate" in str(result.aborted[victim])
+    assert server.outcome == "ok"  # the others still reach the threshold (t = 3 of 5)
+
+
+def test_a_forged_key_signature_is_caught_in_the_malicious_variant():
+    sampled, _, server, clients, updates = setup("secagg", 5, malicious=True)
+    victim, forged = sampled[1], sampled[3]
+
+    def tamper(to, message):
+        if to == victim and isinstance(message, KeyList):
+            entries = tuple((v, c, s, _flip_byte(sig, 5) if v == forged else sig) for v, c, s, sig in message.entries)
+            return dataclasses.replace(message, entries=entries)
+        return message
+
+    result = run_loopback(server, clients, updates, tamper=tamper)
+    assert isinstance(result.aborted[victim], BadSignatureError)
+    assert f"client {forged}'s advertised keys carry an invalid signature" in str(result.aborted[victim])
+
+
+def test_a_server_lying_about_survivors_is_caught_in_the_malicious_variant():
+    # The server tells one client that another client dropped (to obtain that client's mask key shares
+    # while holding its masked input). The consistency signatures expose the two different views.
+    sampled, _, server, clients, updates = setup("secagg", 6, malicious=True)
+    target, victim = sampled[0], sampled[1]
+
+    def tamper(to, message):
+        if to == victim and isinstance(message, Survivors):
+            return dataclasses.replace(message, clients=tuple(c for c in message.clients if c != target))
+        return message
+
+    result = run_loopback(server, clients, updates, tamper=tamper)
+    errors = dict(result.aborted)
+    assert set(errors) == set(sampled)  # every view disagrees with some signature, the victim's included
+    assert all(isinstance(e, BadSignatureError) for c, e in errors.items() if c != victim)
+    assert f"client {victim}'s signature does not match this client's survivor set" in str(errors[target])
+    # The victim sees a signature from the client it was told had dropped.
+    assert isinstance(errors[victim], InconsistentViewError)
+    assert server.outcome.startswith("aborted: unmasking")  # no shares were released
+
+
+def test_a_client_never_reveals_both_secrets_of_a_peer():
+    sampled, _, server, clients, updates = setup("secagg", 5)
+    dropped = sampled[4]
+    kinds: dict[int, set[int]] = {}
+
+    def observe(sender, message):
+        if isinstance(message, UnmaskShares):
+            for about, kind, _share in message.shares:
+                kinds.setdefault(about, set()).add(kind)
+
+    run_loopback(server, clients, updates, {dropped: "masked_input"}, observe=observe)
+    assert server.outcome == "ok"
+    assert kinds[dropped] == {SHARE_OF_KEY}
+    assert all(kinds[c] == {SHARE_OF_SEED} for c in sampled[:4])
+
+
+def test_illegal_messages_leave_the_server_unchanged():
+    sampled, _, server, clients, updates = setup("secagg", 4)
+    reaction = clients[sampled[0]].start(updates[sampled[0]], 1.0)
+    advert = reaction.sends[0].message
+    server.receive(sampled[0], advert)
+    before = (server.step, set(server.expected()))
+    for sender, message in [
+        (sampled[0], advert),  # a second AdvertiseKeys
+        (sampled[1], advert),  # claiming to be another client
+        (sampled[1], MaskedInput(5, sampled[1], ModVector(20, np.zeros(64, np.uint64)))),  # out of turn
+        (99, advert),  # not sampled
+        (sampled[2], dataclasses.replace(advert, round=6, client=sampled[2])),  # wrong round
+    ]:
+        with pytest.raises(RemoteProtocolError):
+            server.receive(sender, message)
+        assert (server.step, set(server.expected())) == before
+    with pytest.raises(LocalProtocolError):
+        clients[sampled[0]].start(updates[sampled[0]], 1.0)
+
+
+def test_clients_reject_messages_out_of_turn():
+    sampled, _, _server, clients, updates = setup("secagg", 4)
+    client: SecAggClient = clients[sampled[0]]
+    client.start(updates[sampled[0]], 1.0)
+    with pytest.raises(RemoteProtocolError, match="expected KeyList"):
+        client.receive(Survivors(5, sampled))
+    assert client.state == "keys"
+    with pytest.raises(InconsistentViewError, match="not a set of this client's holders"):
+        client.receive(KeyList(5, ((sampled[1], bytes(32), bytes(32), b""),)))
+    with pytest.raises(TooFewClientsError, match="key list of 1 clients, threshold 3"):
+        client.receive(KeyList(5, ((sampled[0], bytes(32), bytes(32), b""),)))
+    assert client.state == "keys"
+    with pytest.raises(RemoteProtocolError, match="expected KeyList"):
+        client.receive(SignedSurvivors(5, ()))
