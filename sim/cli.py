@@ -91,7 +91,7 @@ def cmd_check(args: argparse.Namespace) -> int:
     points = grid.points()
     print(
         f"{args.file}: ok: {base.name}, {base.rounds} rounds, population {base.population}, "
-        f"fidelity {base.fidelity}, output {base.output}"
+        f"aggregation {base.aggregation.protocol}, fidelity {base.fidelity}, output {base.output}"
     )
     if grid.sweep:
         print(f"sweep of {len(points)} runs over {', '.join(grid.sweep)}; all valid")

@@ -1,11 +1,12 @@
 """Running a sweep: every grid point of a scenario, in worker processes, resumable.
 
 Layout: ``OUTPUT/sweep.json`` (the file, the grid and the run ids in order), ``OUTPUT/runs/<run_id>/``
-(one run folder each), ``OUTPUT/runs.csv`` (status of every run: ``complete``, ``skipped`` when an earlier
-sweep finished it with the same resolved scenario, ``failed`` with the error) and ``OUTPUT/rounds.csv``
-(the rounds of every finished run, in sweep order). Both tables are rewritten atomically each time a run
-ends, so a killed sweep keeps every finished run, and running the sweep again skips them. A failing run is
-reported and does not stop the others. Workers are started with ``spawn`` (no forked torch state).
+(one run folder each), ``OUTPUT/runs.csv`` (status of every run: ``complete``, ``skipped`` when an
+earlier sweep finished it with the same resolved scenario, ``failed`` with the error, ``interrupted`` by
+Ctrl-C) and ``OUTPUT/rounds.csv`` (the rounds of every finished run, in sweep order). Both tables are
+rewritten atomically each time a run ends, so a killed sweep keeps every finished run, and running the
+sweep again skips them. A failing run is reported and does not stop the others. Workers are started with
+``spawn`` (no forked torch state) and stopped at once on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -90,24 +91,44 @@ def run_sweep(
         if on_status is not None:
             on_status(status)
 
-    if jobs <= 1:
-        for point in todo:
-            finish(_run_point(point, str(out / "runs" / point.run_id)))
-    elif todo:
-        context = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
-            futures: dict[Future[RunStatus], Scenario] = {
-                pool.submit(_run_point, p, str(out / "runs" / p.run_id)): p for p in todo
-            }
-            for future in as_completed(futures):
-                point = futures[future]
-                try:
-                    status = future.result()
-                except Exception as exc:  # the worker process itself died
-                    status = RunStatus(point.run_id, "failed", f"worker died: {type(exc).__name__}: {exc}")
-                finish(status)
+    try:
+        if jobs <= 1:
+            for point in todo:
+                finish(_run_point(point, str(out / "runs" / point.run_id)))
+        elif todo:
+            _run_parallel(todo, out, jobs, finish)
+    except KeyboardInterrupt:
+        for run_id in order:
+            statuses.setdefault(run_id, RunStatus(run_id, "interrupted"))
+        _write_tables(out, order, statuses)
+        bar.close()
+        raise
     bar.close()
     return [statuses[r] for r in order]
+
+
+def _run_parallel(todo: list[Scenario], out: Path, jobs: int, finish: Callable[[RunStatus], None]) -> None:
+    """Run the points in ``jobs`` spawned worker processes; on Ctrl-C, stop the workers at once."""
+    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
+    futures: dict[Future[RunStatus], Scenario] = {
+        pool.submit(_run_point, p, str(out / "runs" / p.run_id)): p for p in todo
+    }
+    try:
+        for future in as_completed(futures):
+            point = futures[future]
+            try:
+                status = future.result()
+            except Exception as exc:  # the worker process itself died
+                status = RunStatus(point.run_id, "failed", f"worker died: {type(exc).__name__}: {exc}")
+            finish(status)
+    except KeyboardInterrupt:
+        # Workers may not have seen the signal (it can be sent to this process alone): stop them, so the
+        # interrupted runs keep the rounds they finished and a later sweep runs them again.
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _write_tables(out: Path, order: list[str], statuses: dict[str, RunStatus]) -> None:

@@ -36,7 +36,10 @@ def scenario_file(tmp_path: Path) -> Path:
 def test_check_accepts_a_valid_file(scenario_file, capsys):
     assert main(["check", str(scenario_file)]) == 0
     out = capsys.readouterr().out
-    assert "ok: cli, 3 rounds, population 20" in out and "sweep of 2 runs over dropout.rate; all valid" in out
+    assert (
+        "ok: cli, 3 rounds, population 20, aggregation fedavg" in out
+        and "sweep of 2 runs over dropout.rate; all valid" in out
+    )
 
 
 def test_check_rejects_a_bad_file_naming_key_value_and_line(scenario_file, capsys):

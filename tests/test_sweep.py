@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from sim.scenario import load
 from sim.sweep import run_sweep
@@ -85,3 +86,37 @@ def test_a_failing_run_is_reported_and_the_others_finish(tmp_path):
     assert list(runs["status"]) == ["complete", "failed"]
     assert "Traceback" in (out / "runs" / "population=5000" / "error.txt").read_text()
     assert list(pd.read_csv(out / "rounds.csv")["run_id"].unique()) == ["population=16"]
+
+
+@pytest.mark.slow
+def test_interrupting_a_parallel_sweep_stops_its_workers_and_resume_finishes(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    text = SCENARIO.replace("rounds: 3", "rounds: 3000").replace("fidelity: timing", "fidelity: full")
+    text = text.replace("sweep: {dropout.rate: [0, 0.4], seed: [1, 2]}", "sweep: {seed: [1, 2]}")
+    path = tmp_path / "long.yaml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "sim", "sweep", str(path), "--jobs", "2", "--quiet", "--output", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not any(out.glob("runs/*/rounds.csv")):
+        time.sleep(0.2)
+    time.sleep(2)
+    proc.send_signal(signal.SIGINT)  # to the main process only, as `timeout -s INT` or `kill -INT` would
+    try:
+        _, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the sweep did not stop within 30 s of SIGINT") from None
+    assert proc.returncode == 130, err
+    assert "interrupted; finished rounds are kept" in err
+    runs = pd.read_csv(out / "runs.csv")
+    assert set(runs["status"]) == {"interrupted"}
+    for rid in runs["run_id"]:
+        manifest = json.loads((out / "runs" / rid / "manifest.json").read_text())
+        assert manifest["status"] in ("running", "interrupted")
+        assert len(pd.read_csv(out / "runs" / rid / "rounds.csv")) == manifest["rounds_completed"]

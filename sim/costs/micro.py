@@ -154,7 +154,7 @@ def _encode_op(n: int) -> Callable[[], object]:
 
 
 def _decode_op(n: int) -> Callable[[], object]:
-    total = np.random.default_rng(0).integers(0, 1 << 20, n).astype(np.uint64)
+    total = np.random.default_rng(0).integers(0, 1 << 20, n).astype(np.uint32)
     fp = FixedPoint.for_clients(20, 1.0, 100)
     return lambda: fp.decode_mean(total, 10)
 
@@ -165,7 +165,7 @@ def _prg_op(n: int) -> Callable[[], object]:
 
 def _add_op(n: int) -> Callable[[], object]:
     rng = np.random.default_rng(0)
-    a, b = (rng.integers(0, 1 << 20, n).astype(np.uint64) for _ in range(2))
+    a, b = (rng.integers(0, 1 << 20, n).astype(np.uint32) for _ in range(2))
     return lambda: add_mod(a, b, 20)
 
 
@@ -173,7 +173,7 @@ def _frames(quick: bool) -> Iterator[wire.Message]:
     rng = np.random.default_rng(0)
     for n in _elements(quick):
         yield ModelDownload(1, rng.standard_normal(n).astype(np.float32))
-        yield MaskedInput(1, 2, ModVector(20, rng.integers(0, 1 << 20, n).astype(np.uint64)))
+        yield MaskedInput(1, 2, ModVector(20, rng.integers(0, 1 << 20, n).astype(np.uint32)))
 
 
 def _encode_frames(quick: bool) -> Iterator[Point]:

@@ -15,11 +15,11 @@ MAX_BITS = 32
 
 
 def expand(seed: bytes, length: int, bits: int) -> np.ndarray:
-    """``length`` elements of Z_(2^bits) as uint64 (values < 2^bits)."""
+    """``length`` elements of Z_(2^bits) as uint32 (values < 2^bits)."""
     if not 1 <= bits <= MAX_BITS:
         raise ValueError(f"bits must be in 1..{MAX_BITS}, not {bits}")
     if len(seed) != 32:
         raise ValueError(f"seed must be 32 bytes, not {len(seed)}")
     stream = Cipher(algorithms.AES256(seed), modes.CTR(bytes(16))).encryptor().update(bytes(4 * length))
-    words = np.frombuffer(stream, dtype="<u4").astype(np.uint64)
-    return words & np.uint64((1 << bits) - 1)
+    words = np.frombuffer(stream, dtype="<u4").astype(np.uint32)
+    return words & np.uint32((1 << bits) - 1)

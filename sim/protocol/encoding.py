@@ -53,10 +53,10 @@ class FixedPoint:
         return 1.0 if norm <= self.clip else self.clip / norm
 
     def encode(self, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """Clip, scale, round stochastically and wrap: uint64 values below 2^bits."""
+        """Clip, scale, round stochastically and wrap: uint32 values below 2^bits."""
         y = x.astype(np.float64) * (self.clip_factor(x) * self.scale)
         q = np.floor(y + rng.random(y.shape[0])).astype(np.int64)
-        return (q & (self.modulus - 1)).astype(np.uint64)
+        return (q & (self.modulus - 1)).astype(np.uint32)
 
     def decode_mean(self, total: np.ndarray, count: int) -> np.ndarray:
         """Mean of ``count`` clipped updates from the sum of their encodings mod 2^bits (float32)."""
@@ -66,10 +66,12 @@ class FixedPoint:
 
 
 def add_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
-    """``(a + b) mod 2^bits`` for uint64 vectors of values below 2^bits."""
-    return (a + b) & np.uint64((1 << bits) - 1)
+    """``(a + b) mod 2^bits`` for uint32 vectors of values below 2^bits (bits <= 32).
+
+    uint32 arithmetic wraps mod 2^32, and 2^bits divides 2^32, so masking the wrapped sum is exact."""
+    return (a + b) & np.uint32((1 << bits) - 1)
 
 
 def sub_mod(a: np.ndarray, b: np.ndarray, bits: int) -> np.ndarray:
-    """``(a - b) mod 2^bits`` for uint64 vectors of values below 2^bits."""
-    return (a - b) & np.uint64((1 << bits) - 1)
+    """``(a - b) mod 2^bits`` for uint32 vectors of values below 2^bits (bits <= 32)."""
+    return (a - b) & np.uint32((1 << bits) - 1)

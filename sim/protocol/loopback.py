@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from sim.protocol import wire
-from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, ServerMachine
+from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, ServerMachine, Work
 from sim.protocol.wire import Message, Vector
 
 
@@ -29,6 +29,9 @@ class LoopbackResult:
     server_seconds: float = 0.0
     bytes_up: dict[int, int] = field(default_factory=dict)
     bytes_down: dict[int, int] = field(default_factory=dict)
+    client_work: dict[int, list[Work]] = field(default_factory=dict)
+    """The work each client's machine reported (for comparing the cost model with the clock)."""
+    server_work: list[Work] = field(default_factory=list)
 
 
 def run_loopback(
@@ -47,6 +50,7 @@ def run_loopback(
     result = LoopbackResult(server, client_seconds=dict.fromkeys(clients, 0.0))
     result.bytes_up = dict.fromkeys(clients, 0)
     result.bytes_down = dict.fromkeys(clients, 0)
+    result.client_work = {c: [] for c in clients}
     to_server: list[tuple[int, Message]] = []
     to_clients: list[tuple[int, Message]] = []
 
@@ -65,6 +69,7 @@ def run_loopback(
             return
         finally:
             result.client_seconds[c] += time.perf_counter() - start
+        result.client_work[c].extend(reaction.work)
         for send in reaction.sends:
             message, n = carry(send.message)
             result.bytes_up[c] += n
@@ -76,6 +81,7 @@ def run_loopback(
         start = time.perf_counter()
         reaction = call()
         result.server_seconds += time.perf_counter() - start
+        result.server_work.extend(reaction.work)
         for send in reaction.sends:
             message = tamper(send.to, send.message) if tamper is not None else send.message
             delivered, n = carry(message)

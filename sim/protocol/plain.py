@@ -26,13 +26,15 @@ class PlainServer:
         self.step = "upload"
         self.outcome = ""
         self.aggregate: Aggregate | None = None
-        self._inputs: dict[int, Vector] = {}
+        self._inputs: set[int] = set()
+        self._total: Vector = Blank(dim, np.uint32)
+        """Sum mod 2^bits of the encodings received so far (summed on arrival)."""
 
     def begin(self) -> Reaction:
         return Reaction()
 
     def expected(self) -> frozenset[int]:
-        return self.sampled - self._inputs.keys() if self.step == "upload" else frozenset()
+        return self.sampled - self._inputs if self.step == "upload" else frozenset()
 
     def receive(self, sender: int, message: Message) -> Reaction:
         if self.step != "upload":
@@ -47,7 +49,12 @@ class PlainServer:
             raise RemoteProtocolError(sender, "sent a second update")
         if message.data.bits != self.encoding.bits or message.data.length != self.dim:
             raise RemoteProtocolError(sender, f"sent {message.data.length} values of {message.data.bits} bits")
-        self._inputs[sender] = message.data.values
+        values = message.data.values
+        if not isinstance(values, Blank):
+            if isinstance(self._total, Blank):
+                self._total = np.zeros(self.dim, dtype=np.uint32)
+            self._total = add_mod(self._total, values, self.encoding.bits)
+        self._inputs.add(sender)
         return Reaction(work=(Work("vector.add", {"elements": self.dim}),))
 
     def close_step(self) -> Reaction:
@@ -58,11 +65,8 @@ class PlainServer:
             return Reaction()
         survivors = tuple(sorted(self._inputs))
         vector: Vector = Blank(self.dim, np.float32)
-        if not any(isinstance(v, Blank) for v in self._inputs.values()):
-            total = np.zeros(self.dim, dtype=np.uint64)
-            for c in survivors:
-                total = add_mod(total, self._inputs[c], self.encoding.bits)  # type: ignore[arg-type]
-            vector = self.encoding.decode_mean(total, len(survivors))
+        if not isinstance(self._total, Blank):
+            vector = self.encoding.decode_mean(self._total, len(survivors))
         self.aggregate = Aggregate(vector, survivors, float(len(survivors)))
         self.step, self.outcome = "done", "ok"
         self._inputs.clear()
@@ -88,7 +92,7 @@ class PlainClient:
         if self.started:
             raise LocalProtocolError("start called twice")
         self.started = self.finished = True
-        values: Vector = Blank(self.dim, np.uint64)
+        values: Vector = Blank(self.dim, np.uint32)
         if not isinstance(update, Blank):
             assert self.rng is not None
             values = self.encoding.encode(update, self.rng)

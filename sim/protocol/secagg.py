@@ -139,10 +139,12 @@ class SecAggServer:
         self.outcome = ""
         self.aggregate: Aggregate | None = None
         self._expected: set[int] = set(config.sampled)
-        self._received: dict[int, Message] = {}
+        self._received: dict[int, Message | None] = {}
         self.u1: dict[int, _Peer] = {}
         self.u2: dict[int, dict[int, Data]] = {}
-        self.u3: dict[int, Vector] = {}
+        self.u3: set[int] = set()
+        self.total: Vector = Blank(config.dim, np.uint32)
+        """Sum mod 2^bits of the masked inputs received so far."""
         self.u4: dict[int, Data] = {}
         self.u5: dict[int, dict[tuple[int, int], Data]] = {}
 
@@ -171,7 +173,8 @@ class SecAggServer:
         if claimed != sender:
             raise RemoteProtocolError(sender, f"sent a message claiming to be client {claimed}")
         work: list[Work] = getattr(self, handler)(sender, message)
-        self._received[sender] = message
+        # A masked input is summed on arrival (_on_masked); keep only that it came, not its vector.
+        self._received[sender] = None if isinstance(message, MaskedInput) else message
         return Reaction(work=tuple(work))
 
     def close_step(self) -> Reaction:
@@ -188,6 +191,8 @@ class SecAggServer:
         reaction: Reaction = getattr(self, closer)(answered)
         return reaction
 
+    # Closers receive {client: message} of the step's answers, in client order (None for masked inputs).
+
     def _abort(self, reason: str) -> Reaction:
         self.step = "aborted"
         self.outcome = f"aborted: {reason}"
@@ -197,7 +202,7 @@ class SecAggServer:
     def _on_advertise(self, sender: int, m: AdvertiseKeys) -> list[Work]:
         return []
 
-    def _close_advertise(self, answered: dict[int, Message]) -> Reaction:
+    def _close_advertise(self, answered: dict[int, Message | None]) -> Reaction:
         for c, m in answered.items():
             assert isinstance(m, AdvertiseKeys)
             self.u1[c] = _Peer(m.c_pk, m.s_pk, m.signature)
@@ -220,7 +225,7 @@ class SecAggServer:
             raise RemoteProtocolError(sender, "sent ciphertexts for clients that are not its share holders")
         return []
 
-    def _close_share(self, answered: dict[int, Message]) -> Reaction:
+    def _close_share(self, answered: dict[int, Message | None]) -> Reaction:
         inbox: dict[int, list[tuple[int, Data]]] = {c: [] for c in answered}
         for sender, m in answered.items():
             assert isinstance(m, ShareKeys)
@@ -236,13 +241,15 @@ class SecAggServer:
     def _on_masked(self, sender: int, m: MaskedInput) -> list[Work]:
         if m.y.bits != self.config.bits or m.y.length != self.config.dim:
             raise RemoteProtocolError(sender, f"sent a masked input of {m.y.length} values of {m.y.bits} bits")
+        if self.suite.full:
+            if isinstance(self.total, Blank):
+                self.total = np.zeros(self.config.dim, dtype=np.uint32)
+            self.total = add_mod(self.total, m.y.values, self.config.bits)  # type: ignore[arg-type]
         return [Work("vector.add", {"elements": self.config.dim})]
 
-    def _close_masked(self, answered: dict[int, Message]) -> Reaction:
-        for c, m in answered.items():
-            assert isinstance(m, MaskedInput)
-            self.u3[c] = m.y.values
-        survivors = tuple(self.u3)
+    def _close_masked(self, answered: dict[int, Message | None]) -> Reaction:
+        self.u3 = set(answered)
+        survivors = tuple(sorted(self.u3))
         request = Survivors(self.config.round, survivors)
         self.step = "consistency_check" if self.config.malicious else "unmasking"
         self._expected = set(survivors)
@@ -252,7 +259,7 @@ class SecAggServer:
     def _on_consistency(self, sender: int, m: ConsistencySignature) -> list[Work]:
         return []
 
-    def _close_consistency(self, answered: dict[int, Message]) -> Reaction:
+    def _close_consistency(self, answered: dict[int, Message | None]) -> Reaction:
         for c, m in answered.items():
             assert isinstance(m, ConsistencySignature)
             self.u4[c] = m.signature
@@ -276,7 +283,7 @@ class SecAggServer:
                 raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
         return []
 
-    def _close_unmask(self, answered: dict[int, Message]) -> Reaction:
+    def _close_unmask(self, answered: dict[int, Message | None]) -> Reaction:
         cfg, suite = self.config, self.suite
         shares: dict[tuple[int, int], dict[int, Data]] = {}
         for holder, m in answered.items():
@@ -285,7 +292,7 @@ class SecAggServer:
                 shares.setdefault((about, kind), {})[holder] = share
         work: list[Work] = []
         survivors = sorted(self.u3)
-        dropped = sorted(set(self.u2) - self.u3.keys())
+        dropped = sorted(set(self.u2) - self.u3)
 
         def secret(about: int, kind: int) -> Data | None:
             have = shares.get((about, kind), {})
@@ -296,11 +303,7 @@ class SecAggServer:
             work.append(Work("shamir.reconstruct", {"secrets": 1, "shares": t, "elements": SECRET_ELEMENTS * t}))
             return suite.reconstruct(holders, [have[h] for h in holders])
 
-        total: Vector = Blank(cfg.dim, np.uint64)
-        if suite.full:
-            total = np.zeros(cfg.dim, dtype=np.uint64)
-            for c in survivors:
-                total = add_mod(total, self.u3[c], cfg.bits)  # type: ignore[arg-type]
+        total = self.total
         for u in survivors:
             b = secret(u, SHARE_OF_SEED)
             if b is None:
@@ -357,7 +360,7 @@ class SecAggClient:
         self.encoding_rng = encoding_rng
         self.signing_key = signing_key
         self.state = "new"
-        self.x: Vector = Blank(config.dim, np.uint64)
+        self.x: Vector = Blank(config.dim, np.uint32)
         self.c_sk: Data = b""
         self.s_sk: Data = b""
         self.b: Data = b""
@@ -490,6 +493,7 @@ class SecAggClient:
             if suite.full:
                 y = add_mod(y, mask, cfg.bits) if me > v else sub_mod(y, mask, cfg.bits)  # type: ignore[arg-type]
         self.state = "survivors"
+        self.x = Blank(cfg.dim, np.uint32)  # the input is no longer needed; free it
         message = MaskedInput(cfg.round, me, ModVector(cfg.bits, y))
         return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
 

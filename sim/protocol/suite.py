@@ -207,7 +207,7 @@ class SizedSuite:
         return OpenedShares(Opaque(SHARE_BYTES), Opaque(SHARE_BYTES))
 
     def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
-        return Blank(length, np.uint64)
+        return Blank(length, np.uint32)
 
     def self_mask(self, seed: Data, length: int, bits: int) -> Vector:
-        return Blank(length, np.uint64)
+        return Blank(length, np.uint32)

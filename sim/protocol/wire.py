@@ -70,7 +70,7 @@ Data = bytes | Opaque
 class ModVector:
     """A vector over Z_(2^bits), 1 <= bits <= 32, sent bit-packed: ``ceil(length * bits / 8)`` bytes.
 
-    ``values`` is a uint64 array with every value below 2^bits, or a :class:`Blank` in timing fidelity.
+    ``values`` is a uint32 array with every value below 2^bits, or a :class:`Blank` in timing fidelity.
     """
 
     bits: int
@@ -97,16 +97,16 @@ def pack_bits(values: np.ndarray, bits: int) -> bytes:
 
 
 def unpack_bits(data: bytes | memoryview, count: int, bits: int) -> np.ndarray:
-    """Inverse of :func:`pack_bits`: ``count`` values as uint64."""
+    """Inverse of :func:`pack_bits`: ``count`` values as uint32."""
     raw = np.frombuffer(data, dtype=np.uint8)
     if bits in (8, 16, 32):
-        return raw.view(f"<u{bits // 8}").astype(np.uint64)
+        return raw.view(f"<u{bits // 8}").astype(np.uint32)
     bitarr = np.unpackbits(raw, bitorder="little")
     if bitarr[count * bits :].any():
         raise WireError("non-zero padding bits after a packed vector")
     full = np.zeros((count, 32), dtype=np.uint8)
     full[:, :bits] = bitarr[: count * bits].reshape(count, bits)
-    return np.packbits(full, axis=1, bitorder="little").view("<u4").reshape(count).astype(np.uint64)
+    return np.packbits(full, axis=1, bitorder="little").view("<u4").reshape(count).astype(np.uint32)
 
 
 class Codec:
