@@ -24,7 +24,7 @@ import pandas as pd
 
 from sim.costs.model import CostModel
 from sim.crypto.randomness import SeededRandom
-from sim.protocol.loopback import run_loopback
+from sim.loopback import run_loopback
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite
 

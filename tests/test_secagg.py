@@ -14,7 +14,7 @@ from sim.crypto import signatures
 from sim.crypto.randomness import SeededRandom
 from sim.protocol import graph
 from sim.protocol.encoding import FixedPoint
-from sim.protocol.loopback import run_loopback
+from sim.loopback import run_loopback
 from sim.protocol.machine import LocalProtocolError, RemoteProtocolError
 from sim.protocol.messages import (
     SHARE_OF_KEY,

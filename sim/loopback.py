@@ -1,10 +1,11 @@
-"""An in-memory driver for the protocol machines: no time, no network, every frame really encoded.
+"""An in-memory driver for the protocol machines: no virtual time, no network, every frame really encoded.
 
-The reference driver for tests and micro-benchmarks (in the manner of h11's tests, which drive a pair of
-connections through an in-memory link). It delivers each step's messages in ascending client order,
+The third driver of the sans-IO machines, beside the SimPy engine and the socket mode: the reference for
+tests and benchmarks (in the manner of h11's tests, which drive a pair of connections through an
+in-memory link). It delivers each step's messages in ascending client order,
 encoding every message to bytes and decoding it on the other side, lets clients leave before a chosen
-step, and records per party the wall-clock seconds spent inside machine calls and the bytes sent (the
-only place in ``sim.protocol`` that reads a clock, and only to report how long the machines took).
+step, and records per party the wall-clock seconds spent inside machine calls, the work they reported
+and the bytes sent.
 """
 
 from __future__ import annotations
