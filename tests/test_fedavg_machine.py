@@ -6,10 +6,6 @@ then cast to float32; the tests compute it by hand the same way and compare bit 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-import textwrap
-
 import numpy as np
 import pytest
 from hypothesis import given, settings

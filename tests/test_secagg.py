@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from sim.crypto import signatures
 from sim.crypto.randomness import SeededRandom
+from sim.loopback import run_loopback
 from sim.protocol import graph
 from sim.protocol.encoding import FixedPoint
-from sim.loopback import run_loopback
 from sim.protocol.machine import LocalProtocolError, RemoteProtocolError
 from sim.protocol.messages import (
     SHARE_OF_KEY,
