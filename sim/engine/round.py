@@ -20,7 +20,6 @@ cancelled.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -400,9 +399,3 @@ class Round:
 def _frame_size(message: Message) -> dict[str, float]:
     """Cost features of encoding or decoding ``message``: frame bytes and bit-packed values."""
     return {"bytes": message.wire_size(), "packed": message.packed_elements()}
-
-
-def mean_of(values: list[float]) -> float:
-    """Mean of the finite values, NaN when there are none."""
-    finite = [v for v in values if not math.isnan(v)]
-    return sum(finite) / len(finite) if finite else _NAN

@@ -419,10 +419,6 @@ class SecAggClient:
         step: Callable[[Any], Reaction] = getattr(self, handler)
         return step(message)
 
-    def _fail(self, error: type[RemoteProtocolError], reason: str) -> RemoteProtocolError:
-        self.state = "aborted"
-        return error(SERVER, reason)
-
     # -- stage 1 ----------------------------------------------------------------------------------
     def _on_keys(self, m: KeyList) -> Reaction:
         cfg, suite, me = self.config, self.suite, self.client

@@ -16,7 +16,7 @@ import json
 import math
 from typing import Any
 
-from sim.engine.round import ClientRecord, mean_of
+from sim.engine.round import ClientRecord
 from sim.engine.simulation import RoundResult
 
 ROUND_COLUMNS = (
@@ -142,6 +142,12 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         stage_rows.append(_stage_row(run_id, rec.round, f"step.{step}", "server", start, end, rec.sampled, extra))
     stage_rows.append(_stage_row(run_id, rec.round, "aggregate", "server", rec.aggregate_start, rec.t_end, 1, extra))
     return {"rounds": [round_row], "clients": client_rows, "stages": stage_rows}
+
+
+def mean_of(values: list[float]) -> float:
+    """Mean of the finite values, NaN when there are none."""
+    finite = [v for v in values if not math.isnan(v)]
+    return sum(finite) / len(finite) if finite else math.nan
 
 
 def _client_row(run_id: str, round: int, c: ClientRecord, extra: dict[str, Any]) -> dict[str, Any]:
