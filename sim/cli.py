@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run one scenario and write its result tables")
     _scenario_args(p)
     p.add_argument("--output", metavar="DIR", help="results folder (default: the scenario's output key)")
+    p.add_argument(
+        "--force", action="store_true", help="run even if the folder holds this run, complete, or another run's tables"
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser("check", help="validate a scenario file (and every point of its sweep)")
@@ -82,13 +85,16 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _print_table(rows: list[dict[str, object]]) -> None:
     frame = pd.DataFrame(rows)
-    print(frame.to_string(index=False, float_format=lambda x: "-" if math.isnan(x) else f"{x:.4g}"))
+    print(frame.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}"))
 
 
 def cmd_check(args: argparse.Namespace) -> int:
+    from sim.preflight import check_all
+
     grid = load(args.file, args.overrides)
     base = grid.base()
     points = grid.points()
+    check_all(points)
     print(
         f"{args.file}: ok: {base.name}, {base.rounds} rounds, population {base.population}, "
         f"aggregation {base.aggregation.protocol}, fidelity {base.fidelity}, output {base.output}"
@@ -99,29 +105,38 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sim.runner import run_scenario
+    from sim.preflight import check_all
+    from sim.runner import prepare_output, run_scenario, summarize
 
     grid = load(args.file, args.overrides, args.output)
     scenario = grid.base()
+    check_all([scenario])
     if grid.sweep:
         print(
             f"note: {args.file} defines a sweep of {grid.size} runs; this runs the scenario as written. "
             f"Use `dropsim sweep {args.file}` for the grid.",
             file=sys.stderr,
         )
-    summary = run_scenario(scenario, Path(scenario.output), progress=not args.quiet)
+    out = Path(scenario.output)
+    if prepare_output(out, scenario, force=args.force):
+        summary = run_scenario(scenario, out, progress=not args.quiet)
+    else:
+        print(f"{out} already holds this scenario's complete run (--force runs it again)", file=sys.stderr)
+        summary = summarize(out)
     _print_table([summary.row()])
     print(f"results: {scenario.output}/ (rounds.csv, clients.csv, stages.csv, manifest.json)")
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
+    from sim.preflight import check_all
     from sim.sweep import run_sweep
 
     if args.jobs < 1:
         print("dropsim: --jobs must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     grid = load(args.file, args.overrides, args.output)
+    check_all(grid.points())
     statuses = run_sweep(grid, str(args.file), jobs=args.jobs, progress=not args.quiet)
     rows = []
     for st in statuses:
@@ -139,8 +154,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     out = grid.base().output
     failed = [st for st in statuses if st.status == "failed"]
     for st in failed:
-        print(f"failed: {st.run_id}: {st.error} (details in {out}/runs/{st.run_id}/)", file=sys.stderr)
-    print(f"results: {out}/ (rounds.csv, runs.csv, runs/)")
+        folder = Path(out) / "runs" / st.run_id
+        where = f" (details in {folder}/)" if folder.is_dir() else ""
+        print(f"failed: {st.run_id}: {st.error}{where}", file=sys.stderr)
+    print(f"results: {out}/ (rounds.csv, runs.csv, sweep.json, runs/)")
     return EXIT_FAILED if failed else 0
 
 
@@ -156,6 +173,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from sim.costs.profiler import run_profile
 
+    folder = args.out.parent if str(args.out.parent) else Path()
+    if not folder.is_dir():
+        print(f"dropsim: {args.out}: the folder {folder} does not exist; create it first", file=sys.stderr)
+        return EXIT_BAD_INPUT
     doc = run_profile(args.out, quick=args.quick, progress=lambda m: print(f"profiling {m}", file=sys.stderr))
     rows = [{"operation": op, **e["coef"], "r2": e["r2"]} for op, e in doc["operations"].items()]
     _print_table(rows)

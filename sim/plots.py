@@ -20,7 +20,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
 
-from sim.results.read import ResultsError, read_run_table, run_dirs
+from sim.results.read import read_run_table, run_dirs
+from sim.results.writer import ResultsError, make_folder
 
 FIGURES = ("accuracy_vs_round", "accuracy_vs_time", "round_time")
 
@@ -65,7 +66,7 @@ def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tup
 def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Path]:
     """Draw the figures for the runs under ``paths`` into ``out``; returns the files written."""
     rounds = load_rounds(paths)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     written: list[Path] = []
     specs = [
         ("accuracy_vs_round", "round", "accuracy", "Round", "Test accuracy"),

@@ -16,12 +16,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import pandas as pd
 from tqdm import tqdm
 
 from sim.engine.simulation import Simulation
 from sim.results.manifest import host, versions
+from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.tables import round_rows, step_columns
-from sim.results.writer import RunWriter
+from sim.results.writer import MANIFEST, ResultsError, RunWriter
 from sim.scenario.schema import Scenario
 
 
@@ -40,7 +42,7 @@ class RunSummary:
     final_accuracy: float
     best_accuracy: float
     mean_round_time: float
-    virtual_hours: float
+    virtual_seconds: float
     mean_dropped: float
     aborted: int
     wall_seconds: float
@@ -52,11 +54,56 @@ class RunSummary:
             "final acc": self.final_accuracy,
             "best acc": self.best_accuracy,
             "round time (s)": self.mean_round_time,
-            "virtual time (h)": self.virtual_hours,
+            "virtual time (s)": self.virtual_seconds,
             "dropped/round": self.mean_dropped,
             "aborted": self.aborted,
             "wall (s)": self.wall_seconds,
         }
+
+
+def prepare_output(directory: Path, scenario: Scenario, force: bool = False) -> bool:
+    """Whether ``scenario`` should run into ``directory``; False when it already holds this scenario's
+    complete run. A folder holding anything else is refused unless ``force``; a sweep folder always."""
+    if (directory / SWEEP).exists():
+        raise ResultsError(f"{directory}: is a sweep folder; give the run another --output")
+    if directory.is_file():
+        raise ResultsError(f"{directory}: is a file, not a folder; choose another output folder")
+    if (directory / MANIFEST).is_file():
+        try:
+            manifest = read_manifest(directory)
+        except ResultsError:
+            manifest = {}
+        same = manifest.get("scenario_sha256") == scenario_digest(scenario)
+        if same and manifest.get("status") == "complete" and not force:
+            return False
+        if not same and not force:
+            raise ResultsError(
+                f"{directory}: holds the results of another scenario ({manifest.get('run_id', '?')}); "
+                "use --force to overwrite them, or --output for another folder"
+            )
+        return True
+    if directory.is_dir() and any(directory.iterdir()) and not force:
+        raise ResultsError(f"{directory}: is not empty and holds no dropsim run; use --force or another --output")
+    return True
+
+
+def summarize(directory: Path) -> RunSummary:
+    """The summary of a finished run, from its tables."""
+    manifest = read_manifest(directory)
+    rounds = read_run_table(directory, "rounds")
+    accuracy = rounds["accuracy"].dropna() if "accuracy" in rounds else pd.Series(dtype=float)
+    n = len(rounds)
+    return RunSummary(
+        run_id=str(manifest.get("run_id", directory.name)),
+        rounds=n,
+        final_accuracy=float(accuracy.iloc[-1]) if len(accuracy) else math.nan,
+        best_accuracy=float(accuracy.max()) if len(accuracy) else math.nan,
+        mean_round_time=float(rounds["round_time"].mean()) if n else math.nan,
+        virtual_seconds=float(rounds["t_end"].iloc[-1]) if n else 0.0,
+        mean_dropped=float(rounds["dropped"].mean()) if n else math.nan,
+        aborted=int((rounds["outcome"] != "ok").sum()) if n else 0,
+        wall_seconds=float(manifest.get("wall_seconds", math.nan)),
+    )
 
 
 def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> RunSummary:
@@ -127,7 +174,7 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
         final_accuracy=accuracies[-1] if accuracies else math.nan,
         best_accuracy=max(accuracies) if accuracies else math.nan,
         mean_round_time=sum(times) / len(times) if times else math.nan,
-        virtual_hours=t_end / 3600.0,
+        virtual_seconds=t_end,
         mean_dropped=sum(dropped) / len(dropped) if dropped else math.nan,
         aborted=aborted,
         wall_seconds=wall,

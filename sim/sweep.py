@@ -14,7 +14,8 @@ from __future__ import annotations
 import multiprocessing
 import traceback
 from collections.abc import Callable
-from concurrent.futures import Future, ProcessPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -22,9 +23,9 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from sim.results.read import SWEEP, ResultsError, read_manifest, read_run_table
-from sim.results.writer import csv_bytes, write_atomic, write_json
-from sim.runner import RunSummary, run_scenario, scenario_digest
+from sim.results.read import SWEEP, read_manifest, read_run_table
+from sim.results.writer import ResultsError, csv_bytes, make_folder, write_atomic, write_json
+from sim.runner import RunSummary, run_scenario, scenario_digest, summarize
 from sim.scenario.grid import Grid
 from sim.scenario.schema import Scenario
 
@@ -68,7 +69,7 @@ def run_sweep(
     """Run every point of ``grid`` (from scenario file ``source``) into its ``output`` folder."""
     points = grid.points()
     out = Path(points[0].output)
-    out.mkdir(parents=True, exist_ok=True)
+    make_folder(out)
     write_json(
         out / SWEEP,
         {"scenario_file": source, "sweep": grid.sweep, "run_ids": [p.run_id for p in points]},
@@ -77,7 +78,7 @@ def run_sweep(
     todo: list[Scenario] = []
     for point in points:
         if is_finished(out / "runs" / point.run_id, point):
-            statuses[point.run_id] = RunStatus(point.run_id, "skipped")
+            statuses[point.run_id] = RunStatus(point.run_id, "skipped", summary=summarize(out / "runs" / point.run_id))
         else:
             todo.append(point)
     order = [p.run_id for p in points]
@@ -107,28 +108,63 @@ def run_sweep(
     return [statuses[r] for r in order]
 
 
+MAX_ATTEMPTS = 2
+"""Times a run is started in a worker before a dying worker process counts as the run's failure."""
+
+
 def _run_parallel(todo: list[Scenario], out: Path, jobs: int, finish: Callable[[RunStatus], None]) -> None:
-    """Run the points in ``jobs`` spawned worker processes; on Ctrl-C, stop the workers at once."""
-    pool = ProcessPoolExecutor(max_workers=jobs, mp_context=multiprocessing.get_context("spawn"))
-    futures: dict[Future[RunStatus], Scenario] = {
-        pool.submit(_run_point, p, str(out / "runs" / p.run_id)): p for p in todo
-    }
-    try:
-        for future in as_completed(futures):
-            point = futures[future]
-            try:
-                status = future.result()
-            except Exception as exc:  # the worker process itself died
-                status = RunStatus(point.run_id, "failed", f"worker died: {type(exc).__name__}: {exc}")
-            finish(status)
-    except KeyboardInterrupt:
-        # Workers may not have seen the signal (it can be sent to this process alone): stop them, so the
-        # interrupted runs keep the rounds they finished and a later sweep runs them again.
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
+    """Run the points in ``jobs`` spawned worker processes, at most ``jobs`` at a time.
+
+    A worker process that dies (killed, out of memory) breaks the whole pool and every run in flight with
+    it; those runs are started again in a fresh pool, and a run in flight at a second breakage is marked
+    failed, so one bad run cannot fail the others. On Ctrl-C the workers are stopped at once.
+    """
+    queue = list(todo)
+    attempts: dict[str, int] = {}
+    context = multiprocessing.get_context("spawn")
+    while queue:
+        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
+        running: dict[Future[RunStatus], Scenario] = {}
+        broken: list[Scenario] = []
+        try:
+            while queue or running:
+                while queue and len(running) < jobs:
+                    point = queue.pop(0)
+                    attempts[point.run_id] = attempts.get(point.run_id, 0) + 1
+                    running[pool.submit(_run_point, point, str(out / "runs" / point.run_id))] = point
+                done, _ = wait(running, return_when=FIRST_COMPLETED)
+                for future in done:
+                    point = running.pop(future)
+                    try:
+                        finish(future.result())
+                    except BrokenProcessPool:
+                        broken.append(point)
+                if broken:
+                    broken += list(running.values())
+                    break
+        except KeyboardInterrupt:
+            # Workers may not have seen the signal (it can be sent to this process alone): stop them, so
+            # the interrupted runs keep the rounds they finished and a later sweep runs them again.
+            _stop(pool)
+            raise
+        if broken:
+            _stop(pool)
+        else:
+            pool.shutdown()
+        for point in broken:
+            directory = out / "runs" / point.run_id
+            if is_finished(directory, point):  # it ended just before the pool broke
+                finish(RunStatus(point.run_id, "complete", summary=summarize(directory)))
+            elif attempts[point.run_id] >= MAX_ATTEMPTS:
+                finish(RunStatus(point.run_id, "failed", f"its worker process died {MAX_ATTEMPTS} times"))
+            else:
+                queue.insert(0, point)
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    for process in list(getattr(pool, "_processes", {}).values()):
+        process.terminate()
+    pool.shutdown(wait=False, cancel_futures=True)
 
 
 def _write_tables(out: Path, order: list[str], statuses: dict[str, RunStatus]) -> None:

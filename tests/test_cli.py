@@ -66,10 +66,46 @@ def test_run_writes_results_where_asked_and_prints_a_summary(scenario_file, tmp_
     assert json.loads((out / "manifest.json").read_text())["scenario"]["output"] == str(out)
 
 
-def test_run_reports_data_problems_as_bad_input(scenario_file, tmp_path, capsys):
+def test_run_reports_data_problems_as_bad_input_before_writing(scenario_file, tmp_path, capsys):
     code = main(["run", str(scenario_file), "--output", str(tmp_path / "r"), "--set", "population=4000", "--quiet"])
     assert code == 2
-    assert "population 4000 exceeds the 1438 training samples of digits" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "--set population=4000: population: is 4000, more than the 1438 training samples of digits" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_check_looks_at_the_machine_too(scenario_file, tmp_path, capsys):
+    args = ["check", str(scenario_file), "--set", "data={dataset: femnist, path: /nonexistent}"]
+    assert main([*args, "--set", f"costs.profile={tmp_path / 'p.json'}"]) == 2
+    err = capsys.readouterr().err
+    assert "data.path: is '/nonexistent': there is no such folder" in err
+    assert f"costs.profile: cost profile {tmp_path / 'p.json'}: cannot be read" in err
+    assert main(["check", str(scenario_file), "--set", "sweep={population: [50, 5000]}"]) == 2
+    assert "population: is 5000, more than the 1438 training samples" in capsys.readouterr().err
+    (tmp_path / "p.json").write_text('{"format": 1, "operations": {"train.mlp.1x8x8.10": {"coef": {}}}}')
+    assert main(["check", str(scenario_file), "--set", f"costs.profile={tmp_path / 'p.json'}"]) == 2
+    assert "does not measure wire.encode, wire.decode, fedavg.accumulate" in capsys.readouterr().err
+
+
+def test_run_keeps_a_finished_run_and_refuses_to_overwrite_another(scenario_file, tmp_path, capsys):
+    out = tmp_path / "res"
+    base = ["run", str(scenario_file), "--output", str(out), "--quiet"]
+    assert main([*base, "--set", "rounds=1"]) == 0
+    stamp = (out / "rounds.csv").stat().st_mtime_ns
+    capsys.readouterr()
+    assert main([*base, "--set", "rounds=1"]) == 0  # the same scenario again: nothing to do, the summary is shown
+    captured = capsys.readouterr()
+    assert "already holds this scenario's complete run (--force runs it again)" in captured.err
+    assert "cli" in captured.out and (out / "rounds.csv").stat().st_mtime_ns == stamp
+    assert main([*base, "--set", "rounds=2"]) == 2
+    assert "holds the results of another scenario (cli); use --force to overwrite them" in capsys.readouterr().err
+    assert main([*base, "--set", "rounds=2", "--force"]) == 0
+    assert len(pd.read_csv(out / "rounds.csv")) == 2
+    (tmp_path / "afile").write_text("x")
+    assert main(["run", str(scenario_file), "--output", str(tmp_path / "afile"), "--quiet"]) == 2
+    assert "is a file, not a folder" in capsys.readouterr().err
+    assert main(["run", str(scenario_file), "--output", "/proc/nope/x", "--quiet"]) == 2
+    assert "cannot create the results folder" in capsys.readouterr().err
 
 
 def test_sweep_then_plot(scenario_file, tmp_path, capsys):
@@ -92,6 +128,13 @@ def test_plot_rejects_a_folder_without_results(tmp_path, capsys):
     assert main(["plot", str(tmp_path), "--out", str(tmp_path / "f")]) == 2
     assert "neither a run folder" in capsys.readouterr().err
     assert main(["plot", str(tmp_path), "--out", str(tmp_path / "f"), "--by", "x"]) == 2
+    assert main(["plot", str(tmp_path / "nowhere"), "--out", str(tmp_path / "f")]) == 2
+    assert f"{tmp_path / 'nowhere'}: does not exist" in capsys.readouterr().err
+
+
+def test_profile_refuses_a_missing_folder_before_measuring(tmp_path, capsys):
+    assert main(["profile", "--quick", "--out", str(tmp_path / "no" / "p.json")]) == 2
+    assert "does not exist; create it first" in capsys.readouterr().err
 
 
 def test_the_console_script_is_installed(scenario_file):

@@ -171,9 +171,22 @@ def test_overrides_and_output(tmp_path):
         load(path, ["dropout.rate.x=1"])
 
 
+def test_overrides_of_new_keys_name_the_option(tmp_path):
+    path = write(tmp_path, BASE)
+    for override, key in [("dropout.foo.bar=1", "dropout.foo"), ("foo.bar=1", "foo"), ("timeouts.upload.x=1", "")]:
+        with pytest.raises(ScenarioError) as info:
+            load(path, [override]).base()
+        text = str(info.value)
+        assert f"--set {override}" in text, text
+        if key:
+            assert f": {key}: is not a known key" in text
+    with pytest.raises(ScenarioError, match="has no value; write KEY.PATH=VALUE"):
+        load(path, ["dropout.rate="])
+
+
 def test_parse_override_keeps_sweep_keys_whole():
     assert parse_override("sweep.dropout.rate=[0, 0.5]") == (("sweep", "dropout.rate"), [0, 0.5])
-    assert parse_override("a.b=") == (("a", "b"), None)
+    assert parse_override("a.b=null") == (("a", "b"), None)
 
 
 def test_sweep_is_the_product_in_written_order(tmp_path):

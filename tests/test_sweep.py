@@ -120,3 +120,46 @@ def test_interrupting_a_parallel_sweep_stops_its_workers_and_resume_finishes(tmp
         manifest = json.loads((out / "runs" / rid / "manifest.json").read_text())
         assert manifest["status"] in ("running", "interrupted")
         assert len(pd.read_csv(out / "runs" / rid / "rounds.csv")) == manifest["rounds_completed"]
+
+
+def _workers(pid: int) -> list[int]:
+    """Worker processes (spawned by multiprocessing) among the children of ``pid``."""
+    found = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        for child in (task / "children").read_text().split():
+            cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+            if b"spawn_main" in cmdline:
+                found.append(int(child))
+    return found
+
+
+@pytest.mark.slow
+def test_a_killed_worker_costs_a_retry_not_the_sweep(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    text = SCENARIO.replace("rounds: 3", "rounds: 400").replace("fidelity: timing", "fidelity: full")
+    text = text.replace("sweep: {dropout.rate: [0, 0.4], seed: [1, 2]}", "sweep: {seed: [1, 2]}")
+    path = tmp_path / "long.yaml"
+    path.write_text(text)
+    out = tmp_path / "out"
+    cmd = [sys.executable, "-m", "sim", "sweep", str(path), "--jobs", "2", "--quiet", "--output", str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(list(out.glob("runs/*/rounds.csv"))) < 2:
+        time.sleep(0.2)
+    time.sleep(1)
+    workers = _workers(proc.pid)
+    assert len(workers) == 2
+    os.kill(workers[0], signal.SIGKILL)  # as the out-of-memory killer would
+    try:
+        _, stderr = proc.communicate(timeout=180)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("the sweep did not finish after a worker was killed") from None
+    assert proc.returncode == 0, stderr
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs["status"]) == ["complete", "complete"] and (runs["rounds"] == 400).all()

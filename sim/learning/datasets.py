@@ -121,6 +121,13 @@ def _check_labels(labels: np.ndarray, num_classes: int, where: str) -> np.ndarra
 # --------------------------------------------------------------------------------------------- digits
 
 _DIGITS_LEVELS = 16.0  # sklearn digits pixels are integers 0..16
+DIGITS_SAMPLES = 1797
+"""Images in scikit-learn's digits."""
+
+
+def digits_train_size(test_fraction: float) -> int:
+    """Training samples of :func:`load_digits` for ``test_fraction`` (without loading it)."""
+    return DIGITS_SAMPLES - _test_size(test_fraction, DIGITS_SAMPLES)
 
 
 def _test_size(test_fraction: float, n: int) -> int:

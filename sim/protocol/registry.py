@@ -34,6 +34,8 @@ class ProtocolSpec:
     """``dropout.stage`` -> the client step it precedes (``after_sampling`` -> ``""``: before download)."""
     encoded: bool = True
     """Whether updates are fixed-point encoded (and ``aggregation.bits``/``clip`` apply)."""
+    operations: tuple[str, ...] = ()
+    """Cost-model operations the machines report (a profile must have them all)."""
 
 
 _SECAGG_DROPOUT = {
@@ -44,12 +46,32 @@ _SECAGG_DROPOUT = {
 }
 _SECAGG_STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking")
 
+_PLAIN_DROPOUT = {AFTER_SAMPLING: "", "before_upload": "upload"}
+_ENCODED_OPS = ("encode.fixed_point", "decode.fixed_point", "vector.add")
+_SECAGG_OPS = (
+    *_ENCODED_OPS,
+    "x25519.keygen",
+    "x25519.agree",
+    "x25519.public",
+    "ed25519.sign",
+    "ed25519.verify",
+    "aead.seal",
+    "aead.open",
+    "shamir.share",
+    "shamir.reconstruct",
+    "prg.expand",
+)
+
 PROTOCOLS: dict[str, ProtocolSpec] = {
-    "fedavg": ProtocolSpec("fedavg", ("upload",), {AFTER_SAMPLING: "", "before_upload": "upload"}, encoded=False),
-    "plain": ProtocolSpec("plain", ("upload",), {AFTER_SAMPLING: "", "before_upload": "upload"}),
-    "secagg": ProtocolSpec("secagg", _SECAGG_STEPS, _SECAGG_DROPOUT),
-    "secagg+": ProtocolSpec("secagg+", _SECAGG_STEPS, _SECAGG_DROPOUT),
+    "fedavg": ProtocolSpec(
+        "fedavg", ("upload",), _PLAIN_DROPOUT, encoded=False, operations=("fedavg.accumulate", "fedavg.finalize")
+    ),
+    "plain": ProtocolSpec("plain", ("upload",), _PLAIN_DROPOUT, operations=_ENCODED_OPS),
+    "secagg": ProtocolSpec("secagg", _SECAGG_STEPS, _SECAGG_DROPOUT, operations=_SECAGG_OPS),
+    "secagg+": ProtocolSpec("secagg+", _SECAGG_STEPS, _SECAGG_DROPOUT, operations=_SECAGG_OPS),
 }
+DRIVER_OPERATIONS = ("wire.encode", "wire.decode")
+"""Operations every driver charges besides the machines' own: encoding and decoding frames."""
 
 
 @dataclass(frozen=True)

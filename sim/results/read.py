@@ -14,14 +14,9 @@ from typing import Any
 
 import pandas as pd
 
-from sim.errors import InputError
-from sim.results.writer import MANIFEST
+from sim.results.writer import MANIFEST, ResultsError
 
 SWEEP = "sweep.json"
-
-
-class ResultsError(InputError):
-    """A folder that holds no readable dropsim results."""
 
 
 def read_manifest(directory: Path) -> dict[str, Any]:
@@ -58,6 +53,8 @@ def run_dirs(path: Path) -> list[Path]:
         return [path / "runs" / rid for rid in doc.get("run_ids", []) if (path / "runs" / rid / MANIFEST).is_file()]
     if (path / MANIFEST).is_file():
         return [path]
+    if not path.exists():
+        raise ResultsError(f"{path}: does not exist")
     raise ResultsError(f"{path}: neither a run folder (no {MANIFEST}) nor a sweep folder (no {SWEEP})")
 
 

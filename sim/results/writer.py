@@ -20,9 +20,24 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from sim.errors import InputError
 from sim.results.tables import TABLES
 
 MANIFEST = "manifest.json"
+
+
+class ResultsError(InputError):
+    """A folder that cannot hold, or holds no readable, dropsim results."""
+
+
+def make_folder(directory: Path) -> None:
+    """Create ``directory`` (and parents) for results; a path that cannot hold them is bad input."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ResultsError(f"{directory}: is a file, not a folder; choose another output folder") from None
+    except OSError as exc:
+        raise ResultsError(f"{directory}: cannot create the results folder: {exc.strerror}") from None
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -69,7 +84,7 @@ class RunWriter:
         round_columns: Sequence[str] = (),
     ) -> None:
         self.directory = directory
-        directory.mkdir(parents=True, exist_ok=True)
+        make_folder(directory)
         self.columns = {name: (*cols, *extra_columns) for name, cols in TABLES.items()}
         self.columns["rounds"] = (*TABLES["rounds"], *round_columns, *extra_columns)
         self.manifest = dict(manifest)

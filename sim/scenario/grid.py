@@ -38,8 +38,10 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
     path: KeyPath = ("sweep", ".".join(parts[1:])) if parts[0] == "sweep" and len(parts) > 1 else tuple(parts)
     if any(not p for p in path):
         raise ScenarioError([Problem(origin, key, "has an empty part; write key paths like dropout.rate")])
+    if not value_text.strip():
+        raise ScenarioError([Problem(origin, key, "has no value; write KEY.PATH=VALUE (null for the default)")])
     try:
-        value = yaml.safe_load(value_text) if value_text.strip() else None
+        value = yaml.safe_load(value_text)
     except yaml.YAMLError as exc:
         raise ScenarioError([Problem(origin, key, f"value {value_text!r} is not valid YAML: {exc}")]) from None
     return path, value

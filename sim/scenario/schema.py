@@ -155,6 +155,12 @@ class Scenario:
     swept: dict[str, Any] = field(default_factory=dict)
     """Values of the sweep keys for this run (``{}`` outside a sweep)."""
     run_id: str = ""
+    document: Document | None = field(default=None, compare=False, repr=False)
+    """The document it was read from (for messages naming where a key was written)."""
+
+    def origin(self, *path: str) -> str:
+        """Where key ``path`` was written (file:line, an option), or the file."""
+        return self.document.origin(path) if self.document is not None else self.name
 
 
 def parse(doc: Document, default_name: str | None = None) -> Scenario:
@@ -218,6 +224,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         cost_profile=cost_profile,
         aggregation=aggregation,
         resolved=r.resolved,
+        document=doc,
     )
 
 

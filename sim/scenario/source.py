@@ -60,6 +60,7 @@ class Document:
             if child is None:
                 child = {}
                 node[part] = child
+                self.origins[path[: depth + 1]] = origin
             elif not isinstance(child, dict):
                 raise ScenarioError(
                     [

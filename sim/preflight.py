@@ -1,0 +1,66 @@
+"""Checks of a scenario against the machine before anything runs: files, data sizes, the cost profile.
+
+The scenario parser checks what a file says; these check what it needs from the machine it will run on
+(that ``data.path`` is a folder, that digits has enough samples for every client, that the cost profile
+exists and measures every operation the run will charge). ``dropsim check`` reports them with the
+parser's problems; ``run`` and ``sweep`` refuse to start on them, before writing anything.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.costs.model import CostModel, CostModelError
+from sim.learning.datasets import digits_train_size
+from sim.learning.federated import SHAPES
+from sim.learning.models import train_op
+from sim.protocol.registry import DRIVER_OPERATIONS
+from sim.scenario.errors import Problem, ScenarioError
+from sim.scenario.schema import Scenario
+
+
+def preflight(scenario: Scenario) -> list[Problem]:
+    """What stands in the way of running ``scenario`` here (empty when nothing does)."""
+    problems: list[Problem] = []
+    data = scenario.data
+    if data.path is not None and not Path(data.path).is_dir():
+        problems.append(
+            Problem(scenario.origin("data", "path"), "data.path", f"is {data.path!r}: there is no such folder")
+        )
+    if data.dataset == "digits" and scenario.population > digits_train_size(data.test_fraction):
+        problems.append(
+            Problem(
+                scenario.origin("population"),
+                "population",
+                f"is {scenario.population}, more than the {digits_train_size(data.test_fraction)} training samples "
+                "of digits, so some clients would have no data; lower it, or use dataset synthetic",
+            )
+        )
+    try:
+        costs = CostModel.load(scenario.cost_profile)
+    except CostModelError as exc:
+        problems.append(Problem(scenario.origin("costs", "profile"), "costs.profile", str(exc)))
+        return problems
+    shape, classes = SHAPES[data.dataset]
+    needed = (train_op(scenario.model.name, shape, classes), *DRIVER_OPERATIONS, *scenario.aggregation.spec.operations)
+    missing = [op for op in needed if not costs.has(op)]
+    if missing:
+        problems.append(
+            Problem(
+                scenario.origin("costs", "profile"),
+                "costs.profile",
+                f"{costs.source} does not measure {', '.join(missing)}; run `dropsim profile` to make one that does",
+            )
+        )
+    return problems
+
+
+def check_all(scenarios: list[Scenario]) -> None:
+    """Raise one :class:`ScenarioError` with the preflight problems of every scenario."""
+    problems: list[Problem] = []
+    for scenario in scenarios:
+        for p in preflight(scenario):
+            if (p.key, p.message) not in {(q.key, q.message) for q in problems}:
+                problems.append(p)
+    if problems:
+        raise ScenarioError(problems)
