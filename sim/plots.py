@@ -2,10 +2,11 @@
 
 ``plot_results`` reads the rounds of every run under the given folders and draws, one line per run (or,
 with ``by=KEY``, one line per value of a swept key, the mean over the other runs with a band from their
-minimum to maximum):
+minimum to maximum, taken round by round):
 
 - ``accuracy_vs_round``: test accuracy against round;
-- ``accuracy_vs_time``: test accuracy against virtual time since the start (hours);
+- ``accuracy_vs_time``: test accuracy against virtual time since the start (seconds, minutes or hours,
+  whichever reads best);
 - ``round_time``: round duration (virtual seconds) against round.
 """
 
@@ -44,8 +45,16 @@ def load_rounds(paths: list[Path]) -> pd.DataFrame:
         f"{src} ({rid})" if ambiguous.get(rid, False) else str(rid)
         for rid, src in zip(rounds["run_id"], rounds["source"], strict=True)
     ]
-    rounds["hours"] = rounds["t_end"] / 3600.0
     return rounds
+
+
+def time_unit(seconds: float) -> tuple[float, str]:
+    """Divisor and name of the unit that shows ``seconds`` best: s, min or h."""
+    if seconds < 600:
+        return 1.0, "s"
+    if seconds < 36_000:
+        return 60.0, "min"
+    return 3600.0, "h"
 
 
 def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tuple[str, pd.DataFrame]]:
@@ -59,18 +68,24 @@ def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tup
         swept = [c for c in rounds.columns if "." in c or c == "seed"]
         raise ResultsError(f"--by {by}: no such column; swept keys in these results: {', '.join(swept) or 'none'}")
     for value, frame in data.groupby(by, sort=True):
-        stats = frame.groupby(x)[y].agg(["mean", "min", "max"]).reset_index()
-        yield f"{by}={value}", stats.rename(columns={"min": "lo", "max": "hi"})
+        # Round by round: runs of one value agree on the round, not on the virtual time it ended.
+        stats = frame.groupby("round").agg(at=(x, "mean"), mean=(y, "mean"), lo=(y, "min"), hi=(y, "max"))
+        yield (
+            f"{by}={value}",
+            pd.DataFrame({x: stats["at"].to_numpy(), "mean": stats["mean"], "lo": stats["lo"], "hi": stats["hi"]}),
+        )
 
 
 def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Path]:
     """Draw the figures for the runs under ``paths`` into ``out``; returns the files written."""
     rounds = load_rounds(paths)
+    scale, unit = time_unit(float(rounds["t_end"].max()))
+    rounds["elapsed"] = rounds["t_end"] / scale
     make_folder(out)
     written: list[Path] = []
     specs = [
         ("accuracy_vs_round", "round", "accuracy", "Round", "Test accuracy"),
-        ("accuracy_vs_time", "hours", "accuracy", "Virtual time (hours)", "Test accuracy"),
+        ("accuracy_vs_time", "elapsed", "accuracy", f"Virtual time ({unit})", "Test accuracy"),
         ("round_time", "round", "round_time", "Round", "Round duration (virtual seconds)"),
     ]
     for name, x, y, xlabel, ylabel in specs:
@@ -88,7 +103,8 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
         if y == "accuracy":
             ax.set_ylim(0, 1)
         ncol = 1 if len(lines) <= 8 else 2
-        ax.legend(fontsize="small", ncol=ncol, loc="best", frameon=False)
+        title = "mean, band min-max" if by is not None else None
+        ax.legend(fontsize="small", ncol=ncol, loc="best", framealpha=0.85, title=title, title_fontsize="small")
         for ext in ("png", "pdf"):
             path = out / f"{name}.{ext}"
             fig.savefig(path, dpi=150)

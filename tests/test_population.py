@@ -181,3 +181,19 @@ def test_build_single_client_gets_fastest_profile() -> None:
     population = Population.build(1, _clients(), seed=0)
     assert population.slowdown.tolist() == [1.0]
     assert population.bandwidth_mbps.tolist() == [210.0]
+
+
+def test_ranks_keep_the_distribution_shape_as_the_population_grows() -> None:
+    ranked = Clients(
+        compute=ZipfProfile(1.2, 1.0, 3.0, ranks=100),
+        bandwidth=BandwidthProfile(1.2, 21.0, 210.0, ranks=100),
+    )
+    small = Population.build(100, ranked, seed=1)
+    large = Population.build(100_000, ranked, seed=1)
+    # Each of the 100 ranks is held by exactly 1000 of the 100,000 clients.
+    assert np.array_equal(np.sort(np.unique(large.slowdown)), np.sort(small.slowdown))
+    assert (np.unique(large.slowdown, return_counts=True)[1] == 1000).all()
+    assert np.quantile(large.bandwidth_mbps, 0.1) == pytest.approx(np.quantile(small.bandwidth_mbps, 0.1), rel=0.05)
+    # Without ranks the Zipf rule spans the whole population: almost every device sits at the fast end.
+    plain = Population.build(100_000, _clients(), seed=1)
+    assert np.mean(plain.slowdown < 1.02) > 0.999 and np.mean(large.slowdown < 1.02) < 0.7

@@ -45,7 +45,7 @@ def test_valid_file_resolves_every_default(tmp_path):
     assert scenario.output == "results/t"
     resolved = scenario.resolved
     assert resolved["server"] == {"bandwidth_mbps": 1000.0, "speed": 1.0}
-    assert resolved["clients"]["bandwidth_mbps"] == {"zipf_a": 1.2, "range": [21.0, 210.0]}
+    assert resolved["clients"]["bandwidth_mbps"] == {"zipf_a": 1.2, "range": [21.0, 210.0], "ranks": None}
     assert resolved["dropout"]["mode"] == "fixed"
     assert resolved["data"]["partition"] == "iid"
 
@@ -218,3 +218,10 @@ def test_sweep_errors_name_the_point(tmp_path):
 def test_shipped_quickstart_is_valid():
     scenario = load(Path(__file__).parent.parent / "scenarios" / "quickstart.yaml").base()
     assert scenario.name == "quickstart" and scenario.fidelity == "full"
+
+
+def test_data_keys_belong_to_their_data_set(tmp_path):
+    (message,) = problems(tmp_path, BASE.replace("dataset: digits,", "dataset: digits, samples_per_client: 5,"))
+    assert "data.samples_per_client: is not used by dataset 'digits' (only by synthetic)" in message
+    ok = load(write(tmp_path, BASE.replace("dataset: digits,", "dataset: synthetic, samples_per_client: 5,"))).base()
+    assert ok.data.samples_per_client == 5 and "test_fraction" not in ok.resolved["data"]

@@ -8,6 +8,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from sim.results.read import read_run_table
 from sim.scenario import load
 from sim.sweep import run_sweep
 
@@ -119,7 +120,11 @@ def test_interrupting_a_parallel_sweep_stops_its_workers_and_resume_finishes(tmp
     for rid in runs["run_id"]:
         manifest = json.loads((out / "runs" / rid / "manifest.json").read_text())
         assert manifest["status"] in ("running", "interrupted")
-        assert len(pd.read_csv(out / "runs" / rid / "rounds.csv")) == manifest["rounds_completed"]
+        # A worker stopped between appending a round and committing it leaves one extra row; readers
+        # keep the committed rounds only.
+        written = len(pd.read_csv(out / "runs" / rid / "rounds.csv"))
+        assert manifest["rounds_completed"] <= written <= manifest["rounds_completed"] + 1
+        assert len(read_run_table(out / "runs" / rid)) == manifest["rounds_completed"]
 
 
 def _workers(pid: int) -> list[int]:

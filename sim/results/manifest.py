@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import platform
-import sys
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,6 @@ def host() -> dict[str, Any]:
         "machine": platform.machine(),
         "processor": platform.processor() or _cpu_model(),
         "cpus": os.cpu_count(),
-        "python_executable": sys.executable,
     }
 
 

@@ -32,6 +32,8 @@ class ZipfProfile:
     fastest: float
     """Slow-down factor of the fastest device against the profiled reference device (1.0 = as fast)."""
     slowest: float
+    ranks: int | None = None
+    """Devices the Zipf rule ranks (None: the whole population); clients share ranks evenly."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,8 @@ class BandwidthProfile:
     zipf_a: float
     low_mbps: float
     high_mbps: float
+    ranks: int | None = None
+    """Links the Zipf rule ranks (None: the whole population); clients share ranks evenly."""
 
 
 @dataclass(frozen=True)
@@ -250,14 +254,15 @@ def _clients(r: Reader) -> Clients:
     c = r.section("compute")
     compute_a = c.number("zipf_a", 1.2, lo=0)
     fastest, slowest = c.interval("slowdown", (1.0, 3.0), lo=0, lo_open=True)
-    compute = ZipfProfile(compute_a, fastest, slowest)
+    compute = ZipfProfile(compute_a, fastest, slowest, c.integer("ranks", None, lo=1))
     c.finish()
     b = r.section("bandwidth_mbps")
     a = b.number("zipf_a", 1.2, lo=0)
     lo_mbps, hi_mbps = b.interval("range", (21.0, 210.0), lo=0, lo_open=True)
+    bandwidth = BandwidthProfile(a, lo_mbps, hi_mbps, b.integer("ranks", None, lo=1))
     b.finish()
     r.finish()
-    return Clients(compute=compute, bandwidth=BandwidthProfile(a, lo_mbps, hi_mbps))
+    return Clients(compute=compute, bandwidth=bandwidth)
 
 
 def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
@@ -335,19 +340,36 @@ def _data(r: Reader, population: int | None) -> Data:
     partition = r.custom("partition", Partition("iid"), _partition)
     if "partition" not in r.resolved:
         r.resolved["partition"] = "iid"
-    needs_path = dataset in ("femnist", "cifar10")
-    given_path = r.has("path")
-    path = r.string("path", None)
-    if needs_path and not given_path:
-        r.fail("path", f"is required for dataset {dataset}: the folder holding its files (no data set is downloaded)")
-    if not needs_path and given_path:
-        r.fail("path", f"is not used by dataset {dataset!r} (only femnist and cifar10 read files)")
-    test_fraction = r.number("test_fraction", 0.2, lo=0, hi=1, lo_open=True, hi_open=True)
-    samples_per_client = r.integer("samples_per_client", 50, lo=1)
-    writers_per_client = r.integer("writers_per_client", 1, lo=1)
+    path: str | None = None
+    test_fraction, samples_per_client, writers_per_client = 0.2, 50, 1
+    # Each data set reads only its own keys: another's is an error naming who uses it.
+    own = {
+        "path": ("femnist", "cifar10"),
+        "test_fraction": ("digits",),
+        "samples_per_client": ("synthetic",),
+        "writers_per_client": ("femnist",),
+    }
+    for key, users in own.items():
+        if dataset in users:
+            continue
+        if r.has(key):
+            r.raw(key)
+            r.fail(key, f"is not used by dataset {dataset!r} (only by {' and '.join(users)})")
+    if dataset in own["path"]:
+        if not r.has("path"):
+            r.fail(
+                "path", f"is required for dataset {dataset}: the folder holding its files (no data set is downloaded)"
+            )
+        path = r.string("path", None)
+    if dataset == "digits":
+        test_fraction = r.number("test_fraction", 0.2, lo=0, hi=1, lo_open=True, hi_open=True)
+    if dataset == "synthetic":
+        samples_per_client = r.integer("samples_per_client", 50, lo=1)
+    if dataset == "femnist":
+        writers_per_client = r.integer("writers_per_client", 1, lo=1)
     if partition.kind == "natural" and dataset != "femnist":
         r.fail("partition", f"is 'natural', which needs writer ids: only femnist has them, not {dataset}")
-    r.finish()
+    r.finish(extra_allowed=tuple(own))
     return Data(dataset, partition, path, test_fraction, samples_per_client, writers_per_client)
 
 
