@@ -10,6 +10,7 @@ the keys the machines put in its ``Work.size``:
 - vector work in ``elements``: fixed-point encoding and decoding, PRG mask expansion, modular addition;
 - Shamir sharing in ``holders`` and ``products`` (coefficient evaluations: elements x holders x
   threshold) and reconstruction in ``shares`` and ``elements``;
+- the SecAgg server's bookkeeping per list entry (key lists, ciphertexts, shares) in ``count``;
 - frame encoding and decoding in ``bytes`` and ``packed`` (values bit-packed at widths other than 8, 16,
   32, which cost far more per byte).
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -27,7 +29,8 @@ from sim.crypto.randomness import SeededRandom
 from sim.protocol import wire
 from sim.protocol.encoding import FixedPoint, add_mod
 from sim.protocol.fedavg import ModelDownload
-from sim.protocol.messages import MaskedInput
+from sim.protocol.messages import AdvertiseKeys, MaskedInput, ShareKeys
+from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.secagg import SECRET_ELEMENTS, share_threshold
 from sim.protocol.suite import PLAINTEXT_BYTES, RealSuite
 from sim.protocol.wire import ModVector
@@ -169,6 +172,25 @@ def _add_op(n: int) -> Callable[[], object]:
     return lambda: add_mod(a, b, 20)
 
 
+def _entries(quick: bool) -> Iterator[Point]:
+    """The SecAgg server's per-entry bookkeeping: key lists, then checking and routing ciphertexts."""
+    for n in (8, 32) if quick else (10, 50, 100, 200):
+        sampled = tuple(range(n))
+        adverts = [AdvertiseKeys(1, c, c.to_bytes(32, "little"), bytes(31) + b"s", b"") for c in sampled]
+        shares = [ShareKeys(1, c, tuple((v, bytes(132)) for v in sampled if v != c)) for c in sampled]
+
+        def run(sampled: tuple[int, ...] = sampled, adverts: list[Any] = adverts, shares: list[Any] = shares) -> None:
+            server, _ = round_machines(AggregationParams("secagg"), 1, sampled, 10, RealSuite(), graph_seed=0)
+            for m in adverts:
+                server.receive(m.client, m)
+            server.close_step()
+            for m in shares:
+                server.receive(m.client, m)
+            server.close_step()
+
+        yield Point({"count": n * n + 2 * n * (n - 1)}, run)
+
+
 def _frames(quick: bool) -> Iterator[wire.Message]:
     rng = np.random.default_rng(0)
     for n in _elements(quick):
@@ -201,6 +223,7 @@ BENCHMARKS = (
     Benchmark("decode.fixed_point", ("const", "elements"), _vector(_decode_op)),
     Benchmark("prg.expand", ("const", "elements"), _vector(_prg_op)),
     Benchmark("vector.add", ("const", "elements"), _vector(_add_op)),
+    Benchmark("secagg.entries", ("const", "count"), _entries),
     Benchmark("wire.encode", ("const", "bytes", "packed"), _encode_frames),
     Benchmark("wire.decode", ("const", "bytes", "packed"), _decode_frames),
 )

@@ -60,6 +60,7 @@ _SECAGG_OPS = (
     "shamir.share",
     "shamir.reconstruct",
     "prg.expand",
+    "secagg.entries",
 )
 
 PROTOCOLS: dict[str, ProtocolSpec] = {

@@ -31,6 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, ClassVar
 
 import numpy as np
@@ -99,14 +100,26 @@ class SecAggConfig:
     def bits(self) -> int:
         return self.encoding.bits
 
+    @cached_property
+    def _holders(self) -> dict[int, tuple[int, ...]]:
+        return {c: tuple(sorted((c, *self.neighbours[c]))) for c in self.sampled}
+
+    @cached_property
+    def _holder_sets(self) -> dict[int, frozenset[int]]:
+        return {c: frozenset(h) for c, h in self._holders.items()}
+
     def holders(self, client: int) -> tuple[int, ...]:
         """H(u): the client and its neighbours, sorted."""
-        return tuple(sorted((client, *self.neighbours[client])))
+        return self._holders[client]
+
+    def holds(self, holder: int, client: int) -> bool:
+        """Whether ``holder`` is one of ``client``'s share holders."""
+        return holder in self._holder_sets[client]
 
     def threshold(self, client: int) -> int:
-        return share_threshold(self.threshold_fraction, len(self.holders(client)))
+        return share_threshold(self.threshold_fraction, len(self._holders[client]))
 
-    @property
+    @cached_property
     def minimum(self) -> int:
         """Fewest answers any step may go on with."""
         return min((self.threshold(c) for c in self.sampled), default=1)
@@ -207,23 +220,28 @@ class SecAggServer:
             assert isinstance(m, AdvertiseKeys)
             self.u1[c] = _Peer(m.c_pk, m.s_pk, m.signature)
         sends = []
+        listed = 0
         for c in self.u1:
             entries = tuple(
                 (v, self.u1[v].c_pk, self.u1[v].s_pk, self.u1[v].signature)
                 for v in self.config.holders(c)
                 if v in self.u1
             )
+            listed += len(entries)
             sends.append(Send(c, KeyList(self.config.round, entries)))
         self.step, self._expected = "share_keys", set(self.u1)
-        return Reaction(sends=tuple(sends))
+        return Reaction(sends=tuple(sends), work=(Work("secagg.entries", {"count": listed}),))
 
     # -- step 1 -----------------------------------------------------------------------------------
     def _on_share(self, sender: int, m: ShareKeys) -> list[Work]:
-        allowed = {v for v in self.config.holders(sender) if v in self.u1 and v != sender}
         receivers = [v for v, _ in m.ciphertexts]
-        if len(set(receivers)) != len(receivers) or not set(receivers) <= allowed:
+        if (
+            len(set(receivers)) != len(receivers)
+            or sender in receivers
+            or not all(self.config.holds(v, sender) and v in self.u1 for v in receivers)
+        ):
             raise RemoteProtocolError(sender, "sent ciphertexts for clients that are not its share holders")
-        return []
+        return [Work("secagg.entries", {"count": len(receivers)})]
 
     def _close_share(self, answered: dict[int, Message | None]) -> Reaction:
         inbox: dict[int, list[tuple[int, Data]]] = {c: [] for c in answered}
@@ -235,7 +253,8 @@ class SecAggServer:
                     inbox[receiver].append((sender, ct))
         sends = tuple(Send(c, Ciphertexts(self.config.round, tuple(sorted(cts)))) for c, cts in inbox.items())
         self.step, self._expected = "masked_input", set(self.u2)
-        return Reaction(sends=sends)
+        routed = sum(len(cts) for cts in inbox.values())
+        return Reaction(sends=sends, work=(Work("secagg.entries", {"count": routed}),))
 
     # -- step 2 -----------------------------------------------------------------------------------
     def _on_masked(self, sender: int, m: MaskedInput) -> list[Work]:
@@ -274,14 +293,14 @@ class SecAggServer:
             if about in seen:
                 raise RemoteProtocolError(sender, f"sent two shares about client {about}")
             seen.add(about)
-            if sender not in self.config.holders(about) or about not in self.u2:
+            if not self.config.holds(sender, about) or about not in self.u2:
                 raise RemoteProtocolError(sender, f"sent a share about client {about}, which it does not hold")
             want = SHARE_OF_SEED if about in self.u3 else SHARE_OF_KEY
             if kind != want:
                 raise RemoteProtocolError(sender, f"sent a share of kind {kind} about client {about}, expected {want}")
             if len(share) != SHARE_BYTES:
                 raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
-        return []
+        return [Work("secagg.entries", {"count": len(m.shares)})]
 
     def _close_unmask(self, answered: dict[int, Message | None]) -> Reaction:
         cfg, suite = self.config, self.suite
