@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pandas as pd
@@ -89,14 +94,9 @@ def test_a_failing_run_is_reported_and_the_others_finish(tmp_path):
     assert list(pd.read_csv(out / "rounds.csv")["run_id"].unique()) == ["population=16"]
 
 
-@pytest.mark.slow
-def test_interrupting_a_parallel_sweep_stops_its_workers_and_resume_finishes(tmp_path):
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    text = SCENARIO.replace("rounds: 3", "rounds: 3000").replace("fidelity: timing", "fidelity: full")
+def _long_sweep(tmp_path: Path, rounds: int) -> tuple[subprocess.Popen[str], Path]:
+    """Start a two-run, two-worker sweep of ``rounds`` full-fidelity rounds; return it once both run."""
+    text = SCENARIO.replace("rounds: 3", f"rounds: {rounds}").replace("fidelity: timing", "fidelity: full")
     text = text.replace("sweep: {dropout.rate: [0, 0.4], seed: [1, 2]}", "sweep: {seed: [1, 2]}")
     path = tmp_path / "long.yaml"
     path.write_text(text)
@@ -104,15 +104,26 @@ def test_interrupting_a_parallel_sweep_stops_its_workers_and_resume_finishes(tmp
     cmd = [sys.executable, "-m", "sim", "sweep", str(path), "--jobs", "2", "--quiet", "--output", str(out)]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not any(out.glob("runs/*/rounds.csv")):
+    while time.monotonic() < deadline and len(list(out.glob("runs/*/rounds.csv"))) < 2:
         time.sleep(0.2)
-    time.sleep(2)
-    proc.send_signal(signal.SIGINT)  # to the main process only, as `timeout -s INT` or `kill -INT` would
+    time.sleep(1)
+    return proc, out
+
+
+def _finish(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
     try:
-        _, err = proc.communicate(timeout=30)
+        _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
-        raise AssertionError("the sweep did not stop within 30 s of SIGINT") from None
+        raise AssertionError(f"the sweep did not finish {what}") from None
+    return err
+
+
+@pytest.mark.slow
+def test_interrupting_a_parallel_sweep_stops_its_workers_and_resume_finishes(tmp_path):
+    proc, out = _long_sweep(tmp_path, rounds=3000)
+    proc.send_signal(signal.SIGINT)  # to the main process only, as `timeout -s INT` or `kill -INT` would
+    err = _finish(proc, 30, "within 30 s of SIGINT")
     assert proc.returncode == 130, err
     assert "interrupted; finished rounds are kept" in err
     runs = pd.read_csv(out / "runs.csv")
@@ -140,31 +151,11 @@ def _workers(pid: int) -> list[int]:
 
 @pytest.mark.slow
 def test_a_killed_worker_costs_a_retry_not_the_sweep(tmp_path):
-    import os
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    text = SCENARIO.replace("rounds: 3", "rounds: 400").replace("fidelity: timing", "fidelity: full")
-    text = text.replace("sweep: {dropout.rate: [0, 0.4], seed: [1, 2]}", "sweep: {seed: [1, 2]}")
-    path = tmp_path / "long.yaml"
-    path.write_text(text)
-    out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sim", "sweep", str(path), "--jobs", "2", "--quiet", "--output", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and len(list(out.glob("runs/*/rounds.csv"))) < 2:
-        time.sleep(0.2)
-    time.sleep(1)
+    proc, out = _long_sweep(tmp_path, rounds=400)
     workers = _workers(proc.pid)
     assert len(workers) == 2
     os.kill(workers[0], signal.SIGKILL)  # as the out-of-memory killer would
-    try:
-        _, stderr = proc.communicate(timeout=180)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise AssertionError("the sweep did not finish after a worker was killed") from None
-    assert proc.returncode == 0, stderr
+    err = _finish(proc, 180, "after a worker was killed")
+    assert proc.returncode == 0, err
     runs = pd.read_csv(out / "runs.csv")
     assert list(runs["status"]) == ["complete", "complete"] and (runs["rounds"] == 400).all()
