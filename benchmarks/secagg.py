@@ -24,19 +24,28 @@ import numpy as np
 import pandas as pd
 
 from sim.costs.model import CostModel
+from sim.crypto import signatures
 from sim.crypto.randomness import SeededRandom
 from sim.loopback import run_loopback
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite
 
 
-def one_round(protocol: str, n: int, d: int, dropout: float, costs: CostModel) -> dict[str, object]:
+def one_round(
+    protocol: str, n: int, d: int, dropout: float, costs: CostModel, malicious: bool = False
+) -> dict[str, object]:
     sampled = tuple(range(n))
-    params = AggregationParams(protocol, bits=20, clip=1.0, threshold=0.5)
-    server, factory = round_machines(params, 1, sampled, d, RealSuite(), graph_seed=1)
+    malicious = malicious and protocol != "plain"
+    params = AggregationParams(protocol, bits=20, clip=1.0, threshold=0.5, malicious=malicious)
+    identities = {c: signatures.generate(SeededRandom((c + 10**6).to_bytes(32, "little"))) for c in sampled}
+    verification = {c: ident[1] for c, ident in identities.items()}
+    server, factory = round_machines(params, 1, sampled, d, RealSuite(), graph_seed=1, verification_keys=verification)
     rng = np.random.default_rng(0)
     updates = {c: (rng.standard_normal(d) * 1e-3).astype(np.float32) for c in sampled}
-    clients = {c: factory(c, SeededRandom(c.to_bytes(32, "little")), np.random.default_rng(c), None) for c in sampled}
+    clients = {
+        c: factory(c, SeededRandom(c.to_bytes(32, "little")), np.random.default_rng(c), identities[c][0])
+        for c in sampled
+    }
     leave_step = "upload" if protocol == "plain" else "masked_input"
     k = math.floor(dropout * n + 0.5)
     leave = {c: leave_step for c in sampled[:k]}
@@ -48,7 +57,7 @@ def one_round(protocol: str, n: int, d: int, dropout: float, costs: CostModel) -
     client_measured = [result.client_seconds[c] for c in alive]
     server_model = costs.work_seconds(result.server_work)
     return {
-        "protocol": protocol,
+        "protocol": protocol + (" malicious" if malicious else ""),
         "clients": n,
         "dim": d,
         "dropout": dropout,
@@ -71,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dims", type=int, nargs="+", default=[100_000, 1_000_000])
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.1])
     parser.add_argument("--protocols", nargs="+", default=["plain", "secagg", "secagg+"])
+    parser.add_argument("--malicious", action="store_true", help="the malicious variant of SecAgg and SecAgg+")
     parser.add_argument("--csv", type=Path, default=Path("secagg.csv"))
     args = parser.parse_args(argv)
     costs = CostModel.load()
@@ -81,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
         for d in args.dims:
             for dropout in args.dropout:
                 for protocol in args.protocols:
-                    rows.append(one_round(protocol, n, d, dropout, costs))
+                    rows.append(one_round(protocol, n, d, dropout, costs, args.malicious))
                     print(f"done: {protocol} n={n} d={d} dropout={dropout}", file=sys.stderr)
     table = pd.DataFrame(rows)
     print(f"# {platform.node()} {platform.processor() or platform.machine()}; cost profile: {costs.source}")

@@ -67,7 +67,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("profile", help="measure this machine and fit the compute cost model")
     p.add_argument("--out", type=Path, default=Path("profile.json"), metavar="FILE", help="profile to write")
-    p.add_argument("--quick", action="store_true", help="few sizes and repeats (a rough profile in seconds)")
+    p.add_argument(
+        "--quick", action="store_true", help="few sizes, one repeat: a rough profile in seconds, for trying things out"
+    )
     return parser
 
 
@@ -181,6 +183,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     rows = [{"operation": op, **e["coef"], "r2": e["r2"]} for op, e in doc["operations"].items()]
     _print_table(rows)
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
+    if args.quick:
+        print(
+            "note: a --quick profile fits each operation from a few one-shot timings; its numbers can be off by "
+            "a factor of two. Measure without --quick for results.",
+            file=sys.stderr,
+        )
     return 0
 
 

@@ -11,6 +11,7 @@ sweep again skips them. A failing run is reported and does not stop the others. 
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import traceback
 from collections.abc import Callable
@@ -167,6 +168,10 @@ def _stop(pool: ProcessPoolExecutor) -> None:
     pool.shutdown(wait=False, cancel_futures=True)
 
 
+def _swept_keys(out: Path) -> list[str]:
+    return list(json.loads((out / SWEEP).read_text(encoding="utf-8")).get("sweep", {}))
+
+
 def _write_tables(out: Path, order: list[str], statuses: dict[str, RunStatus]) -> None:
     rows: list[dict[str, Any]] = []
     frames = []
@@ -196,4 +201,9 @@ def _write_tables(out: Path, order: list[str], statuses: dict[str, RunStatus]) -
     write_atomic(out / "runs.csv", csv_bytes(rows, RUN_COLUMNS, header=True))
     if frames:
         combined = pd.concat(frames, ignore_index=True)
+        # Runs of different protocols have different step columns: keep the fixed columns first, then every
+        # step column, then the swept keys, as each run's own table does.
+        swept = [c for c in combined.columns if c in _swept_keys(out)]
+        first = [c for c in combined.columns if c not in swept]
+        combined = combined[first + swept]
         write_atomic(out / "rounds.csv", combined.to_csv(index=False, float_format=None).encode())

@@ -19,12 +19,12 @@ T_DOWN = DOWN_BYTES * 8 / 100e6  # each client link 100 Mbps, below its half of 
 T_UP = UP_BYTES * 8 / 100e6
 
 
-def profile(tmp_path: Path) -> Path:
+def profile(tmp_path: Path, accumulate: float = 0.0) -> Path:
     """A cost profile with round numbers: training 1 s flat, FedAvg finalisation 0.5 s."""
     path = tmp_path / "profile.json"
     ops = {
         "train.mlp.1x8x8.10": {"coef": {"const": 1.0}},
-        "fedavg.accumulate": {"coef": {"elements": 0.0}},
+        "fedavg.accumulate": {"coef": {"const": accumulate}},
         "fedavg.finalize": {"coef": {"const": 0.5}},
         "wire.encode": {"coef": {}},
         "wire.decode": {"coef": {}},
@@ -33,7 +33,9 @@ def profile(tmp_path: Path) -> Path:
     return path
 
 
-def scenario(tmp_path: Path, extra: str = "", slowdown: str = "[1, 1]", fidelity: str = "timing", overrides=()):
+def scenario(
+    tmp_path: Path, extra: str = "", slowdown: str = "[1, 1]", fidelity: str = "timing", overrides=(), accumulate=0.0
+):
     text = f"""
 name: story
 seed: 7
@@ -47,7 +49,7 @@ server: {{bandwidth_mbps: 1000, speed: 1.0}}
 data: {{dataset: digits}}
 model: {{name: mlp}}
 fidelity: {fidelity}
-costs: {{profile: {profile(tmp_path)}}}
+costs: {{profile: {profile(tmp_path, accumulate)}}}
 {extra}
 """
     path = tmp_path / "story.yaml"
@@ -212,3 +214,36 @@ def test_poisson_sampling_may_sample_nobody(tmp_path):
     assert empty, "with q = 0.05 and two clients most rounds sample nobody"
     assert all(r.outcome == "aborted: no client uploaded an update" and r.t_end == r.t_start for r in empty)
     assert any(r.sampled > 0 and r.outcome == "ok" for r in results)
+
+
+def test_a_message_arriving_after_the_deadline_is_late_even_if_the_server_was_busy(tmp_path):
+    # Three clients with slow-downs 1.5, 1.125 and 1 train for that many seconds; their updates arrive at
+    # about 1.035, 1.160 and 1.535 s. The server spends 2 s on each update, so it is busy from 1.035 to
+    # 5.035. The deadline is 1.5 s: the second update (arrived 1.160) counts, the third (1.535) is late.
+    sim = Simulation(
+        scenario(
+            tmp_path,
+            "timeouts: {upload: 1.5}",
+            slowdown="[1, 1.5]",
+            overrides=["population=3", "sampling.clients_per_round=3"],
+            accumulate=2.0,
+        )
+    )
+    rec = sim.step().record
+    by_slowdown = {c.slowdown: c for c in rec.clients}
+    assert by_slowdown[1.5].dropped_stage == "timeout:upload"
+    assert by_slowdown[1.125].dropped_stage == "" and by_slowdown[1.0].dropped_stage == ""
+    assert rec.survivors == 2
+    arrival_2 = T_DOWN + 1.125 + T_UP
+    assert rec.steps == [("upload", 0, pytest.approx(T_DOWN + 1.0 + T_UP + 4.0, rel=1e-12))]
+    assert arrival_2 < 1.5
+    assert rec.t_end == pytest.approx(T_DOWN + 1.0 + T_UP + 4.5, rel=1e-12)
+
+
+def test_step_times_and_aggregation_add_up_to_the_round(tmp_path):
+    import pandas as pd
+
+    out = run_small(tmp_path, "sum", "aggregation.protocol=secagg", "rounds=2", "timeouts={}")
+    rounds = pd.read_csv(out / "rounds.csv")
+    steps = rounds.filter(like="time_").sum(axis=1)
+    assert (abs(steps + rounds["aggregate_s"] - rounds["round_time"]) < 1e-9).all()

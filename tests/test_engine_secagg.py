@@ -112,5 +112,35 @@ def test_aggregation_keys_are_checked(tmp_path):
     with pytest.raises(ScenarioError, match="allowed: after_sampling \\| before_upload"):
         load(path).base()
     path.write_text(SCENARIO + "timeouts: {unmasking: 5, consistency_check: 1}\n")
-    with pytest.raises(ScenarioError, match="timeouts.consistency_check: is not a known key"):
+    with pytest.raises(ScenarioError, match="consistency_check: is a step of secagg only with aggregation.adversary"):
         load(path).base()
+    path.write_text(SCENARIO.replace("bits: 20", "bits: 20, threshold: 0"))
+    with pytest.raises(ScenarioError, match="the reconstruction threshold would be 1"):
+        load(path).base()
+
+
+@pytest.mark.parametrize(
+    ("dropout", "timeouts", "step"),
+    [
+        ("{rate: 0.2, stage: before_upload, silent: true}", "{advertise_keys: 10}", "masked_input"),
+        ("{rate: 0.2, stage: during_unmasking, silent: true}", "{share_keys: 5}", "unmasking"),
+        ("{rate: 0.2, stage: after_sampling, silent: true}", "{unmasking: 5}", "advertise_keys"),
+        ("{mode: per_client, stage: before_share_keys, silent: true}", "{}", "share_keys"),
+    ],
+)
+def test_silent_dropout_needs_a_timeout_where_it_is_missed(tmp_path, dropout, timeouts, step):
+    path = tmp_path / "silent.yaml"
+    path.write_text(SCENARIO.replace("{rate: 0.25, stage: before_upload}", dropout) + f"timeouts: {timeouts}\n")
+    with pytest.raises(ScenarioError, match=f"missed in step {step}, .* set timeouts.{step}"):
+        load(path).base()
+    path.write_text(SCENARIO.replace("{rate: 0.25, stage: before_upload}", dropout) + f"timeouts: {{{step}: 9}}\n")
+    assert load(path).base().timeouts[step] == 9
+
+
+def test_a_round_too_small_for_its_threshold_aborts(tmp_path):
+    # Poisson sampling can draw two clients; threshold 0.3 of two holders would be t = 1.
+    out = run(tmp_path, "tiny", "sampling={rate: 0.07}", "aggregation.threshold=0.3", "rounds=6", "fidelity=timing")
+    table = rounds(out)
+    two = table[table["sampled"] == 2]
+    assert len(two) > 0
+    assert two["outcome"].str.contains("reconstruction threshold of 1").all()

@@ -136,7 +136,8 @@ def test_timeouts_are_keyed_by_protocol_step(tmp_path):
 
 def test_silent_dropout_needs_a_timeout(tmp_path):
     (message,) = problems(tmp_path, BASE.replace("rate: 0.2,", "rate: 0.2, silent: true,"))
-    assert "dropout.silent: is true, but no step has a timeout" in message
+    assert "dropout.silent: is true: clients leaving silently at before_upload are missed in step upload" in message
+    assert message.endswith("set timeouts.upload")
 
 
 def test_yaml_errors_and_duplicates_name_the_line(tmp_path):

@@ -15,7 +15,7 @@ from sim.crypto.randomness import SeededRandom
 from sim.loopback import run_loopback
 from sim.protocol import graph
 from sim.protocol.encoding import FixedPoint
-from sim.protocol.machine import LocalProtocolError, RemoteProtocolError
+from sim.protocol.machine import LocalProtocolError, RemoteProtocolError, RoundSetupError
 from sim.protocol.messages import (
     SHARE_OF_KEY,
     SHARE_OF_SEED,
@@ -76,6 +76,8 @@ def plain_aggregate(sampled, updates, survivors, dim=64, bits=20):
 )
 def test_unmasked_sum_equals_plain_sum_under_dropout(protocol, n, threshold, malicious, data):
     threshold = max(threshold, 0.5) if malicious else threshold
+    if n * threshold < 1:  # t would be 1: refused (see test_a_threshold_of_one_is_refused)
+        threshold = 0.5
     sampled, _params, server, clients, updates = setup(protocol, n, malicious=malicious, threshold=threshold, seed=n)
     cfg = server.config
     # Dropouts within tolerance: every client's secrets stay reconstructable (each neighbourhood keeps
@@ -87,7 +89,10 @@ def test_unmasked_sum_equals_plain_sum_under_dropout(protocol, n, threshold, mal
         alive = [v for v in sampled if v not in trial]
         if len(alive) < cfg.minimum:
             continue
-        if all(len([h for h in cfg.holders(u) if h not in trial]) >= cfg.threshold(u) for u in sampled):
+        masked = {v for v in sampled if trial.get(v) not in ("advertise_keys", "share_keys", "masked_input")}
+        if all(
+            len([h for h in cfg.holders(u) if h not in trial]) >= cfg.threshold(u) for u in sampled
+        ) and cfg.connected(masked):
             leave = trial
     result = run_loopback(server, clients, updates, leave)
     assert result.aborted == {}
@@ -249,3 +254,80 @@ def test_clients_reject_messages_out_of_turn():
     assert client.state == "keys"
     with pytest.raises(RemoteProtocolError, match="expected KeyList"):
         client.receive(SignedSurvivors(5, ()))
+
+
+def _ring(server, seed_order):
+    return [int(c) for c in np.random.default_rng(seed_order).permutation(sorted(server.config.sampled))]
+
+
+def test_secagg_plus_never_unmasks_a_partial_sum():
+    # Two dropouts opposite each other on a ring of degree 2 split the survivors into two arcs, each of
+    # whose masks would cancel on its own: the server must not go on, and clients must refuse if it does.
+    sampled, _, server, clients, updates = setup("secagg+", 10, neighbours=2, seed=7)
+    ring = _ring(server, 7)
+    run_loopback(server, clients, updates, {ring[0]: "masked_input", ring[5]: "masked_input"})
+    assert server.outcome == (
+        "aborted: masked_input: the survivors are not connected in the graph (partial sums would be exposed)"
+    )
+    # A server that claims a split survivor set anyway meets clients that check the graph themselves.
+    sampled, _, server, clients, updates = setup("secagg+", 10, neighbours=2, seed=7)
+    ring = _ring(server, 7)
+
+    def split(to, message):
+        if isinstance(message, Survivors):
+            return dataclasses.replace(
+                message, clients=tuple(c for c in message.clients if c not in (ring[0], ring[5]))
+            )
+        return message
+
+    result = run_loopback(server, clients, updates, tamper=split)
+    refusing = {c: e for c, e in result.aborted.items() if isinstance(e, InconsistentViewError)}
+    assert set(refusing) == set(sampled)  # the two left out see themselves missing; the rest see the split
+    assert "the survivors are not connected" in str(refusing[ring[2]])
+
+
+def test_a_split_view_releases_no_secret_twice_in_secagg_plus():
+    # A malicious server tells four clients that client v dropped and everyone else that it survived, and
+    # hands each camp only its own camp's consistency signatures.
+    sampled, _, server, clients, updates = setup("secagg+", 20, malicious=True, neighbours=4, seed=11)
+    cfg = server.config
+    v = sampled[0]
+    near = [c for c in cfg.neighbours[v]][:2]
+    far = [c for c in sampled if c not in cfg.holders(v)][:2]
+    told_dropped = set(near) | set(far)
+
+    def tamper(to, message):
+        if isinstance(message, Survivors) and to in told_dropped:
+            return dataclasses.replace(message, clients=tuple(c for c in message.clients if c != v))
+        if isinstance(message, SignedSurvivors):
+            camp = told_dropped if to in told_dropped else set(sampled) - told_dropped
+            return dataclasses.replace(message, signatures=tuple((s, g) for s, g in message.signatures if s in camp))
+        return message
+
+    kinds: dict[int, set[int]] = {}
+
+    def observe(sender, message):
+        if isinstance(message, UnmaskShares):
+            for about, kind, _share in message.shares:
+                kinds.setdefault(about, set()).add(kind)
+
+    result = run_loopback(server, clients, updates, tamper=tamper, observe=observe)
+    assert all(len(k) == 1 for k in kinds.values())  # nobody's key and seed are both exposed
+    assert kinds[v] == {SHARE_OF_SEED}
+    assert told_dropped <= set(result.aborted)
+    assert all(isinstance(result.aborted[c], TooFewClientsError) for c in told_dropped)
+
+
+def test_a_client_rejects_a_key_list_with_other_keys_for_itself():
+    sampled, _, _server, clients, updates = setup("secagg", 4)
+    me = sampled[0]
+    advert = clients[me].start(updates[me], 1.0).sends[0].message
+    entries = tuple((c, bytes([c]) * 32, bytes([c + 1]) * 32, b"") for c in sampled)
+    entries = ((me, bytes(32), advert.s_pk, b""), *entries[1:])
+    with pytest.raises(InconsistentViewError, match="shows other keys for this client"):
+        clients[me].receive(KeyList(5, entries))
+
+
+def test_a_threshold_of_one_is_refused():
+    with pytest.raises(RoundSetupError, match="reconstruction threshold of 1"):
+        setup("secagg", 3, threshold=0.3)

@@ -57,11 +57,11 @@ def _rng() -> SeededRandom:
 
 
 def _counts(quick: bool) -> tuple[int, ...]:
-    return (1, 8) if quick else (1, 10, 40, 100)
+    return (1, 4, 8) if quick else (1, 10, 40, 100)
 
 
 def _elements(quick: bool) -> tuple[int, ...]:
-    return (1_000, 20_000) if quick else (10_000, 100_000, 400_000, 1_000_000)
+    return (1_000, 5_000, 20_000) if quick else (10_000, 100_000, 400_000, 1_000_000)
 
 
 def _repeat(fn: Callable[[], object], count: int) -> Callable[[], None]:
@@ -119,7 +119,7 @@ def _open(quick: bool) -> Iterator[Point]:
 
 def _share(quick: bool) -> Iterator[Point]:
     suite, rng = RealSuite(), _rng()
-    for holders in (4, 16) if quick else (5, 20, 50, 100, 200):
+    for holders in (4, 9, 16) if quick else (5, 20, 50, 100, 200):
         t = share_threshold(0.5, holders)
         order = list(range(holders))
 
@@ -132,7 +132,7 @@ def _share(quick: bool) -> Iterator[Point]:
 
 def _reconstruct(quick: bool) -> Iterator[Point]:
     suite = RealSuite()
-    for holders in (4, 16) if quick else (5, 20, 50, 100, 200):
+    for holders in (4, 9, 16) if quick else (5, 20, 50, 100, 200):
         t = share_threshold(0.5, holders)
         parties = list(range(t))
         shares = suite.share(bytes(range(32)), t, parties, _rng())
@@ -174,7 +174,7 @@ def _add_op(n: int) -> Callable[[], object]:
 
 def _entries(quick: bool) -> Iterator[Point]:
     """The SecAgg server's per-entry bookkeeping: key lists, then checking and routing ciphertexts."""
-    for n in (8, 32) if quick else (10, 50, 100, 200):
+    for n in (8, 16, 32) if quick else (10, 50, 100, 200):
         sampled = tuple(range(n))
         adverts = [AdvertiseKeys(1, c, c.to_bytes(32, "little"), bytes(31) + b"s", b"") for c in sampled]
         shares = [ShareKeys(1, c, tuple((v, bytes(132)) for v in sampled if v != c)) for c in sampled]

@@ -151,7 +151,7 @@ def run_profile(out: Path, quick: bool = False, progress: Callable[[str], None] 
     say = progress or (lambda _msg: None)
     repeats = 1 if quick else 5
     sizes = (8, 32) if quick else (20, 60, 120, 240)
-    batch_sizes = (8,) if quick else (10, 20, 50)
+    batch_sizes = (4, 8) if quick else (10, 20, 50)
     operations: dict[str, Any] = {}
     for dataset, (shape, classes) in SHAPES.items():
         for model in MODELS:

@@ -34,9 +34,17 @@ from sim.engine.network import Flow, Link, Network
 from sim.engine.population import Population
 from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
-from sim.protocol.encoding import EncodingError
 from sim.protocol.fedavg import ModelDownload
-from sim.protocol.machine import SERVER, Aggregate, ClientMachine, Reaction, RemoteProtocolError, ServerMachine, Work
+from sim.protocol.machine import (
+    SERVER,
+    Aggregate,
+    ClientMachine,
+    Reaction,
+    RemoteProtocolError,
+    RoundSetupError,
+    ServerMachine,
+    Work,
+)
 from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory, round_machines
 from sim.protocol.suite import RealSuite, SizedSuite
 from sim.protocol.wire import Blank, Message, Opaque
@@ -162,7 +170,7 @@ class Round:
         self.setup_error = ""
         try:
             self.machine, self.client_factory = self._machines()
-        except EncodingError as exc:
+        except RoundSetupError as exc:
             self.setup_error = str(exc)
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
@@ -192,40 +200,18 @@ class Round:
         for c in self.sampled:
             self.procs.append(env.process(self._client(c)))
         yield from self._server_react(machine.begin())
+        step_start = rec.t_start
         while machine.step not in ("done", "aborted"):
-            step, start = machine.step, env.now
-            timeout = self.s.timeouts.get(step)
-            deadline = env.timeout(timeout) if timeout is not None else None
-            while True:
-                waiting = machine.expected() - self.gone
-                if not waiting:
-                    break
-                get = self.inbox.get()
-                yield get if deadline is None else env.any_of([get, deadline])
-                if not get.triggered:
-                    get.cancel()
-                    for c in sorted(waiting):
-                        self.late.add(c)
-                        if not self.clients[c].dropped_stage:
-                            self.clients[c].dropped_stage = f"timeout:{step}"
-                    break
-                kind, sender, message = get.value  # type: ignore[misc]
-                if kind == "gone":
-                    self.gone.add(sender)
-                    continue
-                if sender in self.late or sender not in machine.expected():
-                    continue
-                yield from self._server_compute([Work("wire.decode", _frame_size(message))])
-                try:
-                    reaction = machine.receive(sender, message)
-                except RemoteProtocolError as exc:
-                    self.gone.add(sender)
-                    self.clients[sender].dropped_stage = f"rejected: {exc.reason}"
-                    continue
-                yield from self._server_react(reaction)
-            rec.steps.append((step, start, env.now))
-            rec.aggregate_start = env.now
+            step = machine.step
+            yield from self._collect(machine, step)
+            collected = env.now
             yield from self._server_react(machine.close_step())
+            final = machine.step in ("done", "aborted")
+            # A step lasts until the next one starts (its closing work included); the last step's closing
+            # work is the aggregation (``aggregate_s``), so the steps and it add up to the round.
+            rec.steps.append((step, step_start, collected if final else env.now))
+            rec.aggregate_start = collected
+            step_start = env.now
         self._stop_clients()
         rec.t_end = env.now
         rec.outcome = machine.outcome
@@ -240,6 +226,46 @@ class Round:
                 record.dropped_stage = "not aggregated"
             rec.clients.append(record)
         return rec
+
+    def _collect(self, machine: ServerMachine, step: str) -> Generator[simpy.Event, Any, None]:
+        """Handle answers to ``step`` until nobody is awaited or its timeout passes. A message counts if it
+        arrived by the deadline, even when the busy server gets to it later; one that arrived after the
+        deadline closes the step (the inbox is in arrival order)."""
+        env = self.env
+        timeout = self.s.timeouts.get(step)
+        deadline_at = env.now + timeout if timeout is not None else None
+        deadline = env.timeout(timeout) if timeout is not None else None
+        while True:
+            waiting = machine.expected() - self.gone
+            if not waiting:
+                return
+            get = self.inbox.get()
+            yield get if deadline is None else env.any_of([get, deadline])
+            late = not get.triggered
+            if late:
+                get.cancel()
+            else:
+                kind, sender, message, arrived = get.value  # type: ignore[misc]
+                late = deadline_at is not None and arrived > deadline_at
+            if late:
+                for c in sorted(waiting):
+                    self.late.add(c)
+                    if not self.clients[c].dropped_stage:
+                        self.clients[c].dropped_stage = f"timeout:{step}"
+                return
+            if kind == "gone":
+                self.gone.add(sender)
+                continue
+            if sender in self.late or sender not in machine.expected():
+                continue
+            yield from self._server_compute([Work("wire.decode", _frame_size(message))])
+            try:
+                reaction = machine.receive(sender, message)
+            except RemoteProtocolError as exc:
+                self.gone.add(sender)
+                self.clients[sender].dropped_stage = f"rejected: {exc.reason}"
+                continue
+            yield from self._server_react(reaction)
 
     def _server_compute(self, work: list[Work] | tuple[Work, ...]) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
@@ -314,7 +340,7 @@ class Round:
                     reaction = machine.receive(message)
                 except RemoteProtocolError as exc:
                     rec.dropped_stage = f"aborted: {exc.reason}"
-                    self.inbox.put(("gone", c, None))
+                    self.inbox.put(("gone", c, None, env.now))
                     return
                 yield from self._client_react(c, reaction)
         except simpy.Interrupt:
@@ -351,7 +377,7 @@ class Round:
     def _leave(self, c: int, stage: str) -> None:
         self.clients[c].dropped_stage = stage
         if not self.s.silent_dropout:
-            self.inbox.put(("gone", c, None))
+            self.inbox.put(("gone", c, None, self.env.now))
 
     # -- network ----------------------------------------------------------------------------------
     def _transfer(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, Message]:
@@ -391,7 +417,7 @@ class Round:
                 rec = self.clients[sender]
                 rec.upload_s += self.env.now - start
                 rec.last_upload_end = self.env.now
-                self.inbox.put(("msg", sender, received))
+                self.inbox.put(("msg", sender, received, self.env.now))
         except simpy.Interrupt:
             return
 

@@ -21,8 +21,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from sim.protocol.machine import RoundSetupError
 
-class EncodingError(ValueError):
+
+class EncodingError(RoundSetupError):
     """Parameters that leave no room to encode (too few bits for the number of clients)."""
 
 

@@ -30,6 +30,10 @@ class ProtocolError(Exception):
     """A protocol step that cannot go on."""
 
 
+class RoundSetupError(ValueError):
+    """Parameters with which a round cannot be run safely or at all; the round aborts with this reason."""
+
+
 class LocalProtocolError(ProtocolError):
     """The driver used a machine out of turn (a bug in the caller, not the peer)."""
 

@@ -28,7 +28,9 @@ and the server can run a further step after unmasking; see :class:`SecAggServer`
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -39,7 +41,16 @@ import numpy as np
 from sim.crypto import aead
 from sim.crypto.randomness import RandomSource
 from sim.protocol.encoding import FixedPoint, add_mod, sub_mod
-from sim.protocol.machine import SERVER, Aggregate, LocalProtocolError, Reaction, RemoteProtocolError, Send, Work
+from sim.protocol.machine import (
+    SERVER,
+    Aggregate,
+    LocalProtocolError,
+    Reaction,
+    RemoteProtocolError,
+    RoundSetupError,
+    Send,
+    Work,
+)
 from sim.protocol.messages import (
     SHARE_OF_KEY,
     SHARE_OF_SEED,
@@ -108,6 +119,14 @@ class SecAggConfig:
     def _holder_sets(self) -> dict[int, frozenset[int]]:
         return {c: frozenset(h) for c, h in self._holders.items()}
 
+    def __post_init__(self) -> None:
+        for c in self.sampled:
+            if len(self._holders[c]) >= 2 and self.threshold(c) < 2:
+                raise RoundSetupError(
+                    f"threshold {self.threshold_fraction} gives client {c}'s {len(self._holders[c])} holders a "
+                    "reconstruction threshold of 1: every share would be the secret itself"
+                )
+
     def holders(self, client: int) -> tuple[int, ...]:
         """H(u): the client and its neighbours, sorted."""
         return self._holders[client]
@@ -123,6 +142,40 @@ class SecAggConfig:
     def minimum(self) -> int:
         """Fewest answers any step may go on with."""
         return min((self.threshold(c) for c in self.sampled), default=1)
+
+    @cached_property
+    def session(self) -> bytes:
+        """Digest binding every signature to this round's parameters: variant, round, clients, graph."""
+        h = hashlib.sha256(b"dropsim/secagg/v1/session")
+        h.update(struct.pack("<?Id", self.malicious, self.round, self.threshold_fraction))
+        for c in sorted(self.sampled):
+            h.update(struct.pack(f"<QI{len(self.neighbours[c])}Q", c, len(self.neighbours[c]), *self.neighbours[c]))
+        return h.digest()
+
+    @cached_property
+    def complete(self) -> bool:
+        """Whether every client neighbours every other (SecAgg)."""
+        return all(len(self.neighbours[c]) == len(self.sampled) - 1 for c in self.sampled)
+
+    def connected(self, members: set[int]) -> bool:
+        """Whether ``members`` induce a connected subgraph: then the pairwise masks among them cancel only
+        in their total, and no partial sum of them can be unmasked."""
+        if self.complete or len(members) <= 1:
+            return True
+        start = next(iter(members))
+        seen, frontier = {start}, [start]
+        while frontier:
+            u = frontier.pop()
+            for v in self.neighbours[u]:
+                if v in members and v not in seen:
+                    seen.add(v)
+                    frontier.append(v)
+        return len(seen) == len(members)
+
+    def graph_work(self, members: int) -> Work:
+        """Bookkeeping work of checking a survivor set of ``members`` clients against the graph."""
+        degree = len(self.neighbours[self.sampled[0]]) if self.sampled else 0
+        return Work("secagg.entries", {"count": members * (1 if self.complete else degree)})
 
 
 # ------------------------------------------------------------------------------------------------ server
@@ -267,24 +320,52 @@ class SecAggServer:
         return [Work("vector.add", {"elements": self.config.dim})]
 
     def _close_masked(self, answered: dict[int, Message | None]) -> Reaction:
+        cfg = self.config
         self.u3 = set(answered)
         survivors = tuple(sorted(self.u3))
-        request = Survivors(self.config.round, survivors)
-        self.step = "consistency_check" if self.config.malicious else "unmasking"
+        work = (cfg.graph_work(len(survivors)),)
+        # Go on only if the sum can be unmasked as a whole: survivors connected (else clients refuse, and
+        # rightly: partial sums would be exposed) and every secret still held by enough survivors.
+        if not cfg.connected(self.u3):
+            reason = "the survivors are not connected in the graph (partial sums would be exposed)"
+            return Reaction(work=work + self._abort(f"masked_input: {reason}").work)
+        for v in sorted(self.u2):
+            holding = sum(1 for h in cfg.holders(v) if h in self.u3)
+            if holding < cfg.threshold(v):
+                what = "mask seed" if v in self.u3 else "mask key"
+                return Reaction(
+                    work=work
+                    + self._abort(
+                        f"masked_input: {holding} survivors hold shares of client {v}'s {what}, threshold "
+                        f"{cfg.threshold(v)}"
+                    ).work
+                )
+        request = Survivors(cfg.round, survivors)
+        self.step = "consistency_check" if cfg.malicious else "unmasking"
         self._expected = set(survivors)
-        return Reaction(sends=tuple(Send(c, request) for c in survivors))
+        return Reaction(sends=tuple(Send(c, request) for c in survivors), work=work)
 
     # -- step 3 (malicious) -----------------------------------------------------------------------
     def _on_consistency(self, sender: int, m: ConsistencySignature) -> list[Work]:
         return []
 
     def _close_consistency(self, answered: dict[int, Message | None]) -> Reaction:
+        cfg = self.config
         for c, m in answered.items():
             assert isinstance(m, ConsistencySignature)
             self.u4[c] = m.signature
-        request = SignedSurvivors(self.config.round, tuple(self.u4.items()))
+        sends, listed = [], 0
+        everyone = SignedSurvivors(cfg.round, tuple(self.u4.items())) if cfg.complete else None
+        for c in self.u4:
+            if everyone is not None:
+                request = everyone
+            else:  # the signers a client checks: the holders of every client it holds shares of
+                wanted = {h for x in cfg.holders(c) for h in cfg.holders(x)}
+                request = SignedSurvivors(cfg.round, tuple((v, sig) for v, sig in self.u4.items() if v in wanted))
+            listed += len(request.signatures)
+            sends.append(Send(c, request))
         self.step, self._expected = "unmasking", set(self.u4)
-        return Reaction(sends=tuple(Send(c, request) for c in self.u4))
+        return Reaction(sends=tuple(sends), work=(Work("secagg.entries", {"count": listed}),))
 
     # -- step 4 -----------------------------------------------------------------------------------
     def _on_unmask(self, sender: int, m: UnmaskShares) -> list[Work]:
@@ -387,6 +468,8 @@ class SecAggClient:
         self.ciphertexts: dict[int, Data] = {}
         self.u3: tuple[int, ...] = ()
         self._own: tuple[Data, Data] = (b"", b"")
+        self.own_keys: tuple[Data, Data] = (b"", b"")
+        """This client's advertised (c_pk, s_pk)."""
         """This client's own shares of its s_sk and b (it holds one of each)."""
         self.finished = False
 
@@ -418,10 +501,11 @@ class SecAggClient:
             self.x = cfg.encoding.encode(update, self.encoding_rng)
         self.c_sk, c_pk = suite.keypair(self.rng)
         self.s_sk, s_pk = suite.keypair(self.rng)
+        self.own_keys = (c_pk, s_pk)
         signature: Data = b""
         if cfg.malicious:
             assert self.signing_key is not None
-            signature = suite.sign(self.signing_key, keys_bytes(cfg.round, self.client, c_pk, s_pk))
+            signature = suite.sign(self.signing_key, keys_bytes(cfg.session, cfg.round, self.client, c_pk, s_pk))
             work.append(Work("ed25519.sign", {"count": 1}))
         self.state = "keys"
         message = AdvertiseKeys(cfg.round, self.client, c_pk, s_pk, signature)
@@ -453,10 +537,13 @@ class SecAggClient:
             keys = [p.c_pk for p in peers.values()] + [p.s_pk for p in peers.values()]
             if len(set(keys)) != len(keys):
                 raise InconsistentViewError(SERVER, "the key list repeats a public key")
+            if (peers[me].c_pk, peers[me].s_pk) != self.own_keys:
+                raise InconsistentViewError(SERVER, "the key list shows other keys for this client")
         if cfg.malicious:
             work.append(Work("ed25519.verify", {"count": len(peers)}))
             for v, p in peers.items():
-                if not suite.verify(cfg.verification_keys[v], keys_bytes(cfg.round, v, p.c_pk, p.s_pk), p.signature):
+                signed = keys_bytes(cfg.session, cfg.round, v, p.c_pk, p.s_pk)
+                if not suite.verify(cfg.verification_keys[v], signed, p.signature):
                     raise BadSignatureError(SERVER, f"client {v}'s advertised keys carry an invalid signature")
         self.peers = peers
         order = sorted(peers)
@@ -524,29 +611,46 @@ class SecAggClient:
             )
         if len(u3) < cfg.minimum:
             raise TooFewClientsError(SERVER, f"{len(u3)} survivors, threshold {cfg.minimum}")
+        members = set(u3)
+        mine = sum(1 for h in cfg.holders(me) if h in members)
+        if mine < cfg.threshold(me):
+            raise TooFewClientsError(SERVER, f"{mine} of this client's holders survive, threshold {cfg.threshold(me)}")
+        if not cfg.connected(members):
+            raise InconsistentViewError(SERVER, "the survivors are not connected: a partial sum could be unmasked")
 
     def _on_survivors(self, m: Survivors) -> Reaction:
+        cfg = self.config
         self._check_survivors(m.clients)
         self.u3 = tuple(sorted(m.clients))
-        if not self.config.malicious:
-            return self._unmask()
+        check = cfg.graph_work(len(self.u3))
+        if not cfg.malicious:
+            reaction = self._unmask()
+            return Reaction(reaction.sends, (check, *reaction.work))
         assert self.signing_key is not None
-        signature = self.suite.sign(self.signing_key, survivors_bytes(self.config.round, self.u3))
+        signature = self.suite.sign(self.signing_key, survivors_bytes(cfg.session, cfg.round, self.u3))
         self.state = "signatures"
-        reply = ConsistencySignature(self.config.round, self.client, signature)
-        return Reaction(sends=(Send(SERVER, reply),), work=(Work("ed25519.sign", {"count": 1}),))
+        reply = ConsistencySignature(cfg.round, self.client, signature)
+        return Reaction(sends=(Send(SERVER, reply),), work=(check, Work("ed25519.sign", {"count": 1})))
 
     def _on_signatures(self, m: SignedSurvivors) -> Reaction:
         cfg, suite = self.config, self.suite
         signers = [v for v, _ in m.signatures]
         if len(set(signers)) != len(signers) or not set(signers) <= set(self.u3):
             raise InconsistentViewError(SERVER, "consistency signatures from clients outside the survivor set")
-        if len(signers) < cfg.minimum:
-            raise TooFewClientsError(SERVER, f"{len(signers)} consistency signatures, threshold {cfg.minimum}")
-        message = survivors_bytes(cfg.round, self.u3)
+        message = survivors_bytes(cfg.session, cfg.round, self.u3)
         for v, signature in m.signatures:
             if not suite.verify(cfg.verification_keys[v], message, signature):
                 raise BadSignatureError(SERVER, f"client {v}'s signature does not match this client's survivor set")
+        # Every client this one will release a share about must have more than the threshold of its own
+        # holders confirm the same survivor set: two views can then not both gather enough honest holders
+        # (Bonawitz et al. 5.1's |U4| >= t, per neighbourhood for SecAgg+).
+        confirmed = set(signers)
+        for x in (self.client, *self.ciphertexts):
+            count = sum(1 for h in cfg.holders(x) if h in confirmed)
+            if count < cfg.threshold(x):
+                raise TooFewClientsError(
+                    SERVER, f"{count} of client {x}'s holders confirmed the survivor set, threshold {cfg.threshold(x)}"
+                )
         reaction = self._unmask()
         return Reaction(reaction.sends, (Work("ed25519.verify", {"count": len(signers)}), *reaction.work))
 

@@ -42,18 +42,18 @@ def _pair_key_info(purpose: bytes, round: int, a: int, b: int) -> bytes:
     return _DOMAIN + purpose + _pair(round, min(a, b), max(a, b))
 
 
-def survivors_bytes(round: int, clients: Sequence[int]) -> bytes:
-    """What a client signs in the consistency check: the round and the sorted survivor set U3."""
-    return _DOMAIN + b"survivors" + struct.pack(f"<II{len(clients)}Q", round, len(clients), *sorted(clients))
+def survivors_bytes(session: bytes, round: int, clients: Sequence[int]) -> bytes:
+    """What a client signs in the consistency check: the session, the round and the sorted set U3."""
+    packed = struct.pack(f"<II{len(clients)}Q", round, len(clients), *sorted(clients))
+    return _DOMAIN + b"survivors" + session + packed
 
 
-def keys_bytes(round: int, client: int, c_pk: Data, s_pk: Data) -> bytes:
-    """What a client signs when advertising its keys (Figure 5, stage 0), bound to round and sender.
-
-    Empty for sized (timing) keys, which are never really signed."""
+def keys_bytes(session: bytes, round: int, client: int, c_pk: Data, s_pk: Data) -> bytes:
+    """What a client signs when advertising its keys (Figure 5, stage 0): bound to the session (variant,
+    round, clients, graph), the round and the sender. Empty for sized (timing) keys, never really signed."""
     if not (isinstance(c_pk, bytes) and isinstance(s_pk, bytes)):
         return b""
-    return _DOMAIN + b"keys" + struct.pack("<IQ", round, client) + c_pk + s_pk
+    return _DOMAIN + b"keys" + session + struct.pack("<IQ", round, client) + c_pk + s_pk
 
 
 class OpenedShares:

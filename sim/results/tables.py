@@ -140,7 +140,9 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         )
     for step, start, end in rec.steps:
         stage_rows.append(_stage_row(run_id, rec.round, f"step.{step}", "server", start, end, rec.sampled, extra))
-    stage_rows.append(_stage_row(run_id, rec.round, "aggregate", "server", rec.aggregate_start, rec.t_end, 1, extra))
+    stage_rows.append(
+        _stage_row(run_id, rec.round, "aggregate", "server", rec.aggregate_start, rec.t_end, rec.survivors, extra)
+    )
     return {"rounds": [round_row], "clients": client_rows, "stages": stage_rows}
 
 

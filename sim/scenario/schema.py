@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.protocol.graph import auto_degree
 from sim.protocol.registry import PROTOCOLS, AggregationParams
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader
@@ -200,12 +201,16 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
-    if dropout.silent and dropout.rate > 0 and not timeouts:
-        r.fail(
-            ("dropout", "silent"),
-            "is true, but no step has a timeout, so the server would wait for ever; "
-            f"set timeouts for the steps ({', '.join(steps)})",
-        )
+    can_drop = dropout.mode == "per_client" or (dropout.rate or 0) > 0
+    if dropout.silent and can_drop and dropout.stage is not None:
+        # A client leaving silently before step X is missed only in X: that step needs a deadline.
+        waits_in = aggregation.spec.dropout_stages[dropout.stage] or steps[0]
+        if waits_in not in timeouts:
+            r.fail(
+                ("dropout", "silent"),
+                f"is true: clients leaving silently at {dropout.stage} are missed in step {waits_in}, whose "
+                f"server would wait for them for ever; set timeouts.{waits_in}",
+            )
     r.finish(extra_allowed=("sweep",))
     if r.problems:
         raise ScenarioError(r.problems)
@@ -287,6 +292,16 @@ def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
     k = sampling.clients_per_round
     if protocol != "fedavg" and bits is not None and k is not None and 2 ** (bits - 1) - 1 - k <= 0:
         r.fail("bits", f"is {bits}: too few to sum {k} clients' updates; need 2^(bits-1) > {k + 1}")
+    if protocol in ("secagg", "secagg+") and threshold is not None and k is not None and k > 1:
+        # Each secret is shared among the client and its neighbours; a threshold of 1 hands it out whole.
+        degree = k - 1 if protocol == "secagg" or (neighbours is None and auto_degree(k) >= k - 1) else None
+        holders = 1 + (degree if degree is not None else min(k - 1, neighbours or auto_degree(k)))
+        if math.floor(threshold * holders) + 1 < 2:
+            r.fail(
+                "threshold",
+                f"is {threshold}: with {holders} holders per secret the reconstruction threshold would be 1, "
+                f"so every share would be the secret itself; use at least {1 / holders:.3g}",
+            )
     r.finish()
     return AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
 
@@ -393,5 +408,9 @@ def _timeouts(r: Reader, aggregation: AggregationParams) -> dict[str, float]:
     for step in steps:
         if r.has(step):
             timeouts[step] = r.number(step, lo=0, lo_open=True)
+    for step in aggregation.spec.steps:
+        if step not in steps and r.has(step):
+            r.raw(step)
+            r.fail(step, f"is a step of {aggregation.protocol} only with aggregation.adversary: malicious")
     r.finish(extra_allowed=steps)
     return timeouts
