@@ -24,8 +24,6 @@ import pandas as pd
 from sim.results.read import read_run_table, run_dirs
 from sim.results.writer import ResultsError, make_folder
 
-FIGURES = ("accuracy_vs_round", "accuracy_vs_time", "round_time")
-
 
 def load_rounds(paths: list[Path]) -> pd.DataFrame:
     """Rounds of every run under ``paths``, with a ``line`` column naming the run uniquely."""

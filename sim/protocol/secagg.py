@@ -38,7 +38,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sim.crypto import aead
+from sim.crypto import aead, shamir
 from sim.crypto.randomness import RandomSource
 from sim.protocol.encoding import FixedPoint, add_mod, sub_mod
 from sim.protocol.machine import (
@@ -67,7 +67,7 @@ from sim.protocol.messages import (
 from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, survivors_bytes
 from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
 
-SECRET_ELEMENTS = math.ceil(32 / 3)
+SECRET_ELEMENTS = shamir.elements_for(32)
 """Field elements of one 32-byte secret (see :mod:`sim.crypto.shamir`)."""
 
 
@@ -212,7 +212,6 @@ class SecAggServer:
         self.total: Vector = Blank(config.dim, np.uint32)
         """Sum mod 2^bits of the masked inputs received so far."""
         self.u4: dict[int, Data] = {}
-        self.u5: dict[int, dict[tuple[int, int], Data]] = {}
 
     # -- driver interface -------------------------------------------------------------------------
     def begin(self) -> Reaction:

@@ -23,8 +23,6 @@ from numpy.typing import DTypeLike
 MAGIC = b"DS"
 VERSION = 1
 HEADER = struct.Struct("<2sBBI")
-MAX_BODY = (1 << 32) - 1
-"""Largest body a frame may announce, in bytes (the u32 length field's limit)."""
 
 
 class WireError(ValueError):
@@ -351,18 +349,12 @@ class _Packed(Codec):
 U8 = _Int("B", "u8")
 U32 = _Int("I", "u32")
 U64 = _Int("Q", "u64")
-I64 = _Int("q", "i64")
 F64 = _Float()
 BYTES = _Bytes()
-VECTOR = _Vector()
 F32_VECTOR = _Vector(["<f4"])
 PACKED = _Packed()
 KEY = _FixedBytes(32)
 SIGNATURE = _FixedBytes(64)
-
-
-def fixed_bytes(n: int) -> Codec:
-    return _FixedBytes(n)
 
 
 def list_of(item: Codec, limit: int = 1 << 24) -> Codec:

@@ -56,12 +56,3 @@ def run_dirs(path: Path) -> list[Path]:
     if not path.exists():
         raise ResultsError(f"{path}: does not exist")
     raise ResultsError(f"{path}: neither a run folder (no {MANIFEST}) nor a sweep folder (no {SWEEP})")
-
-
-def read_table(paths: list[Path], table: str = "rounds") -> pd.DataFrame:
-    """One table over every run found under ``paths``."""
-    frames = [read_run_table(d, table) for p in paths for d in run_dirs(p)]
-    frames = [f for f in frames if not f.empty]
-    if not frames:
-        return pd.DataFrame()
-    return pd.concat(frames, ignore_index=True)

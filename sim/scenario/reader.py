@@ -88,7 +88,6 @@ class Reader:
         hi: float | None = None,
         lo_open: bool = False,
         hi_open: bool = False,
-        allow_none: bool = False,
     ) -> float:
         """A finite real number in ``[lo, hi]`` (bounds open where asked)."""
         value = self._take(key, default)
@@ -200,15 +199,12 @@ class Reader:
             value = {}
         return Reader(self.doc, value, (*self.path, key), self.problems, sub_resolved)
 
-    def custom(self, key: str, default: T, parse: Callable[[Any], tuple[T, Any]] | None = None) -> T:
+    def custom(self, key: str, default: T, parse: Callable[[Any], tuple[T, Any]]) -> T:
         """A value parsed by ``parse(value) -> (parsed, resolved_form)``; ``parse`` raises ValueError
         with the allowed forms as its message."""
         value = self._take(key, default)
         if value is _MISSING:
             return self._fallback(default)
-        if parse is None:
-            self._put(key, value)
-            return value
         try:
             parsed, resolved = parse(value)
         except ValueError as exc:
