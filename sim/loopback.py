@@ -27,6 +27,8 @@ class LoopbackResult:
     """Clients whose machine refused a server message, with the error."""
     left: set[int] = field(default_factory=set)
     client_seconds: dict[int, float] = field(default_factory=dict)
+    server_rejected: dict[int, str] = field(default_factory=dict)
+    """Clients whose message the server refused (as the engine does: the client is then ignored), with why."""
     server_seconds: float = 0.0
     bytes_up: dict[int, int] = field(default_factory=dict)
     bytes_down: dict[int, int] = field(default_factory=dict)
@@ -101,8 +103,11 @@ def run_loopback(
         client_call(c, partial(machine.start, updates[c], 1.0))
     while server.step not in ("done", "aborted"):
         for sender, message in sorted(to_server, key=lambda item: item[0]):
-            if active(sender) and sender in server.expected():
-                server_call(partial(server.receive, sender, message))
+            if active(sender) and sender not in result.server_rejected and sender in server.expected():
+                try:
+                    server_call(partial(server.receive, sender, message))
+                except RemoteProtocolError as exc:
+                    result.server_rejected[sender] = exc.reason
         to_server.clear()
         server_call(server.close_step)
         deliveries = sorted(to_clients, key=lambda item: item[0])

@@ -155,6 +155,9 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
             if not math.isnan(result.accuracy):
                 accuracies.append(result.accuracy)
                 bar.set_postfix(acc=f"{result.accuracy:.3f}")
+            if sim.stopped:
+                writer.manifest.update(stopped=f"after round {rec.round}: {sim.stopped}")
+                break
     except KeyboardInterrupt:
         writer.close("interrupted", wall_seconds=time.perf_counter() - started)
         raise

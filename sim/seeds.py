@@ -41,6 +41,8 @@ class Stream(enum.IntEnum):
     """Long-term signing keys of clients (the PKI of the malicious variant)."""
     GRAPH = 12
     """The public SecAgg+ communication graph of each round."""
+    ROTATION = 13
+    """The public seed of each round's randomised Hadamard rotation (DSkellam)."""
 
 
 def seed_sequence(seed: int, stream: Stream, *context: int) -> np.random.SeedSequence:

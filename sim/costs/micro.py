@@ -6,8 +6,10 @@ profiler fits ``seconds = coef . features`` on the points. The features of each 
 the keys the machines put in its ``Work.size``:
 
 - counts of constant-size operations (``count``): X25519 key generation, agreement (with HKDF), public
-  key derivation, Ed25519 signing and verification, AES-GCM sealing and opening of a share pair;
-- vector work in ``elements``: fixed-point encoding and decoding, PRG mask expansion, modular addition;
+  key derivation, Ed25519 signing and verification; AES-GCM sealing and opening of share plaintexts in
+  ``count`` and ``bytes`` (XNoise adds a share per noise seed);
+- vector work in ``elements``: fixed-point and DSkellam encoding and decoding, PRG mask expansion,
+  modular addition, noise expanded from seeds (Skellam, rounded Gaussian, discrete Gaussian);
 - Shamir sharing in ``holders`` and ``products`` (coefficient evaluations: elements x holders x
   threshold) and reconstruction in ``shares`` and ``elements``;
 - the SecAgg server's bookkeeping per list entry (key lists, ciphertexts, shares) in ``count``;
@@ -26,13 +28,15 @@ import numpy as np
 
 from sim.crypto import aead, agreement, prg, signatures
 from sim.crypto.randomness import SeededRandom
+from sim.dp import noise
+from sim.dp.dskellam import DSkellamEncoding
 from sim.protocol import wire
 from sim.protocol.encoding import FixedPoint, add_mod
 from sim.protocol.fedavg import ModelDownload
 from sim.protocol.messages import AdvertiseKeys, MaskedInput, ShareKeys
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.secagg import SECRET_ELEMENTS, share_threshold
-from sim.protocol.suite import PLAINTEXT_BYTES, RealSuite
+from sim.protocol.suite import RealSuite, plaintext_bytes
 from sim.protocol.wire import ModVector
 
 
@@ -104,17 +108,29 @@ def _verify(quick: bool) -> Iterator[Point]:
         yield Point({"count": n}, _repeat(lambda: signatures.verify(public, bytes(100), signature), n))
 
 
+def _plaintexts(quick: bool) -> Iterator[tuple[int, int]]:
+    """(count, plaintext bytes) of share ciphertexts: a share pair, and pairs with noise-seed shares."""
+    for shares in (2, 12) if quick else (2, 12, 52):
+        for n in _counts(quick):
+            yield n, plaintext_bytes(shares)
+
+
 def _seal(quick: bool) -> Iterator[Point]:
     rng, key = _rng(), bytes(32)
-    for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: aead.encrypt(key, bytes(PLAINTEXT_BYTES), b"ad", rng), n))
+    for n, size in _plaintexts(quick):
+
+        def run(n: int = n, size: int = size) -> None:
+            for _ in range(n):
+                aead.encrypt(key, bytes(size), b"ad", rng)
+
+        yield Point({"count": n, "bytes": n * size}, run)
 
 
 def _open(quick: bool) -> Iterator[Point]:
     key = bytes(32)
-    ct = aead.encrypt(key, bytes(PLAINTEXT_BYTES), b"ad", _rng())
-    for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: aead.decrypt(key, ct, b"ad"), n))
+    for n, size in _plaintexts(quick):
+        ct = aead.encrypt(key, bytes(size), b"ad", _rng())
+        yield Point({"count": n, "bytes": n * size}, _repeat(partial(aead.decrypt, key, ct, b"ad"), n))
 
 
 def _share(quick: bool) -> Iterator[Point]:
@@ -123,11 +139,15 @@ def _share(quick: bool) -> Iterator[Point]:
         t = share_threshold(0.5, holders)
         order = list(range(holders))
 
-        def run(order: list[int] = order, t: int = t) -> None:
-            suite.share(bytes(32), t, order, rng)
-            suite.share(bytes(32), t, order, rng)
+        for seeds in (0, 10) if quick else (0, 10, 50):  # XNoise shares its noise seeds in one batch
 
-        yield Point({"holders": holders, "products": 2 * SECRET_ELEMENTS * holders * t}, run)
+            def run(order: list[int] = order, t: int = t, seeds: int = seeds) -> None:
+                suite.share(bytes(32), t, order, rng)
+                suite.share(bytes(32), t, order, rng)
+                if seeds:
+                    suite.share_many([bytes(32)] * seeds, t, order, rng)
+
+            yield Point({"holders": holders, "products": (2 + seeds) * SECRET_ELEMENTS * holders * t}, run)
 
 
 def _reconstruct(quick: bool) -> Iterator[Point]:
@@ -160,6 +180,42 @@ def _decode_op(n: int) -> Callable[[], object]:
     total = np.random.default_rng(0).integers(0, 1 << 20, n).astype(np.uint32)
     fp = FixedPoint.for_clients(20, 1.0, 100)
     return lambda: fp.decode_mean(total, 10)
+
+
+def _padded_vector(op: Callable[[int], Callable[[], object]]) -> Callable[[bool], Iterator[Point]]:
+    """Vector work on the padded length (a power of two): the DSkellam machines report padded elements."""
+
+    def points(quick: bool) -> Iterator[Point]:
+        for n in _elements(quick):
+            padded = 1 << (n - 1).bit_length()
+            yield Point({"elements": padded}, op(padded))
+
+    return points
+
+
+def _dskellam(n: int) -> DSkellamEncoding:
+    return DSkellamEncoding(n, 20, 1.0, 1e4)
+
+
+def _encode_dskellam_op(n: int) -> Callable[[], object]:
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    enc, rng = _dskellam(n), np.random.default_rng(1)
+    return lambda: enc.wrap(enc.encode(x, bytes(32), rng))
+
+
+def _decode_dskellam_op(n: int) -> Callable[[], object]:
+    enc = _dskellam(n)
+    total = np.random.default_rng(0).integers(0, 1 << 20, enc.padded).astype(np.uint32)
+    return lambda: enc.decode_sum(total, bytes(32))
+
+
+def _noise_op(mechanism: str) -> Callable[[int], Callable[[], object]]:
+    """Noise of a typical per-component integer-domain variance (1e4: the rejection samplers' regime)."""
+
+    def op(n: int) -> Callable[[], object]:
+        return lambda: noise.sample(mechanism, bytes(32), 1e4, n)
+
+    return op
 
 
 def _prg_op(n: int) -> Callable[[], object]:
@@ -215,12 +271,17 @@ BENCHMARKS = (
     Benchmark("x25519.public", ("const", "count"), _public),
     Benchmark("ed25519.sign", ("const", "count"), _sign),
     Benchmark("ed25519.verify", ("const", "count"), _verify),
-    Benchmark("aead.seal", ("const", "count"), _seal),
-    Benchmark("aead.open", ("const", "count"), _open),
+    Benchmark("aead.seal", ("const", "count", "bytes"), _seal),
+    Benchmark("aead.open", ("const", "count", "bytes"), _open),
     Benchmark("shamir.share", ("const", "holders", "products"), _share),
     Benchmark("shamir.reconstruct", ("const", "shares", "elements"), _reconstruct),
     Benchmark("encode.fixed_point", ("const", "elements"), _vector(_encode_op)),
     Benchmark("decode.fixed_point", ("const", "elements"), _vector(_decode_op)),
+    Benchmark("encode.dskellam", ("const", "elements"), _padded_vector(_encode_dskellam_op)),
+    Benchmark("decode.dskellam", ("const", "elements"), _padded_vector(_decode_dskellam_op)),
+    Benchmark("noise.skellam", ("const", "elements"), _vector(_noise_op("skellam"))),
+    Benchmark("noise.gaussian", ("const", "elements"), _vector(_noise_op("gaussian"))),
+    Benchmark("noise.dgaussian", ("const", "elements"), _vector(_noise_op("dgaussian"))),
     Benchmark("prg.expand", ("const", "elements"), _vector(_prg_op)),
     Benchmark("vector.add", ("const", "elements"), _vector(_add_op)),
     Benchmark("secagg.entries", ("const", "count"), _entries),

@@ -45,6 +45,7 @@ from sim.protocol.machine import (
     ServerMachine,
     Work,
 )
+from sim.protocol.private import PrivateRound
 from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory, round_machines
 from sim.protocol.suite import RealSuite, SizedSuite
 from sim.protocol.wire import Blank, Message, Opaque
@@ -130,14 +131,22 @@ class RoundSetup:
 class Round:
     """The processes of one round; :meth:`run` is the server's process and returns a :class:`RoundRecord`."""
 
-    def __init__(self, setup: RoundSetup, number: int, sampled: np.ndarray, drops: dict[int, str]) -> None:
+    def __init__(
+        self,
+        setup: RoundSetup,
+        number: int,
+        sampled: np.ndarray,
+        drops: dict[int, str],
+        private: PrivateRound | None = None,
+    ) -> None:
         self.s = setup
+        self.private = private
         self.env = setup.env
         self.number = number
         self.sampled = tuple(int(c) for c in sampled)
         self.full = setup.learner is not None
-        spec = setup.aggregation.spec
-        self.leave_before = {c: spec.dropout_stages[stage] for c, stage in drops.items()}
+        stages = setup.aggregation.dropout_stages()
+        self.leave_before = {c: stages[stage] for c, stage in drops.items()}
         """Client -> the step it leaves before (``""``: before the download)."""
         self.drops = drops
         self.inbox = simpy.Store(self.env)
@@ -186,7 +195,9 @@ class Round:
                 else:
                     self.signing[c], verification[c] = Opaque(32), Opaque(32)
         graph_seed = int_seed(s.seed, Stream.GRAPH, self.number)
-        return round_machines(params, self.number, self.sampled, s.dim, suite, graph_seed, verification)
+        return round_machines(
+            params, self.number, self.sampled, s.dim, suite, graph_seed, verification, private=self.private
+        )
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:

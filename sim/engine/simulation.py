@@ -19,6 +19,7 @@ from sim.costs.model import CostModel
 from sim.engine.dropout import DropoutModel
 from sim.engine.network import Link, Network
 from sim.engine.population import Population
+from sim.engine.privacy import PrivacyLedger, RoundPrivacy
 from sim.engine.round import MBPS, Round, RoundRecord, RoundSetup
 from sim.engine.sampling import sample_clients
 from sim.learning.federated import load_federated
@@ -35,6 +36,7 @@ class RoundResult:
     accuracy: float
     loss: float
     model_sha256: str
+    privacy: RoundPrivacy | None = None
 
 
 class Simulation:
@@ -75,6 +77,17 @@ class Simulation:
         )
         self._everyone = np.arange(sc.population, dtype=np.int64)
         self.round = 0
+        self.privacy: PrivacyLedger | None = None
+        if sc.privacy.enabled:
+            k, rate = sc.sampling.clients_per_round, sc.sampling.rate
+            q = k / sc.population if k is not None else float(rate or 0.0)
+            nominal = k if k is not None else max(1, round(q * sc.population))
+            self.privacy = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, nominal, dim, sc.seed)
+
+    @property
+    def stopped(self) -> str:
+        """Why training stopped before its last round (``early``'s budget), or empty."""
+        return self.privacy.stopped if self.privacy is not None else ""
 
     @property
     def dim(self) -> int:
@@ -87,17 +100,27 @@ class Simulation:
         sc, r = self.scenario, self.round
         sampled = sample_clients(self._everyone, sc.sampling, sc.seed, r)
         drops = self.dropout.plan(r, sampled)
-        process = self.env.process(Round(self.setup, r, sampled, drops).run())
+        plan = private = None
+        if self.privacy is not None and len(sampled):
+            plan, private = self.privacy.round(r, len(sampled))
+        process = self.env.process(Round(self.setup, r, sampled, drops, private).run())
         self.env.run(until=process)
         record = process.value
         assert isinstance(record, RoundRecord)
+        privacy = None
+        if self.privacy is not None:
+            if plan is not None and private is not None:
+                revealed = len(record.aggregate.survivors) if record.aggregate is not None else None
+                privacy = self.privacy.account(plan, private.encoding.scale, revealed)
+            else:
+                privacy = self.privacy.account_empty()
         accuracy = loss = math.nan
         digest = ""
         if self.learner is not None:
             if record.aggregate is not None:
                 assert isinstance(record.aggregate.vector, np.ndarray)
                 self.learner.apply(record.aggregate.vector)
-            if r % sc.evaluation.every == 0 or r == sc.rounds:
+            if r % sc.evaluation.every == 0 or r == sc.rounds or self.stopped:
                 accuracy, loss = self.learner.evaluate()
             digest = self.learner.model_sha256()
-        return RoundResult(record, accuracy, loss, digest)
+        return RoundResult(record, accuracy, loss, digest, privacy)

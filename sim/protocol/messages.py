@@ -8,7 +8,7 @@ against the connection it came from. Vectors over Z_(2^bits) travel bit-packed (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from sim.protocol.wire import BYTES, KEY, PACKED, SIGNATURE, U8, U32, U64, Data, Message, ModVector, list_of, tuple_of
 
@@ -124,8 +124,58 @@ class UnmaskShares(Message):
     """Stage 4: shares of s_sk for clients in U2 \\ U3 and of b for clients in U3."""
 
     TYPE: ClassVar[int] = 18
-    FIELDS: ClassVar = (("round", U32), ("client", U64), ("shares", list_of(tuple_of(U64, U8, BYTES))))
+    FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = (
+        ("round", U32),
+        ("client", U64),
+        ("shares", list_of(tuple_of(U64, U8, BYTES))),
+    )
     round: int
     client: int
     shares: tuple[tuple[int, int, Data], ...]
     """``(about, kind, share)`` with kind ``SHARE_OF_KEY`` or ``SHARE_OF_SEED``."""
+
+
+# -- distributed DP (Dordis Figure 5, underlined parts; rebasing) --------------------------------------
+@dataclass(frozen=True)
+class UnmaskSharesAndSeeds(UnmaskShares):
+    """Stage 4 under XNoise: the unmasking shares and the client's own seeds g_(u,k) of the components
+    every survivor removes (k > |U \\ U3| for XNoise-Prec)."""
+
+    TYPE: ClassVar[int] = 19
+    FIELDS: ClassVar = (*UnmaskShares.FIELDS, ("seeds", list_of(tuple_of(U32, BYTES))))
+    seeds: tuple[tuple[int, Data], ...]
+    """``(component, seed)``."""
+
+
+@dataclass(frozen=True)
+class RemovalRequest(Message):
+    """Server to client, stage 5 (ExcessiveNoiseRemoval): U5, the survivors whose seeds arrived; the
+    recipient sends its shares of the excess seeds of the survivors in U3 \\ U5."""
+
+    TYPE: ClassVar[int] = 20
+    FIELDS: ClassVar = (("round", U32), ("clients", list_of(U64)))
+    round: int
+    clients: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SeedShares(Message):
+    """Stage 5: the client's shares of excess noise seeds of survivors that did not send them."""
+
+    TYPE: ClassVar[int] = 21
+    FIELDS: ClassVar = (("round", U32), ("client", U64), ("shares", list_of(tuple_of(U64, U32, BYTES))))
+    round: int
+    client: int
+    shares: tuple[tuple[int, int, Data], ...]
+    """``(about, component, share)``."""
+
+
+@dataclass(frozen=True, eq=False)
+class RebaseAndUnmask(UnmaskShares):
+    """Stage 4 under rebasing (Baek et al.): the unmasking shares and z = n' - n_0 - PRG(b_y) + PRG(b),
+    which replaces the client's first noise n_0 with fresh noise n' sized for the survivors and swaps the
+    unshared self mask of y for the shared one, so that only y + z can ever be unmasked."""
+
+    TYPE: ClassVar[int] = 22
+    FIELDS: ClassVar = (*UnmaskShares.FIELDS, ("z", PACKED))
+    z: ModVector

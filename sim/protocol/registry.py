@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from sim.crypto.randomness import RandomSource
+from sim.dp.strategies import REMOVING
 from sim.protocol import graph
 from sim.protocol.encoding import FixedPoint
 from sim.protocol.fedavg import FedAvgClient, FedAvgServer
 from sim.protocol.machine import ClientMachine, ServerMachine
 from sim.protocol.plain import PlainClient, PlainServer
+from sim.protocol.private import PrivateRound
 from sim.protocol.secagg import SecAggClient, SecAggConfig, SecAggServer
 from sim.protocol.suite import Suite
 from sim.protocol.wire import Data
@@ -43,13 +45,20 @@ _SECAGG_DROPOUT = {
     "before_share_keys": "share_keys",
     "before_upload": "masked_input",
     "during_unmasking": "unmasking",
+    # XNoise's survivors send their excess seeds with their unmasking shares (Dordis Figure 5, stage 4): a
+    # survivor dropping during noise removal leaves there, and its seeds are recovered from shares (stage 5).
+    "during_noise_removal": "unmasking",
 }
-_SECAGG_STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking")
+NOISE_REMOVAL_STAGES = ("during_noise_removal",)
+"""Dropout stages that exist only where noise is removed (XNoise)."""
+_SECAGG_STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking", "noise_removal")
 
 _PLAIN_DROPOUT = {AFTER_SAMPLING: "", "before_upload": "upload"}
 _ENCODED_OPS = ("encode.fixed_point", "decode.fixed_point", "vector.add")
+_DP_OPS = ("encode.dskellam", "decode.dskellam", "noise.skellam", "noise.gaussian", "noise.dgaussian")
 _SECAGG_OPS = (
     *_ENCODED_OPS,
+    *_DP_OPS,
     "x25519.keygen",
     "x25519.agree",
     "x25519.public",
@@ -67,7 +76,7 @@ PROTOCOLS: dict[str, ProtocolSpec] = {
     "fedavg": ProtocolSpec(
         "fedavg", ("upload",), _PLAIN_DROPOUT, encoded=False, operations=("fedavg.accumulate", "fedavg.finalize")
     ),
-    "plain": ProtocolSpec("plain", ("upload",), _PLAIN_DROPOUT, operations=_ENCODED_OPS),
+    "plain": ProtocolSpec("plain", ("upload",), _PLAIN_DROPOUT, operations=(*_ENCODED_OPS, *_DP_OPS)),
     "secagg": ProtocolSpec("secagg", _SECAGG_STEPS, _SECAGG_DROPOUT, operations=_SECAGG_OPS),
     "secagg+": ProtocolSpec("secagg+", _SECAGG_STEPS, _SECAGG_DROPOUT, operations=_SECAGG_OPS),
 }
@@ -88,14 +97,27 @@ class AggregationParams:
     neighbours: int | None = None
     """SecAgg+ degree; None for ``auto`` (2 ceil(log2 n))."""
     malicious: bool = False
+    strategy: str = "none"
+    """The ``privacy.strategy`` (XNoise adds the ``noise_removal`` step)."""
 
     @property
     def spec(self) -> ProtocolSpec:
         return PROTOCOLS[self.protocol]
 
     def steps(self) -> tuple[str, ...]:
-        """The server's steps under this adversary model."""
-        return tuple(s for s in self.spec.steps if s != "consistency_check" or self.malicious)
+        """The server's steps under this adversary model and privacy strategy."""
+        return tuple(
+            s
+            for s in self.spec.steps
+            if (s != "consistency_check" or self.malicious) and (s != "noise_removal" or self.strategy in REMOVING)
+        )
+
+    def dropout_stages(self) -> dict[str, str]:
+        """``dropout.stage`` values allowed with this privacy strategy -> the client step they precede."""
+        stages = self.spec.dropout_stages
+        if self.strategy in REMOVING:
+            return dict(stages)
+        return {k: v for k, v in stages.items() if k not in NOISE_REMOVAL_STAGES}
 
 
 ClientFactory = Callable[[int, RandomSource, "np.random.Generator | None", "Data | None"], ClientMachine]
@@ -120,23 +142,26 @@ def round_machines(
     suite: Suite,
     graph_seed: int,
     verification_keys: Mapping[int, Data] | None = None,
+    private: PrivateRound | None = None,
 ) -> tuple[ServerMachine, ClientFactory]:
-    """The server machine of one round and a factory of its client machines."""
+    """The server machine of one round and a factory of its client machines (``private``: with
+    distributed DP, whose encoding replaces the fixed-point one)."""
     if params.protocol == "fedavg":
         return FedAvgServer(round, sampled, dim), lambda c, _rng, _enc, _sig: FedAvgClient(round, c)
     encoding = FixedPoint.for_clients(params.bits, params.clip, max(len(sampled), 1))
     if params.protocol == "plain":
-        return PlainServer(round, sampled, dim, encoding), lambda c, _rng, enc, _sig: PlainClient(
-            round, c, dim, encoding, enc
+        return PlainServer(round, sampled, dim, encoding, private), lambda c, rng, enc, _sig: PlainClient(
+            round, c, dim, encoding, enc, private, rng
         )
     config = SecAggConfig(
         round=round,
         sampled=sampled,
-        dim=dim,
+        dim=dim if private is None else private.length,
         encoding=encoding,
         neighbours=neighbourhoods(params, sampled, graph_seed),
         threshold_fraction=params.threshold,
         malicious=params.malicious,
         verification_keys=dict(verification_keys or {}),
+        private=private,
     )
     return SecAggServer(config, suite), lambda c, rng, enc, sig: SecAggClient(config, c, suite, rng, enc, sig)

@@ -1,4 +1,4 @@
-"""SecAgg (Bonawitz et al. CCS'17) and SecAgg+ (Bell et al. CCS'20) as sans-IO state machines.
+r"""SecAgg (Bonawitz et al. CCS'17) and SecAgg+ (Bell et al. CCS'20) as sans-IO state machines.
 
 The protocol is the box of Dordis Figure 5 without its XNoise parts:
 
@@ -22,8 +22,16 @@ secrets are shared among its holders H(u) (itself and its neighbours) with ``t_u
 * |U|) + 1; the malicious variant needs t > |U|/2, Dordis footnote 3). The server aborts a step with
 fewer than ``min_u t_u`` answers and a round whose secrets it cannot reconstruct.
 
-Extension point for XNoise (Dordis Figure 5, underlined parts): clients can share more seeds alongside b
-and the server can run a further step after unmasking; see :class:`SecAggServer` ``_STEPS``.
+Distributed DP (``SecAggConfig.private``, :mod:`sim.protocol.private`): each client's input is its DSkellam
+encoding plus the noise components of its plan. Under XNoise (the underlined parts of Dordis Figure 5) a
+client also Shamir-shares the seeds g_(u,k) of its removable components in its ShareKeys ciphertexts; in
+Unmasking each survivor also sends its own seeds of the components every survivor removes (the indices follow
+from |U \ U3|, which the client takes from the survivor set it checked, signed in the malicious variant, so
+a server cannot understate dropout); and when survivors in U3 \ U5 did not answer, step 5
+(ExcessiveNoiseRemoval, ``noise_removal``) collects shares of their excess seeds from U5 and reconstructs
+them. The server regenerates every excess component from its seed and subtracts it before decoding.
+Under rebasing (Baek et al.) y carries an unshared self mask b_y and the Unmasking answer carries
+z = n' - n_0 - PRG(b_y) + PRG(b): only y + z can be unmasked, so every survivor must answer.
 """
 
 from __future__ import annotations
@@ -59,12 +67,17 @@ from sim.protocol.messages import (
     ConsistencySignature,
     KeyList,
     MaskedInput,
+    RebaseAndUnmask,
+    RemovalRequest,
+    SeedShares,
     ShareKeys,
     SignedSurvivors,
     Survivors,
     UnmaskShares,
+    UnmaskSharesAndSeeds,
 )
-from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, survivors_bytes
+from sim.protocol.private import PrivateRound
+from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, plaintext_bytes, survivors_bytes
 from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
 
 SECRET_ELEMENTS = shamir.elements_for(32)
@@ -106,6 +119,19 @@ class SecAggConfig:
     malicious: bool
     verification_keys: Mapping[int, Data] = field(default_factory=dict)
     """Long-term Ed25519 verification key of each client (malicious variant)."""
+    private: PrivateRound | None = None
+    """Distributed DP: the encoding with noise (then ``dim`` is its padded length) and the noise plan."""
+
+    @property
+    def shared_noise(self) -> int:
+        """Noise seeds each client Shamir-shares (XNoise's removable components)."""
+        return self.private.plan.removable if self.private is not None and self.private.removing else 0
+
+    def excess(self, survivors: int) -> tuple[int, ...]:
+        """Noise components every survivor's noise loses when ``survivors`` of the sampled clients remain."""
+        if self.private is None or not self.private.removing:
+            return ()
+        return self.private.plan.removed(len(self.sampled) - survivors)
 
     @property
     def bits(self) -> int:
@@ -195,6 +221,7 @@ class SecAggServer:
         "masked_input": (MaskedInput, "_on_masked", "_close_masked"),
         "consistency_check": (ConsistencySignature, "_on_consistency", "_close_consistency"),
         "unmasking": (UnmaskShares, "_on_unmask", "_close_unmask"),
+        "noise_removal": (SeedShares, "_on_seed_shares", "_close_noise_removal"),
     }
     """Transitions as data: step -> (message it collects, handler, closer)."""
 
@@ -212,6 +239,9 @@ class SecAggServer:
         self.total: Vector = Blank(config.dim, np.uint32)
         """Sum mod 2^bits of the masked inputs received so far."""
         self.u4: dict[int, Data] = {}
+        self.u5: set[int] = set()
+        self.removed: tuple[int, ...] = ()
+        """Noise components removed from every survivor (XNoise)."""
 
     # -- driver interface -------------------------------------------------------------------------
     def begin(self) -> Reaction:
@@ -339,6 +369,10 @@ class SecAggServer:
                         f"{cfg.threshold(v)}"
                     ).work
                 )
+        if cfg.private is not None and cfg.private.admit is not None:
+            refused = cfg.private.admit(len(survivors))
+            if refused:
+                return Reaction(work=work + self._abort(f"masked_input: {refused}").work)
         request = Survivors(cfg.round, survivors)
         self.step = "consistency_check" if cfg.malicious else "unmasking"
         self._expected = set(survivors)
@@ -380,6 +414,23 @@ class SecAggServer:
                 raise RemoteProtocolError(sender, f"sent a share of kind {kind} about client {about}, expected {want}")
             if len(share) != SHARE_BYTES:
                 raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
+        private = self.config.private
+        if private is not None and private.removing:
+            if not isinstance(m, UnmaskSharesAndSeeds):
+                raise RemoteProtocolError(sender, "sent no noise seeds with its shares")
+            wanted = self.config.excess(len(self.u3))
+            if tuple(k for k, _ in m.seeds) != wanted or any(len(g) != 32 for _, g in m.seeds):
+                raise RemoteProtocolError(
+                    sender, f"sent seeds of components {[k for k, _ in m.seeds]}, not {list(wanted)}"
+                )
+        if private is not None and private.rebasing:
+            if not isinstance(m, RebaseAndUnmask):
+                raise RemoteProtocolError(sender, "sent no rebased noise with its shares")
+            if m.z.bits != self.config.bits or m.z.length != self.config.dim:
+                raise RemoteProtocolError(sender, f"sent a rebasing vector of {m.z.length} values of {m.z.bits} bits")
+            if self.suite.full:
+                self.total = add_mod(self.total, m.z.values, self.config.bits)  # type: ignore[arg-type]
+            return [Work("secagg.entries", {"count": len(m.shares)}), Work("vector.add", {"elements": self.config.dim})]
         return [Work("secagg.entries", {"count": len(m.shares)})]
 
     def _close_unmask(self, answered: dict[int, Message | None]) -> Reaction:
@@ -392,6 +443,13 @@ class SecAggServer:
         work: list[Work] = []
         survivors = sorted(self.u3)
         dropped = sorted(set(self.u2) - self.u3)
+        private = cfg.private
+        if private is not None and private.rebasing and set(answered) != self.u3:
+            missing = sorted(self.u3 - set(answered))
+            return self._abort(
+                f"unmasking: survivors {missing} dropped before rebasing their noise; rebasing cannot remove "
+                "their first noise, and unmasking without it would expose an under-noised sum"
+            )
 
         def secret(about: int, kind: int) -> Data | None:
             have = shares.get((about, kind), {})
@@ -427,14 +485,87 @@ class SecAggServer:
                 ]
                 if suite.full:  # y_u holds gamma_uv * PRG(s_uv) with gamma_uv = +1 if u > v else -1
                     total = sub_mod(total, mask, cfg.bits) if u > v else add_mod(total, mask, cfg.bits)  # type: ignore[arg-type]
-        work.append(Work("decode.fixed_point", {"elements": cfg.dim}))
-        vector: Vector = Blank(cfg.dim, np.float32)
-        if suite.full:
-            assert isinstance(total, np.ndarray)
-            vector = cfg.encoding.decode_mean(total, len(survivors))
-        self.aggregate = Aggregate(vector, tuple(survivors), float(len(survivors)))
+        self.total = total
+        self.u5 = set(answered)
+        self.removed = cfg.excess(len(survivors))
+        if self.removed:
+            for u in sorted(self.u5):
+                message = answered[u]
+                assert isinstance(message, UnmaskSharesAndSeeds)
+                work += self._remove(u, [g for _, g in message.seeds])
+            missing = sorted(self.u3 - self.u5)
+            if missing:
+                # Stage 5: the seeds of survivors that did not answer come from shares held by U5.
+                self.step, self._expected = "noise_removal", set(self.u5)
+                request = RemovalRequest(cfg.round, tuple(sorted(self.u5)))
+                return Reaction(sends=tuple(Send(c, request) for c in sorted(self.u5)), work=tuple(work))
+        return self._finish(work)
+
+    def _remove(self, u: int, seeds: list[Data]) -> list[Work]:
+        """Subtract survivor ``u``'s excess noise components, regenerated from their seeds."""
+        private = self.config.private
+        assert private is not None
+        if self.suite.full:
+            assert isinstance(self.total, np.ndarray)
+            values = self.total.astype(np.int64)
+            for k, g in zip(self.removed, seeds, strict=True):
+                assert isinstance(g, bytes)
+                values -= private.component(g, k)
+            self.total = private.wrap(values)
+        return [private.noise_work(len(self.removed)), Work("vector.add", {"elements": self.config.dim})]
+
+    def _finish(self, work: list[Work]) -> Reaction:
+        cfg, survivors = self.config, tuple(sorted(self.u3))
+        private = cfg.private
+        work += [Work("decode.fixed_point", {"elements": cfg.dim})] if private is None else list(private.decode_work())
+        vector: Vector = Blank(cfg.dim if private is None else private.encoding.dim, np.float32)
+        if self.suite.full:
+            assert isinstance(self.total, np.ndarray)
+            decoder = cfg.encoding if private is None else private
+            vector = decoder.decode_mean(self.total, len(survivors))
+        self.aggregate = Aggregate(vector, survivors, float(len(survivors)))
         self.step, self.outcome = "done", "ok"
         return Reaction(work=tuple(work))
+
+    # -- step 5 (XNoise's ExcessiveNoiseRemoval) ----------------------------------------------------
+    def _on_seed_shares(self, sender: int, m: SeedShares) -> list[Work]:
+        missing = self.u3 - self.u5
+        seen = set()
+        for about, k, share in m.shares:
+            if (about, k) in seen or about not in missing or k not in self.removed:
+                raise RemoteProtocolError(sender, f"sent a share of seed {k} of client {about}, which was not asked")
+            if not self.config.holds(sender, about):
+                raise RemoteProtocolError(sender, f"sent a share about client {about}, which it does not hold")
+            if len(share) != SHARE_BYTES:
+                raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
+            seen.add((about, k))
+        return [Work("secagg.entries", {"count": len(m.shares)})]
+
+    def _close_noise_removal(self, answered: dict[int, Message | None]) -> Reaction:
+        cfg, suite = self.config, self.suite
+        shares: dict[tuple[int, int], dict[int, Data]] = {}
+        for holder, m in answered.items():
+            assert isinstance(m, SeedShares)
+            for about, k, share in m.shares:
+                shares.setdefault((about, k), {})[holder] = share
+        work: list[Work] = []
+        for u in sorted(self.u3 - self.u5):
+            t = cfg.threshold(u)
+            seeds = []
+            for k in self.removed:
+                have = shares.get((u, k), {})
+                if len(have) < t:
+                    return self._abort(f"noise_removal: too few shares to recover survivor {u}'s noise seed {k}")
+                holders = sorted(have)[:t]
+                seeds.append(suite.reconstruct(holders, [have[h] for h in holders]))
+            work.append(
+                Work(
+                    "shamir.reconstruct",
+                    {"secrets": len(self.removed), "shares": t, "elements": SECRET_ELEMENTS * t * len(self.removed)},
+                )
+            )
+            work += self._remove(u, seeds)
+        return self._finish(work)
 
 
 # ------------------------------------------------------------------------------------------------ client
@@ -471,12 +602,19 @@ class SecAggClient:
         """This client's advertised (c_pk, s_pk)."""
         """This client's own shares of its s_sk and b (it holds one of each)."""
         self.finished = False
+        self.noise_seeds: list[Data] = []
+        """Seeds g_(u,0..R) of this client's noise components (distributed DP)."""
+        self.mask_seed: Data = b""
+        """Seed of the self mask in y: b, or under rebasing an unshared b_y."""
+        self.noise_shares: dict[int, tuple[Data, ...]] = {}
+        """Shares this client holds of other clients' noise seeds g_(v,1..R) (XNoise)."""
 
     _EXPECTS: ClassVar[dict[str, tuple[type[Message], str]]] = {
         "keys": (KeyList, "_on_keys"),
         "ciphertexts": (Ciphertexts, "_on_ciphertexts"),
         "survivors": (Survivors, "_on_survivors"),
         "signatures": (SignedSurvivors, "_on_signatures"),
+        "removal": (RemovalRequest, "_on_removal"),
     }
     """Transitions as data: state -> (message it accepts, handler)."""
 
@@ -488,16 +626,26 @@ class SecAggClient:
             return "masked_input"
         if isinstance(message, Survivors):
             return "consistency_check" if self.config.malicious else "unmasking"
+        if isinstance(message, RemovalRequest):
+            return "noise_removal"
         return "unmasking"
 
     def start(self, update: Vector, weight: float) -> Reaction:
         if self.state != "new":
             raise LocalProtocolError(f"start called in state {self.state}")
-        cfg, suite = self.config, self.suite
-        work = [Work("encode.fixed_point", {"elements": cfg.dim}), Work("x25519.keygen", {"count": 2})]
+        cfg, suite, private = self.config, self.suite, self.config.private
+        if private is None:
+            work = [Work("encode.fixed_point", {"elements": cfg.dim})]
+        else:
+            work = list(private.encode_work())
+            self.noise_seeds = [suite.seed(self.rng) for _ in private.plan.components]
+        work.append(Work("x25519.keygen", {"count": 2}))
         if suite.full:
             assert isinstance(update, np.ndarray) and self.encoding_rng is not None
-            self.x = cfg.encoding.encode(update, self.encoding_rng)
+            if private is None:
+                self.x = cfg.encoding.encode(update, self.encoding_rng)
+            else:
+                self.x = private.encode(update, self.encoding_rng, self.noise_seeds)  # type: ignore[arg-type]
         self.c_sk, c_pk = suite.keypair(self.rng)
         self.s_sk, s_pk = suite.keypair(self.rng)
         self.own_keys = (c_pk, s_pk)
@@ -547,22 +695,30 @@ class SecAggClient:
         self.peers = peers
         order = sorted(peers)
         self.b = suite.seed(self.rng)
+        rebasing = cfg.private is not None and cfg.private.rebasing
+        self.mask_seed = suite.seed(self.rng) if rebasing else self.b
         s_shares = suite.share(self.s_sk, t, order, self.rng)
         b_shares = suite.share(self.b, t, order, self.rng)
+        extra = cfg.shared_noise
+        g_shares = suite.share_many(self.noise_seeds[1:], t, order, self.rng) if extra else [[] for _ in order]
+        secrets = 2 + extra
         work.append(
             Work(
-                "shamir.share", {"secrets": 2, "holders": len(order), "products": 2 * SECRET_ELEMENTS * len(order) * t}
+                "shamir.share",
+                {"secrets": secrets, "holders": len(order), "products": secrets * SECRET_ELEMENTS * len(order) * t},
             )
         )
         ciphertexts = []
-        for v, s_share, b_share in zip(order, s_shares, b_shares, strict=True):
+        for v, s_share, b_share, g in zip(order, s_shares, b_shares, g_shares, strict=True):
             if v == me:
                 self._own = (s_share, b_share)
+                self.noise_shares[me] = tuple(g)
                 continue
-            ciphertexts.append((v, suite.seal(self.c_sk, peers[v].c_pk, cfg.round, me, v, s_share, b_share, self.rng)))
+            sealed = suite.seal(self.c_sk, peers[v].c_pk, cfg.round, me, v, [s_share, b_share, *g], self.rng)
+            ciphertexts.append((v, sealed))
         work += [
             Work("x25519.agree", {"count": len(ciphertexts)}),
-            Work("aead.seal", {"count": len(ciphertexts)}),
+            Work("aead.seal", {"count": len(ciphertexts), "bytes": len(ciphertexts) * plaintext_bytes(secrets)}),
         ]
         self.state = "ciphertexts"
         return Reaction(sends=(Send(SERVER, ShareKeys(cfg.round, me, tuple(ciphertexts))),), work=tuple(work))
@@ -579,7 +735,7 @@ class SecAggClient:
         self.ciphertexts = dict(m.ciphertexts)
         y = self.x
         work = [Work("prg.expand", {"elements": cfg.dim}), Work("vector.add", {"elements": cfg.dim})]
-        mask = suite.self_mask(self.b, cfg.dim, cfg.bits)
+        mask = suite.self_mask(self.mask_seed, cfg.dim, cfg.bits)
         if suite.full:
             y = add_mod(y, mask, cfg.bits)  # type: ignore[arg-type]
         for v in sorted(self.ciphertexts):
@@ -658,18 +814,77 @@ class SecAggClient:
         survivors = set(self.u3)
         shares: list[tuple[int, int, Data]] = []
         shares.append((me, SHARE_OF_SEED, self._own[1]))
+        count = 2 + cfg.shared_noise
         for v in sorted(self.ciphertexts):
             try:
-                opened = suite.open(self.c_sk, self.peers[v].c_pk, cfg.round, v, me, self.ciphertexts[v])
+                opened = suite.open(self.c_sk, self.peers[v].c_pk, cfg.round, v, me, self.ciphertexts[v], count)
             except aead.DecryptionError as exc:
                 raise BadCiphertextError(SERVER, f"the ciphertext from client {v}: {exc}") from None
             if v in survivors:
                 shares.append((v, SHARE_OF_SEED, opened.b_share))
+                self.noise_shares[v] = opened.noise
             else:
                 shares.append((v, SHARE_OF_KEY, opened.s_share))
-        self.state, self.finished = "done", True
-        work = (
+        opened_bytes = len(self.ciphertexts) * plaintext_bytes(count)
+        work = [
             Work("x25519.agree", {"count": len(self.ciphertexts)}),
-            Work("aead.open", {"count": len(self.ciphertexts)}),
+            Work("aead.open", {"count": len(self.ciphertexts), "bytes": opened_bytes}),
+        ]
+        self.state, self.finished = "done", True
+        message: UnmaskShares
+        private = cfg.private
+        if private is not None and private.removing:
+            excess = cfg.excess(len(self.u3))
+            message = UnmaskSharesAndSeeds(
+                cfg.round, me, tuple(shares), tuple((k, self.noise_seeds[k]) for k in excess)
+            )
+            if excess:  # the server may still ask for shares of other survivors' excess seeds
+                self.state, self.finished = "removal", False
+        elif private is not None and private.rebasing:
+            z, rebase_work = self._rebase(private)
+            work += rebase_work
+            message = RebaseAndUnmask(cfg.round, me, tuple(shares), ModVector(cfg.bits, z))
+        else:
+            message = UnmaskShares(cfg.round, me, tuple(shares))
+        return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
+
+    def _rebase(self, private: PrivateRound) -> tuple[Vector, list[Work]]:
+        """Rebasing's z = n' - n_0 - PRG(b_y) + PRG(b), n' of the variance the survivors need."""
+        cfg, suite = self.config, self.suite
+        fresh_seed = suite.seed(self.rng)
+        work = [
+            private.noise_work(2),
+            Work("prg.expand", {"elements": 2 * cfg.dim}),
+            Work("vector.add", {"elements": 4 * cfg.dim}),
+        ]
+        if not suite.full:
+            return Blank(cfg.dim, np.uint32), work
+        assert isinstance(fresh_seed, bytes) and isinstance(self.noise_seeds[0], bytes)
+        delta = private.fresh(fresh_seed, float(private.plan.rebased(len(self.u3)))) - private.component(
+            self.noise_seeds[0], 0
         )
-        return Reaction(sends=(Send(SERVER, UnmaskShares(cfg.round, me, tuple(shares))),), work=work)
+        z = private.wrap(delta)
+        z = sub_mod(z, suite.self_mask(self.mask_seed, cfg.dim, cfg.bits), cfg.bits)  # type: ignore[arg-type]
+        z = add_mod(z, suite.self_mask(self.b, cfg.dim, cfg.bits), cfg.bits)  # type: ignore[arg-type]
+        return z, work
+
+    # -- stage 5 (XNoise's ExcessiveNoiseRemoval) -----------------------------------------------------
+    def _on_removal(self, m: RemovalRequest) -> Reaction:
+        cfg, me = self.config, self.client
+        u5 = set(m.clients)
+        if len(u5) != len(m.clients) or not u5 <= set(self.u3) or me not in u5:
+            raise InconsistentViewError(
+                SERVER, "the noise-removal set is not a subset of the survivors with this client"
+            )
+        if len(u5) < cfg.minimum:
+            raise TooFewClientsError(SERVER, f"{len(u5)} clients in noise removal, threshold {cfg.minimum}")
+        excess = cfg.excess(len(self.u3))
+        shares = [
+            (v, k, self.noise_shares[v][k - 1])
+            for v in sorted(set(self.u3) - u5)
+            if v in self.noise_shares
+            for k in excess
+        ]
+        self.state, self.finished = "done", True
+        reply = SeedShares(cfg.round, me, tuple(shares))
+        return Reaction(sends=(Send(SERVER, reply),), work=(Work("secagg.entries", {"count": len(shares)}),))

@@ -28,8 +28,19 @@ KEY_BYTES = agreement.KEY_BYTES
 SHARE_BYTES = shamir.share_size(32)
 """A share of a 32-byte secret (an X25519 private key or a mask seed)."""
 PLAINTEXT_BYTES = 8 + 8 + 2 * SHARE_BYTES
-"""``sender (u64) | receiver (u64) | share of s_sk | share of b``."""
+"""``sender (u64) | receiver (u64) | share of s_sk | share of b`` (| shares of noise seeds, under XNoise)."""
 CIPHERTEXT_BYTES = PLAINTEXT_BYTES + aead.OVERHEAD
+
+
+def plaintext_bytes(shares: int) -> int:
+    """Bytes of a share plaintext holding ``shares`` shares (2 + the removable noise components)."""
+    return 16 + shares * SHARE_BYTES
+
+
+def ciphertext_bytes(shares: int) -> int:
+    return plaintext_bytes(shares) + aead.OVERHEAD
+
+
 _DOMAIN = b"dropsim/secagg/v1/"
 
 
@@ -57,11 +68,13 @@ def keys_bytes(session: bytes, round: int, client: int, c_pk: Data, s_pk: Data) 
 
 
 class OpenedShares:
-    """The two shares a client holds of another client's secrets, from one decrypted ciphertext."""
+    """The shares a client holds of another client's secrets, from one decrypted ciphertext: of its mask
+    key, its self-mask seed and (XNoise) its noise seeds g_1, g_2, ..."""
 
-    def __init__(self, s_share: Data, b_share: Data) -> None:
+    def __init__(self, s_share: Data, b_share: Data, noise: tuple[Data, ...] = ()) -> None:
         self.s_share = s_share
         self.b_share = b_share
+        self.noise = noise
 
 
 class Suite(Protocol):
@@ -81,11 +94,15 @@ class Suite(Protocol):
         round: int,
         sender: int,
         receiver: int,
-        s_share: Data,
-        b_share: Data,
+        shares: Sequence[Data],
         rng: RandomSource,
     ) -> Data: ...
-    def open(self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data) -> OpenedShares: ...
+    def open(
+        self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data, count: int
+    ) -> OpenedShares: ...
+    def share_many(
+        self, secrets: Sequence[Data], threshold: int, holders: Sequence[int], rng: RandomSource
+    ) -> list[list[Data]]: ...
     def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector: ...
     def self_mask(self, seed: Data, length: int, bits: int) -> Vector: ...
 
@@ -128,31 +145,47 @@ class RealSuite:
         round: int,
         sender: int,
         receiver: int,
-        s_share: Data,
-        b_share: Data,
+        shares: Sequence[Data],
         rng: RandomSource,
     ) -> Data:
+        """Encrypt ``sender``'s shares for ``receiver`` (s_sk's, b's, then the noise seeds')."""
         assert isinstance(c_sk, bytes) and isinstance(peer_c_pk, bytes)
-        assert isinstance(s_share, bytes) and isinstance(b_share, bytes)
+        assert all(isinstance(s, bytes) and len(s) == SHARE_BYTES for s in shares)
         key = agreement.agree(
             c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver))
         )
-        plaintext = struct.pack("<QQ", sender, receiver) + s_share + b_share
+        plaintext = struct.pack("<QQ", sender, receiver) + b"".join(shares)  # type: ignore[arg-type]
         return aead.encrypt(key, plaintext, _pair(round, sender, receiver), rng)
 
-    def open(self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data) -> OpenedShares:
-        """Decrypt the shares ``sender`` sealed for ``receiver``; raises ``aead.DecryptionError``."""
+    def open(
+        self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data, count: int
+    ) -> OpenedShares:
+        """Decrypt the ``count`` shares ``sender`` sealed for ``receiver``; raises ``aead.DecryptionError``."""
         assert isinstance(c_sk, bytes) and isinstance(peer_c_pk, bytes) and isinstance(ct, bytes)
         key = agreement.agree(
             c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver))
         )
         plaintext = aead.decrypt(key, ct, _pair(round, sender, receiver))
-        if len(plaintext) != PLAINTEXT_BYTES:
-            raise aead.DecryptionError(f"plaintext of {len(plaintext)} bytes, expected {PLAINTEXT_BYTES}")
+        if len(plaintext) != plaintext_bytes(count):
+            raise aead.DecryptionError(f"plaintext of {len(plaintext)} bytes, expected {plaintext_bytes(count)}")
         u, v = struct.unpack_from("<QQ", plaintext)
         if (u, v) != (sender, receiver):
             raise aead.DecryptionError(f"plaintext names sender {u} and receiver {v}, not {sender} and {receiver}")
-        return OpenedShares(plaintext[16 : 16 + SHARE_BYTES], plaintext[16 + SHARE_BYTES :])
+        parts = tuple(plaintext[16 + i * SHARE_BYTES : 16 + (i + 1) * SHARE_BYTES] for i in range(count))
+        return OpenedShares(parts[0], parts[1], parts[2:])
+
+    def share_many(
+        self, secrets: Sequence[Data], threshold: int, holders: Sequence[int], rng: RandomSource
+    ) -> list[list[Data]]:
+        """Shares of several 32-byte secrets at once (one polynomial per field element, as
+        :meth:`share`): ``result[i][j]`` is holder i's share of secret j."""
+        assert all(isinstance(s, bytes) for s in secrets)
+        elements = np.concatenate([shamir.bytes_to_elements(s) for s in secrets])  # type: ignore[arg-type]
+        table = shamir.share(elements, threshold, [h + 1 for h in holders], rng)
+        width = shamir.elements_for(32)
+        return [
+            [row[j * width : (j + 1) * width].astype("<u4").tobytes() for j in range(len(secrets))] for row in table
+        ]
 
     def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
         assert isinstance(s_sk, bytes) and isinstance(peer_s_pk, bytes)
@@ -197,14 +230,22 @@ class SizedSuite:
         round: int,
         sender: int,
         receiver: int,
-        s_share: Data,
-        b_share: Data,
+        shares: Sequence[Data],
         rng: RandomSource,
     ) -> Data:
-        return Opaque(CIPHERTEXT_BYTES)
+        return Opaque(ciphertext_bytes(len(shares)))
 
-    def open(self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data) -> OpenedShares:
-        return OpenedShares(Opaque(SHARE_BYTES), Opaque(SHARE_BYTES))
+    def open(
+        self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data, count: int
+    ) -> OpenedShares:
+        return OpenedShares(
+            Opaque(SHARE_BYTES), Opaque(SHARE_BYTES), tuple(Opaque(SHARE_BYTES) for _ in range(count - 2))
+        )
+
+    def share_many(
+        self, secrets: Sequence[Data], threshold: int, holders: Sequence[int], rng: RandomSource
+    ) -> list[list[Data]]:
+        return [[Opaque(SHARE_BYTES) for _ in secrets] for _ in holders]
 
     def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
         return Blank(length, np.uint32)

@@ -3,7 +3,9 @@
 Tidy tables (one row per observation) with fixed leading columns; the sweep's parameters follow as
 extra columns named by their key path (``dropout.rate``). Times are virtual seconds, sizes bytes.
 
-- ``rounds.csv``: one row per round; ``time_<step>`` columns give each server collection step's duration.
+- ``rounds.csv``: one row per round; ``time_<step>`` columns give each server collection step's duration;
+  with distributed DP, ``target_variance`` (sigma*^2), ``realised_variance`` (the noise left in the
+  aggregate), ``accounted_variance`` and the cumulative ``epsilon`` at ``privacy.delta`` (model units).
 - ``clients.csv``: one row per round and sampled client.
 - ``stages.csv``: one row per round and stage: client-side activity spans (``download``, ``train``,
   ``upload``: first start to last end over the clients that did it), server collection steps
@@ -16,6 +18,7 @@ import json
 import math
 from typing import Any
 
+from sim.engine.privacy import RoundPrivacy
 from sim.engine.round import ClientRecord
 from sim.engine.simulation import RoundResult
 
@@ -44,6 +47,11 @@ ROUND_COLUMNS = (
     "server_bytes_in",
     "server_compute_s",
     "client_compute_s_mean",
+    "target_variance",
+    "realised_variance",
+    "accounted_variance",
+    "epsilon",
+    "dp_scale",
 )
 CLIENT_COLUMNS = (
     "run_id",
@@ -77,6 +85,25 @@ def swept_value(value: Any) -> Any:
     return json.dumps(value, separators=(",", ":"), sort_keys=True)
 
 
+def privacy_cells(privacy: RoundPrivacy | None) -> dict[str, float]:
+    """The privacy columns of a round: NaN without distributed DP (epsilon inf: nothing protects it)."""
+    if privacy is None:
+        return {
+            "target_variance": math.nan,
+            "realised_variance": math.nan,
+            "accounted_variance": math.nan,
+            "epsilon": math.inf,
+            "dp_scale": math.nan,
+        }
+    return {
+        "target_variance": privacy.target_variance,
+        "realised_variance": privacy.realised_variance,
+        "accounted_variance": privacy.accounted_variance,
+        "epsilon": privacy.epsilon,
+        "dp_scale": privacy.scale,
+    }
+
+
 def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The rows one round adds to each table (step durations as ``time_<step>``, NaN if not reached)."""
     rec = result.record
@@ -108,6 +135,7 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         "server_bytes_in": rec.server_bytes_in,
         "server_compute_s": rec.server_compute_s,
         "client_compute_s_mean": mean_of([c.compute_s for c in clients]),
+        **privacy_cells(result.privacy),
         **{f"time_{step}": end - start for step, start, end in rec.steps},
         **extra,
     }

@@ -7,11 +7,13 @@ Units: virtual seconds, megabits per second (1 Mbps = 10^6 bit/s), dimensionless
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from sim.dp.strategies import REMOVING, STRATEGIES
 from sim.protocol.graph import auto_degree
 from sim.protocol.registry import PROTOCOLS, AggregationParams
 from sim.scenario.errors import ScenarioError
@@ -92,6 +94,35 @@ class Dropout:
     low: tuple[float, float]
 
 
+MECHANISMS = ("skellam", "gaussian", "dgaussian")
+
+
+@dataclass(frozen=True)
+class Privacy:
+    """Distributed DP (the ``privacy:`` section): what noise, how much, and how it copes with dropout."""
+
+    strategy: str = "none"
+    """One of :data:`sim.dp.strategies.STRATEGIES`."""
+    mechanism: str = "skellam"
+    epsilon: float = 6.0
+    """Budget of the whole training."""
+    delta: float = 1e-3
+    clip: float = 1.0
+    """L2 clip norm of an update (model units)."""
+    tolerance: float = 0.5
+    """T as a fraction of the sampled clients."""
+    guessed_dropout: float = 0.5
+    """``con``'s guess x of the dropout rate (only ``con`` uses it)."""
+    collusion: int = 0
+    """T_C, colluding clients tolerated."""
+    headroom: float = 3.0
+    """k, standard deviations of an aggregate coordinate that must fit in 2^bits."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.strategy != "none"
+
+
 @dataclass(frozen=True)
 class Partition:
     kind: str
@@ -156,6 +187,7 @@ class Scenario:
     cost_profile: str | None
     aggregation: AggregationParams
     resolved: dict[str, Any] = field(compare=False, repr=False)
+    privacy: Privacy = field(default_factory=Privacy)
     """The scenario as a plain mapping with every default filled in (for the manifest)."""
     swept: dict[str, Any] = field(default_factory=dict)
     """Values of the sweep keys for this run (``{}`` outside a sweep)."""
@@ -185,6 +217,8 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     )
     s.finish()
     aggregation = _aggregation(r.section("aggregation"), sampling)
+    privacy = _privacy(r.section("privacy"), aggregation, sampling)
+    aggregation = dataclasses.replace(aggregation, strategy=privacy.strategy)
     steps = aggregation.steps()
     dropout = _dropout(r.section("dropout"), aggregation)
     data = _data(r.section("data"), population)
@@ -204,7 +238,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     can_drop = dropout.mode == "per_client" or (dropout.rate or 0) > 0
     if dropout.silent and can_drop and dropout.stage is not None:
         # A client leaving silently before step X is missed only in X: that step needs a deadline.
-        waits_in = aggregation.spec.dropout_stages[dropout.stage] or steps[0]
+        waits_in = aggregation.dropout_stages()[dropout.stage] or steps[0]
         if waits_in not in timeouts:
             r.fail(
                 ("dropout", "silent"),
@@ -233,6 +267,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         cost_profile=cost_profile,
         aggregation=aggregation,
         resolved=r.resolved,
+        privacy=privacy,
         document=doc,
     )
 
@@ -306,6 +341,58 @@ def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
     return AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
 
 
+def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> Privacy:
+    d = Privacy()
+    strategy = r.choice("strategy", STRATEGIES, d.strategy)
+    p = Privacy(
+        strategy=_or(strategy, d.strategy),
+        mechanism=_or(r.choice("mechanism", MECHANISMS, d.mechanism), d.mechanism),
+        epsilon=_or(r.number("epsilon", d.epsilon, lo=0, lo_open=True), d.epsilon),
+        delta=_or(r.number("delta", d.delta, lo=0, hi=1, lo_open=True, hi_open=True), d.delta),
+        clip=_or(r.number("clip", d.clip, lo=0, lo_open=True), d.clip),
+        tolerance=_or(r.number("tolerance", d.tolerance, lo=0, hi=1, hi_open=True), d.tolerance),
+        guessed_dropout=_or(
+            r.number("guessed_dropout", d.guessed_dropout, lo=0, hi=1, hi_open=True), d.guessed_dropout
+        ),
+        collusion=_or(r.integer("collusion", d.collusion, lo=0), d.collusion),
+        headroom=_or(r.number("headroom", d.headroom, lo=0, lo_open=True), d.headroom),
+    )
+    protocol = aggregation.protocol
+    if p.enabled and protocol == "fedavg":
+        r.fail(
+            "strategy",
+            f"is {strategy!r}, which needs an encoded protocol: set aggregation.protocol to plain, secagg or "
+            "secagg+ (fedavg sends float updates)",
+        )
+    if strategy in (*REMOVING, "rebasing") and protocol not in ("secagg", "secagg+"):
+        r.fail(
+            "strategy",
+            f"is {strategy!r}, which removes noise with seeds shared under secure aggregation: set "
+            f"aggregation.protocol to secagg or secagg+, not {protocol!r}",
+        )
+    if p.collusion and protocol not in ("secagg", "secagg+"):
+        r.fail(
+            "collusion",
+            f"is {p.collusion}: collusion tolerance scales noise by SecAgg's t / (t - T_C); "
+            f"it needs protocol secagg or secagg+, not {protocol!r}",
+        )
+    k = sampling.clients_per_round
+    if p.enabled and k is not None and p.strategy != "central":
+        if math.floor(p.tolerance * k) >= k:
+            r.fail("tolerance", f"is {p.tolerance}: it must leave at least one of the {k} sampled clients")
+        if p.collusion and p.collusion >= math.floor(aggregation.threshold * k) + 1:
+            r.fail("collusion", f"is {p.collusion}, not below the SecAgg threshold of {k} clients")
+        if p.strategy == "con" and math.floor(k * (1 - p.guessed_dropout)) < 1:
+            r.fail("guessed_dropout", f"is {p.guessed_dropout}: it leaves none of the {k} sampled clients")
+    r.finish()
+    return p
+
+
+def _or(value: Any, default: Any) -> Any:
+    """A reader's value, or the default where the reader failed (returned None)."""
+    return default if value is None else value
+
+
 def _neighbours(value: Any) -> tuple[int | None, Any]:
     if value == "auto":
         return None, "auto"
@@ -317,7 +404,7 @@ def _neighbours(value: Any) -> tuple[int | None, Any]:
 def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
     mode = r.choice("mode", DROPOUT_MODES, "fixed")
     rate = r.number("rate", 0.0, lo=0, hi=1)
-    stage = r.choice("stage", tuple(aggregation.spec.dropout_stages), "before_upload")
+    stage = r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
     silent = r.boolean("silent", False)
     if mode == "per_client":
         high = r.number("high", 0.99, lo=0, hi=1)

@@ -1,0 +1,1 @@
+"""Distributed differential privacy: noise expanded from seeds, the DSkellam encoding, and accounting."""

@@ -1,0 +1,168 @@
+"""A run's privacy: the planned noise, each round's DP parameters, and the budget really spent.
+
+Planning (Hyades eq. 3): the target central variance sigma*^2 (model units) is the smallest whose
+``rounds`` rounds, each accounted at sigma*^2 and Poisson-subsampled at the sampling rate q, stay within
+(``privacy.epsilon``, ``privacy.delta``) (:func:`sim.dp.accounting.plan_variance`). Every round then gets a
+noise plan for its sampled clients (:class:`sim.dp.strategies.RoundNoise`) and a DSkellam scale that fits
+``headroom`` standard deviations of one aggregate coordinate in 2^bits, for the most noise the decoded sum
+can hold and for updates that all point the same way (norms adding up to n c: the worst case).
+
+Accounting: a round whose aggregate was revealed is composed at the variance it really had after dropout
+and removal (:meth:`RoundNoise.accounted`); an aborted round revealed nothing and costs nothing. Rounds are
+accounted at the sampling rate q; a fixed-size sample of k of N clients is accounted as Poisson sampling
+at q = k / N (the usual approximation).
+
+``early`` (Hyades section 8): when the survivors of a round are known and before anything is unmasked,
+the server refuses to go on if accounting the round would pass the budget, and the run stops.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+
+from sim.dp.accounting import Accountant, choose_scale, epsilon, plan_variance
+from sim.dp.dskellam import DSkellamEncoding
+from sim.dp.strategies import RoundNoise
+from sim.protocol import graph
+from sim.protocol.private import PrivateRound
+from sim.protocol.registry import AggregationParams
+from sim.protocol.secagg import share_threshold
+from sim.scenario.schema import Privacy
+from sim.seeds import Stream, seed_bytes
+
+
+def padded(dim: int) -> int:
+    """d' = the next power of two >= dim (the Hadamard rotation's length)."""
+    return 1 << max(0, (dim - 1).bit_length())
+
+
+@dataclass(frozen=True)
+class RoundPrivacy:
+    """What a round's privacy columns report."""
+
+    target_variance: float
+    """sigma*^2, model units."""
+    realised_variance: float
+    """The noise variance really left in the aggregate (NaN if no aggregate)."""
+    accounted_variance: float
+    """The variance the round was accounted at (the residual less what colluders know)."""
+    epsilon: float
+    """Cumulative epsilon at ``privacy.delta`` after this round."""
+    scale: float
+    """DSkellam scale s of the round (NaN without DP)."""
+
+
+class PrivacyLedger:
+    """The privacy side of one run (``privacy.strategy`` other than ``none``)."""
+
+    def __init__(
+        self,
+        privacy: Privacy,
+        aggregation: AggregationParams,
+        rounds: int,
+        rate: float,
+        clients: int,
+        dim: int,
+        seed: int,
+    ) -> None:
+        self.p = privacy
+        self.aggregation = aggregation
+        self.rate = rate
+        """Sampling rate q every round is accounted at."""
+        self.clients = clients
+        """Nominal sampled clients per round (planning)."""
+        self.dim = dim
+        self.padded = padded(dim)
+        self.seed = seed
+        self.stopped = ""
+        """Why training stopped early (``early``), or empty."""
+        unit = self.plan(clients, 1.0).largest_residual
+        self.target = plan_variance(
+            privacy.mechanism,
+            privacy.epsilon,
+            privacy.delta,
+            rounds,
+            rate,
+            privacy.clip,
+            self.padded,
+            scale_for=lambda v: self.scale(clients, v * unit),
+            clients=clients,
+        )
+        """sigma*^2, model units."""
+        self.accountant = Accountant(privacy.mechanism, privacy.delta, privacy.clip, self.padded, rate, scale=1.0)
+
+    def threshold(self, n: int) -> int:
+        """t, the secure-aggregation threshold of a round of ``n`` (per neighbourhood for SecAgg+)."""
+        a = self.aggregation
+        if a.protocol == "plain":
+            return n
+        holders = n
+        if a.protocol == "secagg+":
+            degree = graph.auto_degree(n) if a.neighbours is None else a.neighbours
+            holders = min(n, degree + degree % 2 + 1)
+        return share_threshold(a.threshold, holders)
+
+    def plan(self, n: int, target: float | None = None) -> RoundNoise:
+        p = self.p
+        return RoundNoise(
+            strategy=p.strategy,
+            target=self.target if target is None else target,
+            sampled=n,
+            tolerance=min(math.floor(p.tolerance * n), n - 1),
+            threshold=self.threshold(n) if p.collusion else 0,
+            collusion=p.collusion,
+            guessed_dropout=p.guessed_dropout,
+        )
+
+    def scale(self, n: int, largest: float | Fraction) -> float:
+        """The round's scale: ``headroom`` stddevs of a coordinate of the sum of ``n`` aligned clipped updates
+        (norm up to n c, so clip sqrt(n) in :func:`choose_scale`'s sqrt(n)-growth formula) plus noise of
+        variance ``largest`` fit in 2^(bits-1)."""
+        p = self.p
+        return choose_scale(self.aggregation.bits, p.headroom, p.clip * math.sqrt(n), self.padded, n, float(largest))
+
+    def round(self, number: int, sampled: int) -> tuple[RoundNoise, PrivateRound]:
+        """The noise plan and the public DP parameters of round ``number`` with ``sampled`` clients."""
+        plan = self.plan(sampled)
+        encoding = DSkellamEncoding(
+            self.dim, self.aggregation.bits, self.p.clip, self.scale(sampled, plan.largest_residual)
+        )
+        private = PrivateRound(
+            encoding=encoding,
+            rotation_seed=seed_bytes(self.seed, Stream.ROTATION, number),
+            mechanism=self.p.mechanism,
+            plan=plan,
+            server_seed=seed_bytes(self.seed, Stream.NOISE, number),
+            admit=self._admission(plan, encoding.scale) if self.p.strategy == "early" else None,
+        )
+        return plan, private
+
+    def _admission(self, plan: RoundNoise, scale: float):  # type: ignore[no-untyped-def]
+        def admit(survivors: int) -> str | None:
+            variance = float(plan.accounted(plan.sampled - survivors))
+            curve = self.accountant.round_rdp(variance, survivors, scale)
+            spent = epsilon(self.accountant.rdp + curve, self.accountant.orders, self.p.delta)[0]
+            if spent > self.p.epsilon:
+                self.stopped = (
+                    f"privacy budget: this round would bring epsilon to {spent:.4g} > {self.p.epsilon:g} (early)"
+                )
+                return self.stopped
+            return None
+
+        return admit
+
+    def account_empty(self) -> RoundPrivacy:
+        """A round that sampled nobody: nothing revealed, nothing spent."""
+        return RoundPrivacy(self.target, math.nan, math.nan, self.accountant.epsilon(), math.nan)
+
+    def account(self, plan: RoundNoise, scale: float, survivors: int | None) -> RoundPrivacy:
+        """Compose a finished round (``survivors`` None: nothing was revealed) and report it."""
+        realised = accounted = math.nan
+        if survivors is not None:
+            dropped = plan.sampled - survivors
+            realised = float(plan.residual(dropped))
+            accounted = float(plan.accounted(dropped))
+            self.accountant.add_round(accounted, clients=survivors, scale=scale)
+        return RoundPrivacy(self.target, realised, accounted, self.accountant.epsilon(), scale)
