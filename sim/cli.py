@@ -60,6 +60,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
+    p = sub.add_parser(
+        "privacy", help="plan the noise and print the epsilon each strategy ends at per dropout rate (no training)"
+    )
+    _scenario_args(p)
+    p.add_argument(
+        "--dropout",
+        type=float,
+        nargs="+",
+        default=[0.0, 0.1, 0.2, 0.3, 0.4],
+        metavar="RATE",
+        help="fractions of the sampled clients dropping each round (default 0 0.1 0.2 0.3 0.4)",
+    )
+    p.add_argument("--dim", type=int, metavar="N", help="model parameters (default: the scenario's model)")
+    p.add_argument("--strategies", nargs="+", metavar="NAME", help="strategies to compare (default: all but none)")
+    p.add_argument("--csv", type=Path, metavar="OUT", help="also write the table as CSV")
+    p.add_argument("--plot", type=Path, metavar="DIR", help="also draw epsilon against dropout (PNG and PDF)")
+
     p = sub.add_parser("plot", help="plot accuracy and round time from result folders")
     p.add_argument("results", nargs="+", type=Path, help="run or sweep folders")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the PNG and PDF files")
@@ -163,6 +180,48 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return EXIT_FAILED if failed else 0
 
 
+def cmd_privacy(args: argparse.Namespace) -> int:
+    from sim.dp.planner import PLANNED, model_dimension, privacy_table
+    from sim.results.writer import csv_bytes, write_atomic
+
+    grid = load(args.file, args.overrides)
+    scenario = grid.base()
+    strategies = args.strategies or list(PLANNED)
+    unknown = [s for s in strategies if s not in PLANNED]
+    bad_rates = [x for x in args.dropout if not 0 <= x < 1]
+    if unknown or bad_rates or (args.dim is not None and args.dim < 1):
+        what = (
+            f"unknown strategies {unknown} (allowed: {', '.join(PLANNED)})"
+            if unknown
+            else f"dropout rates {bad_rates} outside [0, 1)"
+            if bad_rates
+            else f"--dim {args.dim} is below 1"
+        )
+        print(f"dropsim: {what}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    dim = args.dim or model_dimension(scenario)
+    p = scenario.privacy
+    print(
+        f"{scenario.name}: {scenario.rounds} rounds, budget epsilon {p.epsilon:g} at delta {p.delta:g}, "
+        f"{p.mechanism}, {dim} parameters, tolerance {p.tolerance:g}"
+    )
+    try:
+        rows = privacy_table(scenario, args.dropout, dim, strategies)
+    except ValueError as exc:
+        print(f"dropsim: {args.file}: cannot plan the noise: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    _print_table(rows)
+    if args.csv:
+        write_atomic(args.csv, csv_bytes(rows, list(rows[0]), header=True))
+        print(f"table: {args.csv}")
+    if args.plot:
+        from sim.plots import plot_privacy
+
+        for path in plot_privacy(pd.DataFrame(rows), args.plot, budget=p.epsilon):
+            print(path)
+    return 0
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
     from sim.plots import plot_results
 
@@ -196,6 +255,7 @@ _COMMANDS = {
     "run": cmd_run,
     "check": cmd_check,
     "sweep": cmd_sweep,
+    "privacy": cmd_privacy,
     "plot": cmd_plot,
     "profile": cmd_profile,
 }

@@ -7,7 +7,13 @@ minimum to maximum, taken round by round):
 - ``accuracy_vs_round``: test accuracy against round;
 - ``accuracy_vs_time``: test accuracy against virtual time since the start (seconds, minutes or hours,
   whichever reads best);
-- ``round_time``: round duration (virtual seconds) against round.
+- ``round_time``: round duration (virtual seconds) against round;
+- with distributed DP, ``epsilon_vs_round``: the cumulative epsilon spent against round; and for a sweep
+  over ``privacy.strategy`` and ``dropout.rate``, ``epsilon_vs_dropout``: the epsilon each strategy ended
+  at against the dropout rate (Dordis Figure 8; accuracy against round by strategy is Figure 9).
+
+``plot_privacy`` draws ``epsilon_vs_dropout`` from the table of ``dropsim privacy``. Each strategy keeps
+one colour and marker in every figure.
 """
 
 from __future__ import annotations
@@ -74,6 +80,48 @@ def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tup
         )
 
 
+STRATEGY_STYLE = {
+    name: (f"C{i}", marker)
+    for i, (name, marker) in enumerate(
+        zip(
+            ("orig", "early", "con", "xnoise", "xnoise-appr", "rebasing", "committee", "central", "local", "none"),
+            "osD^v<>ph*",
+            strict=True,
+        )
+    )
+}
+"""One colour and marker per strategy across all figures."""
+
+
+def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
+    paths = []
+    for ext in ("png", "pdf"):
+        path = out / f"{name}.{ext}"
+        fig.savefig(path, dpi=150)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def plot_privacy(
+    table: pd.DataFrame, out: Path, budget: float | None = None, name: str = "epsilon_vs_dropout"
+) -> list[Path]:
+    """Epsilon against dropout rate, one line per strategy (columns ``strategy, dropout, epsilon``)."""
+    make_folder(out)
+    fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    for strategy, group in table.groupby("strategy", sort=False):
+        line = group.sort_values("dropout")
+        colour, marker = STRATEGY_STYLE.get(str(strategy), ("k", "."))
+        ax.plot(line["dropout"] * 100, line["epsilon"], label=str(strategy), color=colour, marker=marker)
+    if budget is not None:
+        ax.axhline(budget, color="grey", linestyle="--", linewidth=1, label=f"budget ({budget:g})")
+    ax.set_xlabel("Dropout rate (% of sampled clients)")
+    ax.set_ylabel("Privacy spent, epsilon")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small", ncol=2, loc="best", framealpha=0.85)
+    return _save(fig, out, name)
+
+
 def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Path]:
     """Draw the figures for the runs under ``paths`` into ``out``; returns the files written."""
     rounds = load_rounds(paths)
@@ -86,13 +134,17 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
         ("accuracy_vs_time", "elapsed", "accuracy", f"Virtual time ({unit})", "Test accuracy"),
         ("round_time", "round", "round_time", "Round", "Round duration (virtual seconds)"),
     ]
+    private = "epsilon" in rounds and bool((rounds["epsilon"].astype(float) < float("inf")).any())
+    if private:
+        specs.append(("epsilon_vs_round", "round", "epsilon", "Round", "Privacy spent, cumulative epsilon"))
     for name, x, y, xlabel, ylabel in specs:
         lines = list(_lines(rounds, by, x, y))
         if not lines:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
         for label, frame in lines:
-            (handle,) = ax.plot(frame[x], frame["mean"], label=label, linewidth=1.5)
+            style = STRATEGY_STYLE.get(label) if by == "privacy.strategy" else None
+            (handle,) = ax.plot(frame[x], frame["mean"], label=label, linewidth=1.5, color=style[0] if style else None)
             if by is not None:
                 ax.fill_between(frame[x], frame["lo"], frame["hi"], color=handle.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(xlabel)
@@ -103,9 +155,10 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
         ncol = 1 if len(lines) <= 8 else 2
         title = "mean, band min-max" if by is not None else None
         ax.legend(fontsize="small", ncol=ncol, loc="best", framealpha=0.85, title=title, title_fontsize="small")
-        for ext in ("png", "pdf"):
-            path = out / f"{name}.{ext}"
-            fig.savefig(path, dpi=150)
-            written.append(path)
-        plt.close(fig)
+        written += _save(fig, out, name)
+    if private and {"privacy.strategy", "dropout.rate"} <= set(rounds.columns):
+        final = rounds.sort_values("round").groupby("line").tail(1)
+        renamed = final.rename(columns={"privacy.strategy": "strategy", "dropout.rate": "dropout"})
+        table = renamed.groupby(["strategy", "dropout"], as_index=False, sort=False)["epsilon"].mean()
+        written += plot_privacy(pd.DataFrame(table), out)
     return written

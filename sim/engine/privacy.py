@@ -78,6 +78,8 @@ class PrivacyLedger:
         self.seed = seed
         self.stopped = ""
         """Why training stopped early (``early``), or empty."""
+        self._plans: dict[tuple[int, float], RoundNoise] = {}
+        self.target = 0.0
         unit = self.plan(clients, 1.0).largest_residual
         self.target = plan_variance(
             privacy.mechanism,
@@ -105,10 +107,17 @@ class PrivacyLedger:
         return share_threshold(a.threshold, holders)
 
     def plan(self, n: int, target: float | None = None) -> RoundNoise:
+        """The noise plan of a round of ``n`` sampled clients (cached: rounds repeat their sizes)."""
+        key = (n, self.target if target is None else target)
+        if key not in self._plans:
+            self._plans[key] = self._new_plan(n, key[1])
+        return self._plans[key]
+
+    def _new_plan(self, n: int, target: float) -> RoundNoise:
         p = self.p
         return RoundNoise(
             strategy=p.strategy,
-            target=self.target if target is None else target,
+            target=target,
             sampled=n,
             tolerance=min(math.floor(p.tolerance * n), n - 1),
             threshold=self.threshold(n) if p.collusion else 0,

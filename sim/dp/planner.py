@@ -1,0 +1,68 @@
+"""``dropsim privacy``: the epsilon each strategy ends at under a dropout rate, without training.
+
+For each strategy and dropout rate x, every one of the scenario's rounds samples its nominal n clients, of
+which round(x n) (half up, as ``dropout.mode: fixed``) drop before uploading; the round is planned, run
+through the noise plan and accounted exactly as a simulated round is (:class:`sim.engine.privacy.PrivacyLedger`),
+including ``early``'s stop before the round that would pass the budget. Rows: ``strategy, dropout, epsilon,
+rounds_completed`` and, as siblings, the planned ``target_variance`` and the last round's ``accounted_variance``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from sim.dp.strategies import STRATEGIES
+from sim.scenario.schema import Scenario
+
+PLANNED = tuple(s for s in STRATEGIES if s != "none")
+"""Strategies ``dropsim privacy`` compares by default."""
+
+
+def model_dimension(scenario: Scenario) -> int:
+    """Parameters of the scenario's model on its data set's input shape."""
+    from sim.learning.federated import SHAPES
+    from sim.learning.models import count_parameters
+
+    shape, classes = SHAPES[scenario.data.dataset]
+    return count_parameters(scenario.model.name, shape, classes)
+
+
+def privacy_table(
+    scenario: Scenario, dropouts: Sequence[float], dim: int, strategies: Sequence[str] = PLANNED
+) -> list[dict[str, Any]]:
+    """One row per strategy and dropout rate (see the module docstring)."""
+    from sim.engine.privacy import PrivacyLedger
+
+    sc = scenario
+    k, rate = sc.sampling.clients_per_round, sc.sampling.rate
+    q = k / sc.population if k is not None else float(rate or 0.0)
+    n = k if k is not None else max(1, round(q * sc.population))
+    rows = []
+    for strategy in strategies:
+        privacy = dataclasses.replace(sc.privacy, strategy=strategy)
+        aggregation = dataclasses.replace(sc.aggregation, strategy=strategy)
+        for x in dropouts:
+            ledger = PrivacyLedger(privacy, aggregation, sc.rounds, q, n, dim, sc.seed)
+            survivors = n - math.floor(x * n + 0.5)
+            completed, accounted = 0, math.nan
+            for _ in range(sc.rounds):
+                plan, private = ledger.round(completed + 1, n)
+                if private.admit is not None and private.admit(survivors):
+                    break
+                report = ledger.account(plan, private.encoding.scale, survivors if survivors > 0 else None)
+                accounted = report.accounted_variance
+                completed += 1
+            rows.append(
+                {
+                    "strategy": strategy,
+                    "dropout": x,
+                    "epsilon": ledger.accountant.epsilon(),
+                    "rounds_completed": completed,
+                    "target_variance": ledger.target,
+                    "accounted_variance": accounted,
+                }
+            )
+    return rows

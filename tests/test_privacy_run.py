@@ -1,0 +1,132 @@
+"""Distributed DP end to end: scenario keys, the ``dropsim privacy`` table, and runs whose rounds.csv
+accounts each round at the noise it really had (Orig overspends under dropout, XNoise hits the budget,
+Early stops before passing it), with identical virtual times and accounting in timing fidelity."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cli import main
+from sim.dp.accounting import Accountant
+from sim.engine.privacy import padded
+from sim.runner import run_scenario
+from sim.scenario import load
+from sim.scenario.errors import ScenarioError
+
+BASE = """
+name: dp
+seed: 3
+rounds: 6
+population: 40
+sampling: {clients_per_round: 10}
+dropout: {rate: 0.3, stage: before_upload}
+data: {dataset: digits}
+model: {name: mlp}
+training: {local_epochs: 1, batch_size: 20}
+aggregation: {protocol: secagg, bits: 20}
+privacy: {strategy: xnoise, epsilon: 4, delta: 1.0e-3, clip: 1.0, tolerance: 0.5}
+fidelity: timing
+"""
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    path = tmp_path / "dp.yaml"
+    path.write_text(BASE)
+    return path
+
+
+def run(path: Path, out: Path, *overrides: str) -> pd.DataFrame:
+    scenario = load(path, list(overrides), output=str(out)).points()[0]
+    run_scenario(scenario, out, progress=False)
+    return pd.read_csv(out / "rounds.csv")
+
+
+def test_privacy_command_table(scenario_file, tmp_path, capsys):
+    out = tmp_path / "eps.csv"
+    code = main(["privacy", str(scenario_file), "--dropout", "0", "0.2", "0.4", "--dim", "1000", "--csv", str(out)])
+    assert code == 0, capsys.readouterr().err
+    table = pd.read_csv(out)
+    assert list(table.columns[:4]) == ["strategy", "dropout", "epsilon", "rounds_completed"]
+    by = {s: t.set_index("dropout") for s, t in table.groupby("strategy")}
+    orig, xnoise, early = by["orig"]["epsilon"], by["xnoise"]["epsilon"], by["early"]
+    assert orig[0.0] == pytest.approx(4, rel=1e-6) and orig[0.0] < orig[0.2] < orig[0.4]
+    assert (xnoise - 4).abs().max() < 1e-5
+    assert (early["epsilon"] <= 4).all()
+    assert early["rounds_completed"][0.0] == 6 and early["rounds_completed"][0.4] < 6
+    assert by["rebasing"]["epsilon"][0.4] == pytest.approx(4, rel=1e-6)
+
+
+def test_privacy_command_rejects_unknown_strategies(scenario_file, capsys):
+    assert main(["privacy", str(scenario_file), "--strategies", "magic"]) == 2
+    assert "unknown strategies ['magic']" in capsys.readouterr().err
+
+
+def test_rounds_csv_accounts_each_round(scenario_file, tmp_path):
+    rounds = run(scenario_file, tmp_path / "x")
+    assert (rounds["outcome"] == "ok").all()
+    assert (rounds["realised_variance"] == rounds["target_variance"]).all()  # 3 of 10 dropped, T = 5
+    assert rounds["epsilon"].is_monotonic_increasing
+    assert rounds["epsilon"].iloc[-1] == pytest.approx(4, rel=1e-6)
+    # the same composition by hand: six rounds at the target, each at its own scale, at q = 10 / 40, over the
+    # model's dimension padded to a power of two
+    dim = json.loads((tmp_path / "x" / "manifest.json").read_text())["model_parameters"]
+    acc = Accountant("skellam", 1e-3, 1.0, padded(dim), 10 / 40, scale=1.0)
+    for variance, scale in zip(rounds["accounted_variance"], rounds["dp_scale"], strict=True):
+        acc.add_round(variance, clients=7, scale=scale)
+    assert rounds["epsilon"].iloc[-1] == pytest.approx(acc.epsilon(), rel=1e-12)
+
+
+def test_orig_overspends_and_early_stops(scenario_file, tmp_path):
+    orig = run(scenario_file, tmp_path / "orig", "privacy.strategy=orig")
+    assert ((orig["realised_variance"] - 0.7 * orig["target_variance"]).abs() < 1e-12).all()
+    assert orig["epsilon"].iloc[-1] > 4
+    early = run(scenario_file, tmp_path / "early", "privacy.strategy=early")
+    assert len(early) < 6
+    assert early["outcome"].iloc[-1].startswith("aborted: masked_input: privacy budget")
+    assert math.isnan(early["realised_variance"].iloc[-1])  # refused before anything was unmasked
+    assert early["epsilon"].iloc[-1] <= 4
+    manifest = json.loads((tmp_path / "early" / "manifest.json").read_text())
+    assert "privacy budget" in manifest["stopped"]
+
+
+@pytest.mark.slow
+def test_full_and_timing_fidelity_agree_on_times_and_accounting(scenario_file, tmp_path):
+    timing = run(scenario_file, tmp_path / "t", "rounds=3")
+    full = run(scenario_file, tmp_path / "f", "rounds=3", "fidelity=full")
+    for column in ("t_end", "survivors", "epsilon", "realised_variance", "server_bytes_in", "time_unmasking"):
+        pd.testing.assert_series_equal(full[column], timing[column], check_exact=True)
+    assert full["accuracy"].notna().all()
+
+
+@pytest.mark.slow
+def test_survivors_dropping_during_noise_removal_are_recovered_from_shares(scenario_file, tmp_path):
+    rounds = run(scenario_file, tmp_path / "r", "rounds=2", "fidelity=full", "dropout.stage=during_noise_removal")
+    assert (rounds["outcome"] == "ok").all()
+    assert (rounds["time_noise_removal"] > 0).all()  # stage 5 ran: seeds came from shares
+    assert (rounds["realised_variance"] == rounds["target_variance"]).all()
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("aggregation.protocol=plain", "removes noise with seeds shared under secure aggregation"),
+        ("aggregation.protocol=fedavg", "needs an encoded protocol"),
+        ("privacy.strategy=magic", "privacy.strategy"),
+        ("privacy.tolerance=1.5", "privacy.tolerance"),
+        ("privacy.mechanism=laplace", "privacy.mechanism"),
+    ],
+)
+def test_bad_privacy_keys_are_named(scenario_file, override, message):
+    with pytest.raises(ScenarioError, match=message):
+        load(scenario_file, [override]).points()
+
+
+def test_noise_removal_stage_needs_a_removing_strategy(scenario_file):
+    with pytest.raises(ScenarioError, match="dropout.stage"):
+        load(scenario_file, ["privacy.strategy=orig", "dropout.stage=during_noise_removal"]).points()
