@@ -36,6 +36,8 @@ def preflight(scenario: Scenario) -> list[Problem]:
                 "of digits, so some clients would have no data; lower it, or use dataset synthetic",
             )
         )
+    if scenario.privacy.enabled:
+        problems += _privacy(scenario)
     try:
         costs = CostModel.load(scenario.cost_profile)
     except CostModelError as exc:
@@ -53,6 +55,24 @@ def preflight(scenario: Scenario) -> list[Problem]:
             )
         )
     return problems
+
+
+def _privacy(scenario: Scenario) -> list[Problem]:
+    """Whether the noise can be planned for the budget and fits the bits (DP needs no machine, but a plan
+    that cannot be made should stop the run before it starts, not in its first round)."""
+    from sim.dp.planner import model_dimension
+    from sim.engine.privacy import PrivacyLedger
+
+    sc = scenario
+    k, rate = sc.sampling.clients_per_round, sc.sampling.rate
+    q = k / sc.population if k is not None else float(rate or 0.0)
+    n = k if k is not None else max(1, round(q * sc.population))
+    try:
+        ledger = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, n, model_dimension(sc), sc.seed)
+        ledger.round(1, n)
+    except ValueError as exc:
+        return [Problem(sc.origin("privacy"), "privacy", f"cannot plan the noise: {exc}")]
+    return []
 
 
 def check_all(scenarios: list[Scenario]) -> None:

@@ -130,3 +130,10 @@ def test_bad_privacy_keys_are_named(scenario_file, override, message):
 def test_noise_removal_stage_needs_a_removing_strategy(scenario_file):
     with pytest.raises(ScenarioError, match="dropout.stage"):
         load(scenario_file, ["privacy.strategy=orig", "dropout.stage=during_noise_removal"]).points()
+
+
+def test_a_budget_the_bits_cannot_meet_is_refused_before_running(scenario_file, capsys):
+    code = main(["check", str(scenario_file), "--set", "aggregation.bits=5", "--set", "privacy.epsilon=0.01"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "privacy: cannot plan the noise" in err and "raise epsilon or (for scaled mechanisms) the bit width" in err
