@@ -498,6 +498,11 @@ def _timeouts(r: Reader, aggregation: AggregationParams) -> dict[str, float]:
     for step in aggregation.spec.steps:
         if step not in steps and r.has(step):
             r.raw(step)
-            r.fail(step, f"is a step of {aggregation.protocol} only with aggregation.adversary: malicious")
+            needs = (
+                "privacy.strategy xnoise or xnoise-appr"
+                if step == "noise_removal"
+                else "aggregation.adversary: malicious"
+            )
+            r.fail(step, f"is a step of {aggregation.protocol} only with {needs}")
     r.finish(extra_allowed=steps)
     return timeouts
