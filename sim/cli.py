@@ -182,16 +182,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_privacy(args: argparse.Namespace) -> int:
     from sim.dp.planner import PLANNED, model_dimension, privacy_table
-    from sim.results.writer import csv_bytes, write_atomic
+    from sim.dp.strategies import allowed
+    from sim.results.writer import csv_bytes, make_folder, write_atomic
 
     grid = load(args.file, args.overrides)
     scenario = grid.base()
-    strategies = args.strategies or list(PLANNED)
-    unknown = [s for s in strategies if s not in PLANNED]
+    protocol = scenario.aggregation.protocol
+    supported = [s for s in PLANNED if s in allowed(protocol)]
+    strategies = args.strategies or supported
+    unknown = [s for s in strategies if s not in supported]
     bad_rates = [x for x in args.dropout if not 0 <= x < 1]
     if unknown or bad_rates or (args.dim is not None and args.dim < 1):
         what = (
-            f"unknown strategies {unknown} (allowed: {', '.join(PLANNED)})"
+            f"strategies {unknown} are unknown or need another protocol than {protocol} "
+            f"(allowed here: {', '.join(supported) or 'none: set aggregation.protocol'})"
             if unknown
             else f"dropout rates {bad_rates} outside [0, 1)"
             if bad_rates
@@ -212,6 +216,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     _print_table(rows)
     if args.csv:
+        make_folder(args.csv.parent)
         write_atomic(args.csv, csv_bytes(rows, list(rows[0]), header=True))
         print(f"table: {args.csv}")
     if args.plot:

@@ -64,7 +64,7 @@ def test_privacy_command_table(scenario_file, tmp_path, capsys):
 
 def test_privacy_command_rejects_unknown_strategies(scenario_file, capsys):
     assert main(["privacy", str(scenario_file), "--strategies", "magic"]) == 2
-    assert "unknown strategies ['magic']" in capsys.readouterr().err
+    assert "strategies ['magic'] are unknown or need another protocol" in capsys.readouterr().err
 
 
 def test_rounds_csv_accounts_each_round(scenario_file, tmp_path):

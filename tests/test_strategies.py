@@ -78,7 +78,11 @@ def test_baselines(nt, strategy):
 
 def test_orig_falls_below_the_target_with_every_dropout():
     plan = RoundNoise("orig", TARGET, 10, 5)
-    assert [plan.residual(d) for d in (0, 2, 4)] == [Fraction(TARGET), Fraction(TARGET) * 8 / 10, Fraction(TARGET) * 6 / 10]
+    assert [plan.residual(d) for d in (0, 2, 4)] == [
+        Fraction(TARGET),
+        Fraction(TARGET) * 8 / 10,
+        Fraction(TARGET) * 6 / 10,
+    ]
 
 
 def test_largest_residual_bounds_every_dropout_count():
@@ -93,10 +97,20 @@ def test_largest_residual_bounds_every_dropout_count():
         ({"strategy": "magic"}, "unknown strategy"),
         ({"tolerance": 10}, "tolerance < sampled"),
         ({"collusion": 3, "threshold": 3}, "below the threshold"),
-        ({"strategy": "con", "guessed_dropout": 0.99}, "leaves no client"),
     ],
 )
 def test_bad_plans_are_refused(kwargs, message):
     args = {"strategy": "orig", "target": 1.0, "sampled": 10, "tolerance": 5} | kwargs
     with pytest.raises(ValueError, match=message):
         RoundNoise(**args)
+
+
+def test_con_with_fewer_clients_than_its_guess_leaves_still_divides_by_one():
+    plan = RoundNoise("con", TARGET, 1, 0, guessed_dropout=0.5)
+    assert plan.components == (Fraction(TARGET),)
+
+
+def test_a_survivor_set_larger_than_the_sample_is_refused():
+    plan = RoundNoise("xnoise", TARGET, 8, 4)
+    with pytest.raises(ValueError, match="larger than the sample"):
+        plan.removed(-3)

@@ -16,7 +16,14 @@ from sim.crypto.randomness import SeededRandom
 from sim.dp.dskellam import DSkellamEncoding
 from sim.dp.strategies import RoundNoise
 from sim.loopback import run_loopback
-from sim.protocol.messages import RemovalRequest, SeedShares, UnmaskShares, UnmaskSharesAndSeeds
+from sim.protocol.messages import (
+    RemovalRequest,
+    SeedShares,
+    SignedUploads,
+    Survivors,
+    UnmaskShares,
+    UnmaskSharesAndSeeds,
+)
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite, SizedSuite
@@ -257,3 +264,61 @@ def test_rebasing_upload_grows_with_the_model_xnoise_does_not():
     rebasing_small, rebasing_large = unmask_upload("rebasing", small), unmask_upload("rebasing", large)
     # z: d' values of 20 bits packed (d' = 1024 and 131072)
     assert rebasing_large - rebasing_small == (131072 - 1024) * 20 // 8
+
+
+def _no_seeds_released(sent):
+    return not any(isinstance(m, UnmaskSharesAndSeeds) for _, m in sent)
+
+
+@pytest.mark.parametrize("fake", [(1000, 1002), (5,)])
+def test_a_server_overstating_the_survivors_gets_no_seed(fake):
+    """Clients 5 left before sharing keys; the server claims it (or clients never sampled) survived, to make
+    clients remove more noise. Every client refuses before releasing a seed."""
+    _, server, clients, updates, _ = setup("xnoise", n=8)
+
+    def tamper(to, message):
+        if isinstance(message, Survivors):
+            return Survivors(message.round, tuple(sorted((*message.clients, *fake))))
+        return message
+
+    sent = []
+    result = run_loopback(
+        server, clients, updates, {5: "share_keys"}, tamper=tamper, observe=lambda s, m: sent.append((s, m))
+    )
+    assert len(result.aborted) == 7
+    assert all("survivor set names" in str(e) for e in result.aborted.values())
+    assert _no_seeds_released(sent)
+
+
+@pytest.mark.parametrize("protocol", ["secagg", "secagg+"])
+def test_malicious_variant_needs_every_survivors_upload_signature(protocol):
+    """Client 5 shared its keys but never uploaded: in the malicious variant the server cannot add it to U3,
+    because it holds no upload signature of client 5 (Dordis 3.3), even where clients cannot tell otherwise
+    (SecAgg+ non-neighbours)."""
+    _, server, clients, updates, _ = setup("xnoise", n=8, malicious=True, protocol=protocol)
+    forged = bytes(64)
+
+    def tamper(to, message):
+        if isinstance(message, SignedUploads):
+            pairs = sorted((*zip(message.clients, message.signatures, strict=True), (5, forged)))
+            return SignedUploads(message.round, tuple(c for c, _ in pairs), tuple(s for _, s in pairs))
+        return message
+
+    sent = []
+    result = run_loopback(
+        server, clients, updates, {5: "masked_input"}, tamper=tamper, observe=lambda s, m: sent.append((s, m))
+    )
+    assert result.aborted
+    assert all("upload signature does not verify" in str(e) for e in result.aborted.values())
+    assert _no_seeds_released(sent)
+
+
+def test_malicious_variant_rejects_a_survivor_set_without_upload_signatures():
+    _, server, clients, updates, _ = setup("xnoise", n=8, malicious=True)
+
+    def tamper(to, message):
+        return Survivors(message.round, message.clients) if isinstance(message, SignedUploads) else message
+
+    result = run_loopback(server, clients, updates, {}, tamper=tamper)
+    assert len(result.aborted) == 8
+    assert all("without every member's upload signature" in str(e) for e in result.aborted.values())

@@ -3,8 +3,10 @@
 For each strategy and dropout rate x, every one of the scenario's rounds samples its nominal n clients, of
 which round(x n) (half up, as ``dropout.mode: fixed``) drop before uploading; the round is planned, run
 through the noise plan and accounted exactly as a simulated round is (:class:`sim.engine.privacy.PrivacyLedger`),
-including ``early``'s stop before the round that would pass the budget. Rows: ``strategy, dropout, epsilon,
-rounds_completed`` and, as siblings, the planned ``target_variance`` and the last round's ``accounted_variance``.
+including ``early``'s stop before the round that would pass the budget, and rounds that abort because
+fewer clients than the secure-aggregation threshold upload (they reveal nothing and cost nothing).
+Rows: ``strategy, dropout, epsilon, rounds_completed`` and, as siblings, the planned ``target_variance``
+and the last round's ``accounted_variance``.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.dp.strategies import STRATEGIES
+from sim.protocol.registry import AggregationParams, reconstruction_threshold
 from sim.scenario.schema import Scenario
 
 PLANNED = tuple(s for s in STRATEGIES if s != "none")
@@ -28,6 +31,11 @@ def model_dimension(scenario: Scenario) -> int:
 
     shape, classes = SHAPES[scenario.data.dataset]
     return count_parameters(scenario.model.name, shape, classes)
+
+
+def minimum_survivors(aggregation: AggregationParams, n: int) -> int:
+    """Fewest uploads a round of ``n`` goes on with: the secure protocols' threshold, one for ``plain``."""
+    return reconstruction_threshold(aggregation, n) if aggregation.protocol in ("secagg", "secagg+") else 1
 
 
 def privacy_table(
@@ -48,7 +56,9 @@ def privacy_table(
             ledger = PrivacyLedger(privacy, aggregation, sc.rounds, q, n, dim, sc.seed)
             survivors = n - math.floor(x * n + 0.5)
             completed, accounted = 0, math.nan
-            for _ in range(sc.rounds):
+            # Fewer survivors than the threshold: every round aborts before unmasking; nothing is revealed.
+            runs = survivors >= max(1, minimum_survivors(aggregation, n))
+            for _ in range(sc.rounds if runs else 0):
                 plan, private = ledger.round(completed + 1, n)
                 if private.admit is not None and private.admit(survivors):
                     break

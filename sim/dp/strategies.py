@@ -48,6 +48,16 @@ DISTRIBUTED = ("orig", "early", "con", "xnoise", "xnoise-appr", "rebasing", "com
 """Strategies where clients add the central noise together (collusion inflation applies)."""
 
 
+def allowed(protocol: str) -> tuple[str, ...]:
+    """Strategies a protocol supports: removal and rebasing need seeds shared under secure aggregation, and
+    under ``plain`` the server sees each noisy update alone, so only central and local DP hold."""
+    if protocol in ("secagg", "secagg+"):
+        return STRATEGIES
+    if protocol == "plain":
+        return ("none", "central", "local")
+    return ("none",)
+
+
 @dataclass(frozen=True)
 class RoundNoise:
     """The noise plan of one round for ``sampled`` clients."""
@@ -73,8 +83,12 @@ class RoundNoise:
             raise ValueError(f"need 0 <= tolerance < sampled, got tolerance {t} of {n}")
         if self.collusion and not 0 <= self.collusion < self.threshold:
             raise ValueError(f"collusion {self.collusion} must be below the threshold {self.threshold}")
-        if self.strategy == "con" and math.floor(n * (1 - self.guessed_dropout)) < 1:
-            raise ValueError(f"guessed dropout {self.guessed_dropout} leaves no client of {n}")
+
+    @property
+    def guessed_survivors(self) -> int:
+        """``con``'s floor(n (1 - x)), at least 1 (a small round may have fewer clients than the guess
+        leaves)."""
+        return max(1, math.floor(self.sampled * (1 - self.guessed_dropout)))
 
     # -- components -------------------------------------------------------------------------------
     @cached_property
@@ -106,7 +120,7 @@ class RoundNoise:
             case "orig" | "early" | "rebasing":
                 return (s / n,)
             case "con":
-                return (s / math.floor(n * (1 - self.guessed_dropout)),)
+                return (s / self.guessed_survivors,)
             case "committee":
                 return (s / (n - t),)
             case "local":
@@ -136,6 +150,8 @@ class RoundNoise:
     def removed(self, dropped: int) -> tuple[int, ...]:
         """Indices of the components every survivor's noise loses when ``dropped`` clients dropped."""
         n, t = self.sampled, self.tolerance
+        if not 0 <= dropped <= n:
+            raise ValueError(f"{dropped} dropped of {n} sampled: a survivor set larger than the sample")
         if dropped > t or dropped >= n:
             return ()
         if self.strategy == "xnoise":

@@ -24,11 +24,11 @@ from fractions import Fraction
 
 from sim.dp.accounting import Accountant, choose_scale, epsilon, plan_variance
 from sim.dp.dskellam import DSkellamEncoding
+from sim.dp.noise import MAX_VARIANCE
 from sim.dp.strategies import RoundNoise
-from sim.protocol import graph
+from sim.protocol.machine import RoundSetupError
 from sim.protocol.private import PrivateRound
-from sim.protocol.registry import AggregationParams
-from sim.protocol.secagg import share_threshold
+from sim.protocol.registry import AggregationParams, reconstruction_threshold
 from sim.scenario.schema import Privacy
 from sim.seeds import Stream, seed_bytes
 
@@ -80,7 +80,8 @@ class PrivacyLedger:
         """Why training stopped early (``early``), or empty."""
         self._plans: dict[tuple[int, float], RoundNoise] = {}
         self.target = 0.0
-        unit = self.plan(clients, 1.0).largest_residual
+        unit_plan = self.plan(clients, 1.0)
+        unit, unit_component = unit_plan.largest_residual, self.largest_component(unit_plan)
         self.target = plan_variance(
             privacy.mechanism,
             privacy.epsilon,
@@ -89,7 +90,7 @@ class PrivacyLedger:
             rate,
             privacy.clip,
             self.padded,
-            scale_for=lambda v: self.scale(clients, v * unit),
+            scale_for=lambda v: self.scale(clients, v * unit, v * unit_component),
             clients=clients,
         )
         """sigma*^2, model units."""
@@ -97,14 +98,7 @@ class PrivacyLedger:
 
     def threshold(self, n: int) -> int:
         """t, the secure-aggregation threshold of a round of ``n`` (per neighbourhood for SecAgg+)."""
-        a = self.aggregation
-        if a.protocol == "plain":
-            return n
-        holders = n
-        if a.protocol == "secagg+":
-            degree = graph.auto_degree(n) if a.neighbours is None else a.neighbours
-            holders = min(n, degree + degree % 2 + 1)
-        return share_threshold(a.threshold, holders)
+        return reconstruction_threshold(self.aggregation, n)
 
     def plan(self, n: int, target: float | None = None) -> RoundNoise:
         """The noise plan of a round of ``n`` sampled clients (cached: rounds repeat their sizes)."""
@@ -115,29 +109,45 @@ class PrivacyLedger:
 
     def _new_plan(self, n: int, target: float) -> RoundNoise:
         p = self.p
+        t = self.threshold(n) if p.collusion else 0
+        if p.collusion and p.collusion >= t:
+            raise RoundSetupError(
+                f"privacy.collusion {p.collusion} is not below this round's threshold t = {t} of {n} sampled "
+                "clients: colluders could reconstruct secrets alone"
+            )
         return RoundNoise(
             strategy=p.strategy,
             target=target,
             sampled=n,
             tolerance=min(math.floor(p.tolerance * n), n - 1),
-            threshold=self.threshold(n) if p.collusion else 0,
+            threshold=t,
             collusion=p.collusion,
             guessed_dropout=p.guessed_dropout,
         )
 
-    def scale(self, n: int, largest: float | Fraction) -> float:
+    def scale(self, n: int, largest: float | Fraction, component: float | Fraction = 0.0) -> float:
         """The round's scale: ``headroom`` stddevs of a coordinate of the sum of ``n`` aligned clipped updates
         (norm up to n c, so clip sqrt(n) in :func:`choose_scale`'s sqrt(n)-growth formula) plus noise of
-        variance ``largest`` fit in 2^(bits-1)."""
+        variance ``largest`` fit in 2^(bits-1); and no noise component (variance ``component``, model units)
+        beyond what the samplers take (:data:`sim.dp.noise.MAX_VARIANCE` in integer units). A smaller scale
+        always fits."""
         p = self.p
-        return choose_scale(self.aggregation.bits, p.headroom, p.clip * math.sqrt(n), self.padded, n, float(largest))
+        s = choose_scale(self.aggregation.bits, p.headroom, p.clip * math.sqrt(n), self.padded, n, float(largest))
+        if component:
+            s = min(s, math.sqrt(MAX_VARIANCE / float(component)))
+        return s
+
+    @staticmethod
+    def largest_component(plan: RoundNoise) -> Fraction:
+        """The largest noise variance any single sample is drawn at (model units)."""
+        rebased = plan.rebased(1) if plan.strategy == "rebasing" else Fraction(0)
+        return max((*plan.components, plan.server, rebased))
 
     def round(self, number: int, sampled: int) -> tuple[RoundNoise, PrivateRound]:
         """The noise plan and the public DP parameters of round ``number`` with ``sampled`` clients."""
         plan = self.plan(sampled)
-        encoding = DSkellamEncoding(
-            self.dim, self.aggregation.bits, self.p.clip, self.scale(sampled, plan.largest_residual)
-        )
+        scale = self.scale(sampled, plan.largest_residual, self.largest_component(plan))
+        encoding = DSkellamEncoding(self.dim, self.aggregation.bits, self.p.clip, scale)
         private = PrivateRound(
             encoding=encoding,
             rotation_seed=seed_bytes(self.seed, Stream.ROTATION, number),

@@ -101,6 +101,9 @@ class RoundRecord:
     server_bytes_out: int = 0
     server_compute_s: float = 0.0
     aggregate: Aggregate | None = None
+    exposed: int | None = None
+    """Survivors whose noisy sum the server unmasked, even if the round then aborted (XNoise's noise
+    removal); None if nothing was revealed."""
 
 
 @dataclass
@@ -138,6 +141,7 @@ class Round:
         sampled: np.ndarray,
         drops: dict[int, str],
         private: PrivateRound | None = None,
+        setup_error: str = "",
     ) -> None:
         self.s = setup
         self.private = private
@@ -176,11 +180,13 @@ class Round:
         """Long-term signing keys of the sampled clients (malicious variant)."""
         self.machine: ServerMachine | None = None
         self.client_factory: ClientFactory | None = None
-        self.setup_error = ""
-        try:
-            self.machine, self.client_factory = self._machines()
-        except RoundSetupError as exc:
-            self.setup_error = str(exc)
+        self.setup_error = setup_error
+        """Why the round cannot run (it then aborts at once), or empty."""
+        if not setup_error:
+            try:
+                self.machine, self.client_factory = self._machines()
+            except RoundSetupError as exc:
+                self.setup_error = str(exc)
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
         s, params = self.s, self.s.aggregation
@@ -227,6 +233,9 @@ class Round:
         rec.t_end = env.now
         rec.outcome = machine.outcome
         rec.aggregate = machine.aggregate
+        rec.exposed = len(machine.aggregate.survivors) if machine.aggregate is not None else None
+        if rec.exposed is None:
+            rec.exposed = getattr(machine, "exposed", None)
         survivors = set(machine.aggregate.survivors) if machine.aggregate is not None else set()
         rec.survivors = len(survivors)
         rec.dropped_planned = len(self.drops)

@@ -25,6 +25,7 @@ from sim.engine.sampling import sample_clients
 from sim.learning.federated import load_federated
 from sim.learning.models import count_parameters, train_op
 from sim.learning.trainer import Learner
+from sim.protocol.machine import RoundSetupError
 from sim.scenario.schema import Scenario
 
 
@@ -101,17 +102,22 @@ class Simulation:
         sampled = sample_clients(self._everyone, sc.sampling, sc.seed, r)
         drops = self.dropout.plan(r, sampled)
         plan = private = None
+        refused = ""
         if self.privacy is not None and len(sampled):
-            plan, private = self.privacy.round(r, len(sampled))
-        process = self.env.process(Round(self.setup, r, sampled, drops, private).run())
+            try:
+                plan, private = self.privacy.round(r, len(sampled))
+            except RoundSetupError as exc:  # e.g. too few clients this round for the collusion tolerance
+                refused = str(exc)
+        process = self.env.process(Round(self.setup, r, sampled, drops, private, refused).run())
         self.env.run(until=process)
         record = process.value
         assert isinstance(record, RoundRecord)
         privacy = None
         if self.privacy is not None:
-            if plan is not None and private is not None:
-                revealed = len(record.aggregate.survivors) if record.aggregate is not None else None
-                privacy = self.privacy.account(plan, private.encoding.scale, revealed)
+            if plan is not None and private is not None and not refused:
+                # A sum unmasked before an abort (XNoise's noise removal short of shares) was seen: it is
+                # accounted as if every excess component had been removed (it had more noise: conservative).
+                privacy = self.privacy.account(plan, private.encoding.scale, record.exposed)
             else:
                 privacy = self.privacy.account_empty()
         accuracy = loss = math.nan

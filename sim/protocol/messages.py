@@ -76,7 +76,7 @@ class MaskedInput(Message):
     """Stage 2: the masked encoded update y_u."""
 
     TYPE: ClassVar[int] = 14
-    FIELDS: ClassVar = (("round", U32), ("client", U64), ("y", PACKED))
+    FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = (("round", U32), ("client", U64), ("y", PACKED))
     round: int
     client: int
     y: ModVector
@@ -87,7 +87,7 @@ class Survivors(Message):
     """Server to client: U3, the clients whose masked input arrived (consistency check or unmasking)."""
 
     TYPE: ClassVar[int] = 15
-    FIELDS: ClassVar = (("round", U32), ("clients", list_of(U64)))
+    FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = (("round", U32), ("clients", list_of(U64)))
     round: int
     clients: tuple[int, ...]
 
@@ -179,3 +179,24 @@ class RebaseAndUnmask(UnmaskShares):
     TYPE: ClassVar[int] = 22
     FIELDS: ClassVar = (*UnmaskShares.FIELDS, ("z", PACKED))
     z: ModVector
+
+
+@dataclass(frozen=True, eq=False)
+class SignedMaskedInput(MaskedInput):
+    """Stage 2 under distributed DP, malicious variant: the masked input and the client's signature that it
+    uploaded in this round (Dordis 3.3)."""
+
+    TYPE: ClassVar[int] = 23
+    FIELDS: ClassVar = (*MaskedInput.FIELDS, ("signature", SIGNATURE))
+    signature: Data
+
+
+@dataclass(frozen=True)
+class SignedUploads(Survivors):
+    """Server to client under distributed DP, malicious variant: U3 with every member's upload signature,
+    which each client verifies before it computes |U \\ U3| and releases any noise seed."""
+
+    TYPE: ClassVar[int] = 24
+    FIELDS: ClassVar = (*Survivors.FIELDS, ("signatures", list_of(SIGNATURE)))
+    signatures: tuple[Data, ...]
+    """One per client of ``clients``, in the same order."""

@@ -21,7 +21,7 @@ from sim.protocol.fedavg import FedAvgClient, FedAvgServer
 from sim.protocol.machine import ClientMachine, ServerMachine
 from sim.protocol.plain import PlainClient, PlainServer
 from sim.protocol.private import PrivateRound
-from sim.protocol.secagg import SecAggClient, SecAggConfig, SecAggServer
+from sim.protocol.secagg import SecAggClient, SecAggConfig, SecAggServer, share_threshold
 from sim.protocol.suite import Suite
 from sim.protocol.wire import Data
 
@@ -122,6 +122,17 @@ class AggregationParams:
 
 ClientFactory = Callable[[int, RandomSource, "np.random.Generator | None", "Data | None"], ClientMachine]
 """``(client, key randomness, encoding randomness, signing key) -> machine``."""
+
+
+def reconstruction_threshold(params: AggregationParams, n: int) -> int:
+    """t of a round of ``n`` sampled clients: SecAgg's, or SecAgg+'s per neighbourhood (``plain``: n)."""
+    if params.protocol not in ("secagg", "secagg+") or n < 1:
+        return n
+    holders = n
+    if params.protocol == "secagg+":
+        degree = graph.auto_degree(n) if params.neighbours is None else params.neighbours
+        holders = min(n, degree + degree % 2 + 1)
+    return share_threshold(params.threshold, holders)
 
 
 def neighbourhoods(params: AggregationParams, sampled: tuple[int, ...], graph_seed: int) -> dict[int, tuple[int, ...]]:

@@ -71,13 +71,15 @@ from sim.protocol.messages import (
     RemovalRequest,
     SeedShares,
     ShareKeys,
+    SignedMaskedInput,
     SignedSurvivors,
+    SignedUploads,
     Survivors,
     UnmaskShares,
     UnmaskSharesAndSeeds,
 )
 from sim.protocol.private import PrivateRound
-from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, plaintext_bytes, survivors_bytes
+from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, plaintext_bytes, survivors_bytes, upload_bytes
 from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
 
 SECRET_ELEMENTS = shamir.elements_for(32)
@@ -126,6 +128,12 @@ class SecAggConfig:
     def shared_noise(self) -> int:
         """Noise seeds each client Shamir-shares (XNoise's removable components)."""
         return self.private.plan.removable if self.private is not None and self.private.removing else 0
+
+    @property
+    def signed_uploads(self) -> bool:
+        """Whether uploads are signed and the survivor set comes with the signatures (Dordis 3.3): under
+        distributed DP in the malicious variant, where overstating U3 would remove too much noise."""
+        return self.malicious and self.private is not None
 
     def excess(self, survivors: int) -> tuple[int, ...]:
         """Noise components every survivor's noise loses when ``survivors`` of the sampled clients remain."""
@@ -240,6 +248,10 @@ class SecAggServer:
         """Sum mod 2^bits of the masked inputs received so far."""
         self.u4: dict[int, Data] = {}
         self.u5: set[int] = set()
+        self.upload_signatures: dict[int, Data] = {}
+        self.exposed: int | None = None
+        """Survivors whose noisy sum was unmasked (set even if the round then aborts in noise removal: that
+        sum was revealed to the server and must be accounted)."""
         self.removed: tuple[int, ...] = ()
         """Noise components removed from every survivor (XNoise)."""
 
@@ -342,6 +354,10 @@ class SecAggServer:
     def _on_masked(self, sender: int, m: MaskedInput) -> list[Work]:
         if m.y.bits != self.config.bits or m.y.length != self.config.dim:
             raise RemoteProtocolError(sender, f"sent a masked input of {m.y.length} values of {m.y.bits} bits")
+        if self.config.signed_uploads:
+            if not isinstance(m, SignedMaskedInput):
+                raise RemoteProtocolError(sender, "sent its masked input without the upload signature")
+            self.upload_signatures[sender] = m.signature
         if self.suite.full:
             if isinstance(self.total, Blank):
                 self.total = np.zeros(self.config.dim, dtype=np.uint32)
@@ -373,7 +389,9 @@ class SecAggServer:
             refused = cfg.private.admit(len(survivors))
             if refused:
                 return Reaction(work=work + self._abort(f"masked_input: {refused}").work)
-        request = Survivors(cfg.round, survivors)
+        request: Survivors = Survivors(cfg.round, survivors)
+        if cfg.signed_uploads:
+            request = SignedUploads(cfg.round, survivors, tuple(self.upload_signatures[c] for c in survivors))
         self.step = "consistency_check" if cfg.malicious else "unmasking"
         self._expected = set(survivors)
         return Reaction(sends=tuple(Send(c, request) for c in survivors), work=work)
@@ -486,6 +504,7 @@ class SecAggServer:
                 if suite.full:  # y_u holds gamma_uv * PRG(s_uv) with gamma_uv = +1 if u > v else -1
                     total = sub_mod(total, mask, cfg.bits) if u > v else add_mod(total, mask, cfg.bits)  # type: ignore[arg-type]
         self.total = total
+        self.exposed = len(survivors)
         self.u5 = set(answered)
         self.removed = cfg.excess(len(survivors))
         if self.removed:
@@ -752,6 +771,11 @@ class SecAggClient:
         self.state = "survivors"
         self.x = Blank(cfg.dim, np.uint32)  # the input is no longer needed; free it
         message = MaskedInput(cfg.round, me, ModVector(cfg.bits, y))
+        if cfg.signed_uploads:
+            assert self.signing_key is not None
+            signature = suite.sign(self.signing_key, upload_bytes(cfg.session, cfg.round, me))
+            message = SignedMaskedInput(cfg.round, me, ModVector(cfg.bits, y), signature)
+            work.append(Work("ed25519.sign", {"count": 1}))
         return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
 
     # -- stage 3 / 4 ------------------------------------------------------------------------------
@@ -760,6 +784,13 @@ class SecAggClient:
         known = set(self.ciphertexts) | {me}
         if len(set(u3)) != len(u3) or me not in u3:
             raise InconsistentViewError(SERVER, "the survivor set repeats a client or leaves this client out")
+        if not set(u3) <= set(cfg.sampled):
+            raise InconsistentViewError(SERVER, "the survivor set names clients that were not sampled")
+        if cfg.complete and not set(u3) <= known:
+            # Every survivor must have shared with everyone (U3 within U2, Figure 5).
+            raise InconsistentViewError(
+                SERVER, "the survivor set names a client that never sent this client its shares"
+            )
         if not {v for v in u3 if v in self.peers} <= known:
             raise InconsistentViewError(
                 SERVER, "the survivor set names a holder that never sent this client its shares"
@@ -776,16 +807,24 @@ class SecAggClient:
     def _on_survivors(self, m: Survivors) -> Reaction:
         cfg = self.config
         self._check_survivors(m.clients)
+        checks = [cfg.graph_work(len(m.clients))]
+        if cfg.signed_uploads:
+            # |U \ U3| decides which noise is removed: every claimed survivor must have signed its upload.
+            if not isinstance(m, SignedUploads) or len(m.signatures) != len(m.clients):
+                raise InconsistentViewError(SERVER, "the survivor set comes without every member's upload signature")
+            for v, signature in zip(m.clients, m.signatures, strict=True):
+                if not self.suite.verify(cfg.verification_keys[v], upload_bytes(cfg.session, cfg.round, v), signature):
+                    raise BadSignatureError(SERVER, f"client {v}'s upload signature does not verify")
+            checks.append(Work("ed25519.verify", {"count": len(m.clients)}))
         self.u3 = tuple(sorted(m.clients))
-        check = cfg.graph_work(len(self.u3))
         if not cfg.malicious:
             reaction = self._unmask()
-            return Reaction(reaction.sends, (check, *reaction.work))
+            return Reaction(reaction.sends, (*checks, *reaction.work))
         assert self.signing_key is not None
         signature = self.suite.sign(self.signing_key, survivors_bytes(cfg.session, cfg.round, self.u3))
         self.state = "signatures"
         reply = ConsistencySignature(cfg.round, self.client, signature)
-        return Reaction(sends=(Send(SERVER, reply),), work=(check, Work("ed25519.sign", {"count": 1})))
+        return Reaction(sends=(Send(SERVER, reply),), work=(*checks, Work("ed25519.sign", {"count": 1})))
 
     def _on_signatures(self, m: SignedSurvivors) -> Reaction:
         cfg, suite = self.config, self.suite

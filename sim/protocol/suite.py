@@ -59,6 +59,13 @@ def survivors_bytes(session: bytes, round: int, clients: Sequence[int]) -> bytes
     return _DOMAIN + b"survivors" + session + packed
 
 
+def upload_bytes(session: bytes, round: int, client: int) -> bytes:
+    """What a client signs with its masked input under distributed DP in the malicious variant (Dordis 3.3):
+    that it uploaded in this round, so the server cannot count a client that dropped as a survivor (and so
+    understate dropout to remove more noise)."""
+    return _DOMAIN + b"upload" + session + struct.pack("<IQ", round, client)
+
+
 def keys_bytes(session: bytes, round: int, client: int, c_pk: Data, s_pk: Data) -> bytes:
     """What a client signs when advertising its keys (Figure 5, stage 0): bound to the session (variant,
     round, clients, graph), the round and the sender. Empty for sized (timing) keys, never really signed."""

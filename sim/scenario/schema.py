@@ -15,7 +15,7 @@ from typing import Any
 
 from sim.dp.strategies import REMOVING, STRATEGIES
 from sim.protocol.graph import auto_degree
-from sim.protocol.registry import PROTOCOLS, AggregationParams
+from sim.protocol.registry import PROTOCOLS, AggregationParams, reconstruction_threshold
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader
 from sim.scenario.source import Document
@@ -370,20 +370,33 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> P
             f"is {strategy!r}, which removes noise with seeds shared under secure aggregation: set "
             f"aggregation.protocol to secagg or secagg+, not {protocol!r}",
         )
+    elif p.enabled and protocol == "plain" and strategy not in ("central", "local"):
+        r.fail(
+            "strategy",
+            f"is {strategy!r}, whose clients share the noise: under plain the server sees every noisy update "
+            "alone, so only central or local DP hold; use secagg or secagg+ (or strategy central or local)",
+        )
     if p.collusion and protocol not in ("secagg", "secagg+"):
         r.fail(
             "collusion",
             f"is {p.collusion}: collusion tolerance scales noise by SecAgg's t / (t - T_C); "
             f"it needs protocol secagg or secagg+, not {protocol!r}",
         )
+    if not r.has("strategy") and any(r.has(key) for key in ("epsilon", "delta", "mechanism", "tolerance")):
+        r.fail(
+            "strategy",
+            "is missing: a privacy section without a strategy adds no noise (strategy none); name one, e.g. "
+            "xnoise, or none to run without DP",
+        )
     k = sampling.clients_per_round
-    if p.enabled and k is not None and p.strategy != "central":
-        if math.floor(p.tolerance * k) >= k:
-            r.fail("tolerance", f"is {p.tolerance}: it must leave at least one of the {k} sampled clients")
-        if p.collusion and p.collusion >= math.floor(aggregation.threshold * k) + 1:
-            r.fail("collusion", f"is {p.collusion}, not below the SecAgg threshold of {k} clients")
-        if p.strategy == "con" and math.floor(k * (1 - p.guessed_dropout)) < 1:
-            r.fail("guessed_dropout", f"is {p.guessed_dropout}: it leaves none of the {k} sampled clients")
+    if p.enabled and k is not None and p.collusion and protocol in ("secagg", "secagg+"):
+        t = reconstruction_threshold(aggregation, k)
+        if p.collusion >= t:
+            r.fail(
+                "collusion",
+                f"is {p.collusion}, not below the reconstruction threshold t = {t} of {k} sampled clients "
+                f"({protocol}); lower it or raise aggregation.threshold",
+            )
     r.finish()
     return p
 
