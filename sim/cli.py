@@ -143,6 +143,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"{out} already holds this scenario's complete run (--force runs it again)", file=sys.stderr)
         summary = summarize(out)
     _print_table([summary.row()])
+    if summary.stopped:
+        print(f"stopped {summary.stopped}")
     print(f"results: {scenario.output}/ (rounds.csv, clients.csv, stages.csv, manifest.json)")
     return 0
 
@@ -165,6 +167,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "run": st.run_id,
                 "status": st.status,
                 "final acc": s.final_accuracy if s else math.nan,
+                "epsilon": s.epsilon if s else math.nan,
+                "stopped": "yes" if s and s.stopped else "",
                 "round time (s)": s.mean_round_time if s else math.nan,
                 "wall (s)": s.wall_seconds if s else math.nan,
             }

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import pandas as pd
+from matplotlib.ticker import MaxNLocator
 
 from sim.results.read import read_run_table, run_dirs
 from sim.results.writer import ResultsError, make_folder
@@ -75,22 +77,24 @@ def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tup
         # Round by round: runs of one value agree on the round, not on the virtual time it ended.
         stats = frame.groupby("round").agg(at=(x, "mean"), mean=(y, "mean"), lo=(y, "min"), hi=(y, "max"))
         yield (
-            f"{by}={value}",
+            str(value),
             pd.DataFrame({x: stats["at"].to_numpy(), "mean": stats["mean"], "lo": stats["lo"], "hi": stats["hi"]}),
         )
 
 
 STRATEGY_STYLE = {
-    name: (f"C{i}", marker)
-    for i, (name, marker) in enumerate(
+    name: (f"C{i}", marker, style)
+    for i, (name, marker, style) in enumerate(
         zip(
             ("orig", "early", "con", "xnoise", "xnoise-appr", "rebasing", "committee", "central", "local", "none"),
             "osD^v<>ph*",
+            ("-", "-", "--", "-", ":", "-.", ":", "--", (0, (1, 3)), "-"),
             strict=True,
         )
     )
 }
-"""One colour and marker per strategy across all figures."""
+"""One colour, marker and line style per strategy across all figures (strategies that coincide, such as
+XNoise and rebasing at the budget, stay distinguishable)."""
 
 
 def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
@@ -109,13 +113,26 @@ def plot_privacy(
     """Epsilon against dropout rate, one line per strategy (columns ``strategy, dropout, epsilon``)."""
     make_folder(out)
     fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+    longest = int(table["rounds_completed"].max()) if "rounds_completed" in table else 0
     for strategy, group in table.groupby("strategy", sort=False):
         line = group.sort_values("dropout")
-        colour, marker = STRATEGY_STYLE.get(str(strategy), ("k", "."))
-        ax.plot(line["dropout"] * 100, line["epsilon"], label=str(strategy), color=colour, marker=marker)
+        colour, marker, style = STRATEGY_STYLE.get(str(strategy), ("k", ".", "-"))
+        x = line["dropout"] * 100
+        ax.plot(x, line["epsilon"], label=str(strategy), color=colour, marker=marker, linestyle=style, alpha=0.9)
+        if "rounds_completed" in line:  # say where training stopped short (early) or never ran
+            for xi, eps, done in zip(x, line["epsilon"], line["rounds_completed"], strict=True):
+                if done < longest:
+                    ax.annotate(
+                        f"{int(done)} rnd",
+                        (xi, eps),
+                        textcoords="offset points",
+                        xytext=(4, -10),
+                        fontsize="x-small",
+                        color=colour,
+                    )
     if budget is not None:
         ax.axhline(budget, color="grey", linestyle="--", linewidth=1, label=f"budget ({budget:g})")
-    ax.set_xlabel("Dropout rate (% of sampled clients)")
+    ax.set_xlabel("Dropout rate (% of sampled clients); 'n rnd': rounds completed, if fewer")
     ax.set_ylabel("Privacy spent, epsilon")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", ncol=2, loc="best", framealpha=0.85)
@@ -137,28 +154,66 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
     private = "epsilon" in rounds and bool((rounds["epsilon"].astype(float) < float("inf")).any())
     if private:
         specs.append(("epsilon_vs_round", "round", "epsilon", "Round", "Privacy spent, cumulative epsilon"))
+    strategies = "privacy.strategy" in rounds
     for name, x, y, xlabel, ylabel in specs:
-        lines = list(_lines(rounds, by, x, y))
+        # Epsilon is a per-run total: never averaged over runs (of different lengths, strategies).
+        line_by = None if y == "epsilon" else by
+        lines = list(_lines(rounds, line_by, x, y))
         if not lines:
             continue
         fig, ax = plt.subplots(figsize=(6.4, 4.0), layout="constrained")
+        seen: dict[str, int] = {}
         for label, frame in lines:
-            style = STRATEGY_STYLE.get(label) if by == "privacy.strategy" else None
-            (handle,) = ax.plot(frame[x], frame["mean"], label=label, linewidth=1.5, color=style[0] if style else None)
-            if by is not None:
+            style = None
+            dash: Any = "-"
+            if line_by == "privacy.strategy":
+                style = STRATEGY_STYLE.get(label)
+                dash = style[2] if style else "-"
+            elif line_by is None and strategies:
+                # one colour per strategy; its runs (other swept values) told apart by their dashes
+                run = rounds[rounds["line"] == label]
+                strategy = str(run["privacy.strategy"].iloc[0]) if len(run) else ""
+                style = STRATEGY_STYLE.get(strategy)
+                seen[strategy] = seen.get(strategy, -1) + 1
+                dash = ("-", "--", ":", "-.")[seen[strategy] % 4]
+            (handle,) = ax.plot(
+                frame[x],
+                frame["mean"],
+                label=label,
+                linewidth=1.5,
+                color=style[0] if style else None,
+                linestyle=dash,
+            )
+            if line_by is not None:
                 ax.fill_between(frame[x], frame["lo"], frame["hi"], color=handle.get_color(), alpha=0.2, linewidth=0)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.grid(True, alpha=0.3)
         if y == "accuracy":
             ax.set_ylim(0, 1)
-        ncol = 1 if len(lines) <= 8 else 2
-        title = "mean, band min-max" if by is not None else None
-        ax.legend(fontsize="small", ncol=ncol, loc="best", framealpha=0.85, title=title, title_fontsize="small")
+        if x == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        title = f"{line_by}: mean, band min-max" if line_by is not None else None
+        if len(lines) <= 5:
+            ax.legend(fontsize="small", loc="best", framealpha=0.85, title=title, title_fontsize="small")
+        else:  # many lines: beside the axes, so that no data hides behind the legend
+            fig.set_size_inches(6.4 + (3.6 if len(lines) <= 16 else 6.8), 4.0)
+            ax.legend(
+                fontsize="x-small",
+                ncol=1 if len(lines) <= 16 else 2,
+                loc="upper left",
+                bbox_to_anchor=(1.02, 1.0),
+                title=title,
+                title_fontsize="x-small",
+            )
         written += _save(fig, out, name)
     if private and {"privacy.strategy", "dropout.rate"} <= set(rounds.columns):
-        final = rounds.sort_values("round").groupby("line").tail(1)
+        final = rounds.sort_values("round").groupby("line").tail(1).set_index("line")
+        final["rounds_completed"] = rounds[rounds["outcome"] == "ok"].groupby("line").size()
+        final["rounds_completed"] = final["rounds_completed"].fillna(0)
         renamed = final.rename(columns={"privacy.strategy": "strategy", "dropout.rate": "dropout"})
-        table = renamed.groupby(["strategy", "dropout"], as_index=False, sort=False)["epsilon"].mean()
+        table = renamed.groupby(["strategy", "dropout"], as_index=False, sort=False)[
+            ["epsilon", "rounds_completed"]
+        ].mean()
         written += plot_privacy(pd.DataFrame(table), out)
     return written

@@ -14,6 +14,7 @@ from sim.costs.model import CostModel, CostModelError
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import SHAPES
 from sim.learning.models import train_op
+from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
 from sim.scenario.errors import Problem, ScenarioError
 from sim.scenario.schema import Scenario
@@ -70,7 +71,7 @@ def _privacy(scenario: Scenario) -> list[Problem]:
     try:
         ledger = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, n, model_dimension(sc), sc.seed)
         ledger.round(1, n)
-    except ValueError as exc:
+    except (ValueError, RoundSetupError) as exc:
         return [Problem(sc.origin("privacy"), "privacy", f"cannot plan the noise: {exc}")]
     return []
 

@@ -46,8 +46,13 @@ class RunSummary:
     mean_dropped: float
     aborted: int
     wall_seconds: float
+    epsilon: float = math.inf
+    """Privacy spent by the end (inf without distributed DP)."""
+    stopped: str = ""
+    """Why training stopped before its last round (``early``), or empty."""
 
     def row(self) -> dict[str, Any]:
+        privacy = {} if math.isinf(self.epsilon) else {"epsilon": self.epsilon}
         return {
             "run": self.run_id,
             "rounds": self.rounds,
@@ -57,6 +62,7 @@ class RunSummary:
             "virtual time (s)": self.virtual_seconds,
             "dropped/round": self.mean_dropped,
             "aborted": self.aborted,
+            **privacy,
             "wall (s)": self.wall_seconds,
         }
 
@@ -103,6 +109,8 @@ def summarize(directory: Path) -> RunSummary:
         mean_dropped=float(rounds["dropped"].mean()) if n else math.nan,
         aborted=int((rounds["outcome"] != "ok").sum()) if n else 0,
         wall_seconds=float(manifest.get("wall_seconds", math.nan)),
+        epsilon=float(rounds["epsilon"].iloc[-1]) if n and "epsilon" in rounds else math.inf,
+        stopped=str(manifest.get("stopped", "")),
     )
 
 
@@ -129,6 +137,7 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
     accuracies: list[float] = []
     times: list[float] = []
     dropped: list[int] = []
+    epsilon = math.inf
     aborted = 0
     t_end = 0.0
     try:
@@ -152,6 +161,8 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
             dropped.append(rec.sampled - rec.survivors)
             t_end = rec.t_end
             aborted += rec.outcome != "ok"
+            if result.privacy is not None:
+                epsilon = result.privacy.epsilon
             if not math.isnan(result.accuracy):
                 accuracies.append(result.accuracy)
                 bar.set_postfix(acc=f"{result.accuracy:.3f}")
@@ -181,4 +192,6 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
         mean_dropped=sum(dropped) / len(dropped) if dropped else math.nan,
         aborted=aborted,
         wall_seconds=wall,
+        epsilon=epsilon,
+        stopped=str(writer.manifest.get("stopped", "")),
     )

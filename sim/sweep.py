@@ -25,7 +25,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from sim.results.read import SWEEP, read_manifest, read_run_table
-from sim.results.writer import ResultsError, csv_bytes, make_folder, write_atomic, write_json
+from sim.results.writer import MANIFEST, ResultsError, csv_bytes, make_folder, write_atomic, write_json
 from sim.runner import RunSummary, run_scenario, scenario_digest, summarize
 from sim.scenario.grid import Grid
 from sim.scenario.schema import Scenario
@@ -70,6 +70,8 @@ def run_sweep(
     """Run every point of ``grid`` (from scenario file ``source``) into its ``output`` folder."""
     points = grid.points()
     out = Path(points[0].output)
+    if (out / MANIFEST).is_file() and not (out / SWEEP).exists():
+        raise ResultsError(f"{out}: holds a single run's results; give the sweep another --output")
     make_folder(out)
     write_json(
         out / SWEEP,

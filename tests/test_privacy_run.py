@@ -116,6 +116,7 @@ def test_survivors_dropping_during_noise_removal_are_recovered_from_shares(scena
     ("override", "message"),
     [
         ("aggregation.protocol=plain", "removes noise with seeds shared under secure aggregation"),
+        ("privacy.strategy=orig\naggregation.protocol=plain", "only central or local DP hold"),
         ("aggregation.protocol=fedavg", "needs an encoded protocol"),
         ("privacy.strategy=magic", "privacy.strategy"),
         ("privacy.tolerance=1.5", "privacy.tolerance"),
@@ -124,7 +125,40 @@ def test_survivors_dropping_during_noise_removal_are_recovered_from_shares(scena
 )
 def test_bad_privacy_keys_are_named(scenario_file, override, message):
     with pytest.raises(ScenarioError, match=message):
-        load(scenario_file, [override]).points()
+        load(scenario_file, override.split("\n")).points()
+
+
+def test_a_privacy_section_without_a_strategy_is_refused(scenario_file):
+    with pytest.raises(ScenarioError, match="privacy.strategy: is missing"):
+        load(scenario_file, ["privacy={epsilon: 6}"]).points()
+
+
+def test_collusion_at_the_threshold_names_the_threshold(scenario_file):
+    assert load(scenario_file, ["privacy.collusion=5"]).points()  # t = floor(0.5 * 10) + 1 = 6
+    with pytest.raises(ScenarioError, match="not below the reconstruction threshold t = 6 of 10"):
+        load(scenario_file, ["privacy.collusion=6"]).points()
+
+
+@pytest.mark.parametrize("override", ["privacy.strategy=con", "privacy.collusion=2"])
+def test_small_poisson_rounds_do_not_crash(scenario_file, tmp_path, override):
+    rounds = run(scenario_file, tmp_path / "p", "sampling={rate: 0.15}", "dropout.rate=0", override)
+    assert len(rounds) == 6
+    # a round too small for the collusion tolerance aborts before anything is revealed
+    assert all(o == "ok" or "collusion" in o or "answered" in o or "threshold" in o for o in rounds["outcome"])
+
+
+def test_many_bits_are_capped_by_what_the_samplers_take(scenario_file, tmp_path):
+    rounds = run(
+        scenario_file, tmp_path / "b", "aggregation.bits=31", "privacy.strategy=local", "fidelity=full", "rounds=1"
+    )
+    assert (rounds["outcome"] == "ok").all()
+
+
+def test_privacy_command_counts_no_rounds_below_the_threshold(scenario_file, tmp_path, capsys):
+    out = tmp_path / "deep" / "eps.csv"  # the folder is created
+    assert main(["privacy", str(scenario_file), "--dropout", "0.6", "--dim", "1000", "--csv", str(out)]) == 0
+    table = pd.read_csv(out).set_index("strategy")
+    assert table.loc["orig", "rounds_completed"] == 0 and table.loc["orig", "epsilon"] == 0
 
 
 def test_noise_removal_stage_needs_a_removing_strategy(scenario_file):

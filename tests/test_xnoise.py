@@ -322,3 +322,11 @@ def test_malicious_variant_rejects_a_survivor_set_without_upload_signatures():
     result = run_loopback(server, clients, updates, {}, tamper=tamper)
     assert len(result.aborted) == 8
     assert all("without every member's upload signature" in str(e) for e in result.aborted.values())
+
+
+def test_a_sum_unmasked_before_a_noise_removal_abort_is_marked_exposed():
+    _, server, clients, updates, _ = setup("xnoise", n=8)
+    leave = {c: "unmasking" for c in (3, 5, 7)} | {c: "noise_removal" for c in (9, 11)}
+    run_loopback(server, clients, updates, leave)
+    assert server.outcome.startswith("aborted: noise_removal") and server.aggregate is None
+    assert server.exposed == 8  # every survivor's masks were removed: the engine accounts this round
