@@ -454,7 +454,7 @@ def test_plan_variance_reports_an_unreachable_target() -> None:
     def scale_for(variance: float) -> float:
         return acc.choose_scale(8, 3.0, 1.0, 2**16, 10, variance)
 
-    with pytest.raises(ValueError, match="bit width"):
+    with pytest.raises(ValueError, match="raise aggregation.bits"):
         acc.plan_variance("skellam", 0.5, 1e-5, 100, 0.1, 1.0, 2**16, scale_for=scale_for, clients=10)
 
 

@@ -162,7 +162,7 @@ def test_privacy_command_counts_no_rounds_below_the_threshold(scenario_file, tmp
 
 
 def test_noise_removal_stage_needs_a_removing_strategy(scenario_file):
-    with pytest.raises(ScenarioError, match="dropout.stage"):
+    with pytest.raises(ScenarioError, match="dropout.stage: is .during_noise_removal.: noise is removed only with"):
         load(scenario_file, ["privacy.strategy=orig", "dropout.stage=during_noise_removal"]).points()
 
 
@@ -170,4 +170,4 @@ def test_a_budget_the_bits_cannot_meet_is_refused_before_running(scenario_file, 
     code = main(["check", str(scenario_file), "--set", "aggregation.bits=5", "--set", "privacy.epsilon=0.01"])
     assert code == 2
     err = capsys.readouterr().err
-    assert "privacy: cannot plan the noise" in err and "raise epsilon or (for scaled mechanisms) the bit width" in err
+    assert "privacy: cannot plan the noise" in err and "raise aggregation.bits, or raise epsilon" in err

@@ -591,7 +591,13 @@ def plan_variance(
         if steps > 200:
             raise ValueError(
                 f"no central variance up to {hi:.3g} (model units) keeps {rounds} {mechanism} rounds within "
-                f"epsilon {target} at delta {delta}; raise epsilon or (for scaled mechanisms) the bit width"
+                f"epsilon {target} at delta {delta}; "
+                + (
+                    "with few bits the scale shrinks as the noise grows and rounding puts a floor under "
+                    "epsilon: raise aggregation.bits, or raise epsilon"
+                    if mechanism in SCALED
+                    else "raise epsilon"
+                )
             )
     lo = hi / 4.0
     while spent(lo) <= goal:

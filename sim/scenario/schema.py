@@ -15,7 +15,7 @@ from typing import Any
 
 from sim.dp.strategies import REMOVING, STRATEGIES
 from sim.protocol.graph import auto_degree
-from sim.protocol.registry import PROTOCOLS, AggregationParams, reconstruction_threshold
+from sim.protocol.registry import NOISE_REMOVAL_STAGES, PROTOCOLS, AggregationParams, reconstruction_threshold
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader
 from sim.scenario.source import Document
@@ -417,7 +417,11 @@ def _neighbours(value: Any) -> tuple[int | None, Any]:
 def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
     mode = r.choice("mode", DROPOUT_MODES, "fixed")
     rate = r.number("rate", 0.0, lo=0, hi=1)
-    stage = r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
+    if r.has("stage") and r.raw("stage") in NOISE_REMOVAL_STAGES and r.raw("stage") not in aggregation.dropout_stages():
+        r.fail("stage", f"is {r.raw('stage')!r}: noise is removed only with privacy.strategy xnoise or xnoise-appr")
+        stage = "before_upload"
+    else:
+        stage = r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
     silent = r.boolean("silent", False)
     if mode == "per_client":
         high = r.number("high", 0.99, lo=0, hi=1)
