@@ -213,6 +213,16 @@ class SecAggConfig:
 
 
 # ------------------------------------------------------------------------------------------------ server
+def _by_secret(answered: Mapping[int, Message | None]) -> dict[tuple[int, int], dict[int, Data]]:
+    """Shares of a step's answers (``(about, kind or component, share)`` triples) by secret, then holder."""
+    shares: dict[tuple[int, int], dict[int, Data]] = {}
+    for holder, m in answered.items():
+        assert isinstance(m, UnmaskShares | SeedShares)
+        for about, which, share in m.shares:
+            shares.setdefault((about, which), {})[holder] = share
+    return shares
+
+
 @dataclass
 class _Peer:
     c_pk: Data
@@ -453,11 +463,7 @@ class SecAggServer:
 
     def _close_unmask(self, answered: dict[int, Message | None]) -> Reaction:
         cfg, suite = self.config, self.suite
-        shares: dict[tuple[int, int], dict[int, Data]] = {}
-        for holder, m in answered.items():
-            assert isinstance(m, UnmaskShares)
-            for about, kind, share in m.shares:
-                shares.setdefault((about, kind), {})[holder] = share
+        shares = _by_secret(answered)
         work: list[Work] = []
         survivors = sorted(self.u3)
         dropped = sorted(set(self.u2) - self.u3)
@@ -562,11 +568,7 @@ class SecAggServer:
 
     def _close_noise_removal(self, answered: dict[int, Message | None]) -> Reaction:
         cfg, suite = self.config, self.suite
-        shares: dict[tuple[int, int], dict[int, Data]] = {}
-        for holder, m in answered.items():
-            assert isinstance(m, SeedShares)
-            for about, k, share in m.shares:
-                shares.setdefault((about, k), {})[holder] = share
+        shares = _by_secret(answered)
         work: list[Work] = []
         for u in sorted(self.u3 - self.u5):
             t = cfg.threshold(u)
