@@ -4,6 +4,7 @@ Early stops before passing it), with identical virtual times and accounting in t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -147,9 +148,29 @@ def test_small_poisson_rounds_do_not_crash(scenario_file, tmp_path, override):
     assert all(o == "ok" or "collusion" in o or "answered" in o or "threshold" in o for o in rounds["outcome"])
 
 
-def test_many_bits_are_capped_by_what_the_samplers_take(scenario_file, tmp_path):
+@pytest.mark.parametrize("mechanism", ["skellam", "gaussian", "dgaussian"])
+@pytest.mark.parametrize("bits", [30, 32])
+def test_many_bits_are_capped_by_what_the_samplers_take(scenario_file, tmp_path, mechanism, bits):
+    from sim.dp.noise import MAX_VARIANCE
+    from sim.engine.privacy import PrivacyLedger
+
+    scenario = load(scenario_file, [f"aggregation.bits={bits}", f"privacy.mechanism={mechanism}"]).points()[0]
+    for strategy in ("orig", "xnoise", "local", "central", "rebasing"):
+        privacy = dataclasses.replace(scenario.privacy, strategy=strategy)
+        aggregation = dataclasses.replace(scenario.aggregation, strategy=strategy)
+        ledger = PrivacyLedger(privacy, aggregation, 6, 0.25, 10, 1000, 0)
+        plan, private = ledger.round(1, 10)
+        assert all(private.variance(i) <= MAX_VARIANCE for i in range(len(plan.components)))
+        for component in (6 / 7, 0.1, 1.0):  # 6/7 and 0.1 round over the cap without the margin
+            assert component * ledger.scale(10, plan.largest_residual, component) ** 2 <= MAX_VARIANCE
     rounds = run(
-        scenario_file, tmp_path / "b", "aggregation.bits=31", "privacy.strategy=local", "fidelity=full", "rounds=1"
+        scenario_file,
+        tmp_path / "b",
+        f"aggregation.bits={bits}",
+        f"privacy.mechanism={mechanism}",
+        "privacy.strategy=local",
+        "fidelity=full",
+        "rounds=1",
     )
     assert (rounds["outcome"] == "ok").all()
 

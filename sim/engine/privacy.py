@@ -112,7 +112,7 @@ class PrivacyLedger:
         t = self.threshold(n) if p.collusion else 0
         if p.collusion and p.collusion >= t:
             raise RoundSetupError(
-                f"privacy.collusion {p.collusion} is not below this round's threshold t = {t} of {n} sampled "
+                f"privacy.collusion {p.collusion} is not below the threshold t = {t} of a round of {n} sampled "
                 "clients: colluders could reconstruct secrets alone"
             )
         return RoundNoise(
@@ -134,7 +134,8 @@ class PrivacyLedger:
         p = self.p
         s = choose_scale(self.aggregation.bits, p.headroom, p.clip * math.sqrt(n), self.padded, n, float(largest))
         if component:
-            s = min(s, math.sqrt(MAX_VARIANCE / float(component)))
+            # a hair under the limit, so that component * s^2 cannot round above it
+            s = min(s, math.sqrt(MAX_VARIANCE / float(component)) * (1 - 1e-9))
         return s
 
     @staticmethod

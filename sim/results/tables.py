@@ -5,7 +5,8 @@ extra columns named by their key path (``dropout.rate``). Times are virtual seco
 
 - ``rounds.csv``: one row per round; ``time_<step>`` columns give each server collection step's duration;
   with distributed DP, ``target_variance`` (sigma*^2), ``realised_variance`` (the noise left in the
-  aggregate), ``accounted_variance`` and the cumulative ``epsilon`` at ``privacy.delta`` (model units).
+  aggregate), ``accounted_variance`` and the cumulative ``epsilon`` at ``privacy.delta`` (model units);
+  ``revealed``, the survivors whose sum the server unmasked (also for a round that then aborted).
 - ``clients.csv``: one row per round and sampled client.
 - ``stages.csv``: one row per round and stage: client-side activity spans (``download``, ``train``,
   ``upload``: first start to last end over the clients that did it), server collection steps
@@ -52,6 +53,7 @@ ROUND_COLUMNS = (
     "accounted_variance",
     "epsilon",
     "dp_scale",
+    "revealed",
 )
 CLIENT_COLUMNS = (
     "run_id",
@@ -136,6 +138,7 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         "server_compute_s": rec.server_compute_s,
         "client_compute_s_mean": mean_of([c.compute_s for c in clients]),
         **privacy_cells(result.privacy),
+        "revealed": rec.exposed if rec.exposed is not None else 0,
         **{f"time_{step}": end - start for step, start, end in rec.steps},
         **extra,
     }
