@@ -192,3 +192,18 @@ def test_a_budget_the_bits_cannot_meet_is_refused_before_running(scenario_file, 
     assert code == 2
     err = capsys.readouterr().err
     assert "privacy: cannot plan the noise" in err and "raise aggregation.bits, or raise epsilon" in err
+
+
+def test_a_round_aborted_after_unmasking_is_accounted(scenario_file, tmp_path):
+    """Stage 5 gets no answer in time (a tiny noise_removal timeout): the round aborts, but its noisy sum was
+    already unmasked, so it is reported as revealed and its privacy is spent."""
+    rounds = run(
+        scenario_file,
+        tmp_path / "s5",
+        "rounds=3",
+        "dropout.stage=during_noise_removal",
+        "timeouts={noise_removal: 1.0e-6}",
+    )
+    assert rounds["outcome"].str.startswith("aborted: noise_removal").all()
+    assert (rounds["revealed"] == 10).all()  # the 3 leaving during removal had uploaded: all 10 in the sum
+    assert rounds["epsilon"].is_monotonic_increasing and rounds["epsilon"].iloc[0] > 0
