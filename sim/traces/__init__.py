@@ -1,0 +1,1 @@
+"""Availability traces: the format, loading and validation, FedScale import, synthesis, statistics."""
