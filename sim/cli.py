@@ -17,6 +17,7 @@ import pandas as pd
 import sim
 from sim.errors import InputError
 from sim.scenario import load
+from sim.traces.cli import add_trace_parser, cmd_trace
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -87,6 +88,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--quick", action="store_true", help="few sizes, one repeat: a rough profile in seconds, for trying things out"
     )
+
+    add_trace_parser(sub)
     return parser
 
 
@@ -267,6 +270,7 @@ _COMMANDS = {
     "privacy": cmd_privacy,
     "plot": cmd_plot,
     "profile": cmd_profile,
+    "trace": cmd_trace,
 }
 
 

@@ -37,6 +37,14 @@ def preflight(scenario: Scenario) -> list[Problem]:
                 "of digits, so some clients would have no data; lower it, or use dataset synthetic",
             )
         )
+    if scenario.trace is not None and not Path(scenario.trace.file).is_file():
+        problems.append(
+            Problem(
+                scenario.origin("trace", "file"),
+                "trace.file",
+                f"is {scenario.trace.file!r}: there is no such file (see traces/README.md for the format)",
+            )
+        )
     if scenario.privacy.enabled:
         problems += _privacy(scenario)
     try:

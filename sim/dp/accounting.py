@@ -464,7 +464,7 @@ class Accountant:
         else:
             _integer_orders(self._orders)
         self._rdp = np.zeros(self._orders.shape, dtype=np.float64)
-        self._cache: dict[tuple[float, int, float | None], np.ndarray] = {}
+        self._cache: dict[tuple[float, int, float | None, float], np.ndarray] = {}
         self.rounds = 0
         """Rounds composed so far."""
 
@@ -478,31 +478,36 @@ class Accountant:
         """Cumulative RDP (nats) at each order (a copy)."""
         return np.copy(self._rdp)
 
-    def round_rdp(self, variance: float, clients: int = 1, scale: float | None = None) -> np.ndarray:
+    def round_rdp(
+        self, variance: float, clients: int = 1, scale: float | None = None, q: float | None = None
+    ) -> np.ndarray:
         """Subsampled RDP curve (nats) of one round with central noise ``variance`` (model units); not composed.
 
         The array is cached and read-only.
 
         ``clients`` (n, the clients whose noise was summed) matters for "dgaussian" only; ``scale`` overrides
-        the accountant's scale for this round ("skellam", "dgaussian"; ignored for "gaussian").
+        the accountant's scale for this round ("skellam", "dgaussian"; ignored for "gaussian"); ``q`` the
+        sampling rate (a round that sampled k of the clients then available has upper rate k / available:
+        Hyades Theorem 1 covers every client at the upper rate).
         """
         variance = _check_variance(variance)
         clients = _check_clients(clients)
+        rate = self.q if q is None else _check_rate(q)
         if self.mechanism == "gaussian":
-            key: tuple[float, int, float | None] = (variance, 1, None)
+            key: tuple[float, int, float | None, float] = (variance, 1, None, rate)
         else:
             s = self.scale if scale is None else _positive("scale", scale)
-            key = (variance, clients if self.mechanism == "dgaussian" else 1, s)
+            key = (variance, clients if self.mechanism == "dgaussian" else 1, s, rate)
         cached = self._cache.get(key)
         if cached is None:
-            cached = self._compute(variance, key[1], key[2])
+            cached = self._compute(variance, key[1], key[2], rate)
             cached.setflags(write=False)
             self._cache[key] = cached
         return cached
 
-    def _compute(self, variance: float, clients: int, scale: float | None) -> np.ndarray:
+    def _compute(self, variance: float, clients: int, scale: float | None, q: float) -> np.ndarray:
         if self.mechanism == "gaussian":
-            return gaussian_subsampled_rdp(self._orders, math.sqrt(variance) / self.clip, self.q)
+            return gaussian_subsampled_rdp(self._orders, math.sqrt(variance) / self.clip, q)
         assert scale is not None  # guaranteed by __init__ for SCALED mechanisms
         s = scale
         if self.mechanism == "skellam":
@@ -515,16 +520,18 @@ class Accountant:
             def curve(alphas: np.ndarray) -> np.ndarray:
                 return ddgauss_rdp(alphas, variance, s, self.clip, self.dim, clients, self.beta)
 
-        return subsampled_rdp(curve, self._orders, self.q)
+        return subsampled_rdp(curve, self._orders, q)
 
-    def add_round(self, variance: float, clients: int = 1, scale: float | None = None, count: int = 1) -> None:
+    def add_round(
+        self, variance: float, clients: int = 1, scale: float | None = None, count: int = 1, q: float | None = None
+    ) -> None:
         """Compose ``count`` rounds whose central noise had ``variance`` (model units); see :meth:`round_rdp`.
 
         Variance 0 (no noise) makes the cumulative epsilon inf; variance inf costs nothing.
         """
         if int(count) != count or count < 0:
             raise ValueError(f"count must be a non-negative integer, got {count!r}")
-        curve = self.round_rdp(variance, clients, scale)
+        curve = self.round_rdp(variance, clients, scale, q)
         self._rdp += curve if count == 1 else count * curve
         self.rounds += int(count)
 

@@ -82,3 +82,20 @@ class Population:
         slowdown = compute[generator(seed, Stream.PROFILES, 0).permutation(size) % r_compute]
         mbps = bandwidth[generator(seed, Stream.PROFILES, 1).permutation(size) % r_bandwidth]
         return cls(slowdown=slowdown, bandwidth_mbps=mbps)
+
+    def with_capacity(self, clients: np.ndarray, compute_ms: np.ndarray | None, kbps: np.ndarray | None) -> Population:
+        """This population with the device capacity a trace gives for ``clients`` (NaN: keep the Zipf value).
+
+        Bandwidth is ``kbps / 1000`` Mbit/s. Compute: the slow-down is the device's ms per sample over the
+        fastest traced device's, so the fastest device trains at the speed the cost model measured here.
+        """
+        slowdown, mbps = self.slowdown.copy(), self.bandwidth_mbps.copy()
+        inside = clients < self.size
+        if compute_ms is not None:
+            known = inside & np.isfinite(compute_ms)
+            if known.any():
+                slowdown[clients[known]] = compute_ms[known] / compute_ms[known].min()
+        if kbps is not None:
+            known = inside & np.isfinite(kbps)
+            mbps[clients[known]] = kbps[known] / 1000.0
+        return Population(slowdown=slowdown, bandwidth_mbps=mbps)

@@ -144,8 +144,9 @@ class PrivacyLedger:
         rebased = plan.rebased(1) if plan.strategy == "rebasing" else Fraction(0)
         return max((*plan.components, plan.server, rebased))
 
-    def round(self, number: int, sampled: int) -> tuple[RoundNoise, PrivateRound]:
-        """The noise plan and the public DP parameters of round ``number`` with ``sampled`` clients."""
+    def round(self, number: int, sampled: int, q: float | None = None) -> tuple[RoundNoise, PrivateRound]:
+        """The noise plan and the public DP parameters of round ``number`` with ``sampled`` clients (``q``:
+        this round's sampling rate, if not the planned one)."""
         plan = self.plan(sampled)
         scale = self.scale(sampled, plan.largest_residual, self.largest_component(plan))
         encoding = DSkellamEncoding(self.dim, self.aggregation.bits, self.p.clip, scale)
@@ -155,14 +156,14 @@ class PrivacyLedger:
             mechanism=self.p.mechanism,
             plan=plan,
             server_seed=seed_bytes(self.seed, Stream.NOISE, number),
-            admit=self._admission(plan, encoding.scale) if self.p.strategy == "early" else None,
+            admit=self._admission(plan, encoding.scale, q) if self.p.strategy == "early" else None,
         )
         return plan, private
 
-    def _admission(self, plan: RoundNoise, scale: float):  # type: ignore[no-untyped-def]
+    def _admission(self, plan: RoundNoise, scale: float, q: float | None):  # type: ignore[no-untyped-def]
         def admit(survivors: int) -> str | None:
             variance = float(plan.accounted(plan.sampled - survivors))
-            curve = self.accountant.round_rdp(variance, survivors, scale)
+            curve = self.accountant.round_rdp(variance, survivors, scale, q)
             spent = epsilon(self.accountant.rdp + curve, self.accountant.orders, self.p.delta)[0]
             if spent > self.p.epsilon:
                 self.stopped = (
@@ -177,12 +178,13 @@ class PrivacyLedger:
         """A round that sampled nobody: nothing revealed, nothing spent."""
         return RoundPrivacy(self.target, math.nan, math.nan, self.accountant.epsilon(), math.nan)
 
-    def account(self, plan: RoundNoise, scale: float, survivors: int | None) -> RoundPrivacy:
-        """Compose a finished round (``survivors`` None: nothing was revealed) and report it."""
+    def account(self, plan: RoundNoise, scale: float, survivors: int | None, q: float | None = None) -> RoundPrivacy:
+        """Compose a finished round (``survivors`` None: nothing was revealed; ``q`` its sampling rate if not
+        the planned one) and report it."""
         realised = accounted = math.nan
         if survivors is not None:
             dropped = plan.sampled - survivors
             realised = float(plan.residual(dropped))
             accounted = float(plan.accounted(dropped))
-            self.accountant.add_round(accounted, clients=survivors, scale=scale)
+            self.accountant.add_round(accounted, clients=survivors, scale=scale, q=q)
         return RoundPrivacy(self.target, realised, accounted, self.accountant.epsilon(), scale)

@@ -20,6 +20,7 @@ cancelled.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Generator
 from dataclasses import dataclass, field
 from typing import Any
@@ -76,9 +77,12 @@ class ClientRecord:
     bytes_down: int = 0
     bytes_up: int = 0
     dropped_stage: str = ""
-    """Empty for a survivor, else the planned dropout stage, ``timeout:<step>``, ``rejected: <why>``
-    (the server refused its message) or ``aborted: <why>`` (it refused the server's)."""
+    """Empty for a survivor, else the planned dropout stage, ``offline:<step>`` (its availability ended
+    during that server step), ``timeout:<step>``, ``rejected: <why>`` (the server refused its message) or
+    ``aborted: <why>`` (it refused the server's)."""
     last_upload_end: float = _NAN
+    left_at: float = _NAN
+    """Virtual time it left the round (a planned dropout or going offline); NaN if it did not."""
 
 
 @dataclass
@@ -142,9 +146,16 @@ class Round:
         drops: dict[int, str],
         private: PrivateRound | None = None,
         setup_error: str = "",
+        offline: dict[int, float] | None = None,
     ) -> None:
         self.s = setup
         self.private = private
+        self.offline = {c: t for c, t in (offline or {}).items() if math.isfinite(t)}
+        """Sampled client -> virtual time its availability ends (trace replay): it leaves then, mid-step."""
+        self.client_procs: dict[int, simpy.Process] = {}
+        self.client_machines: dict[int, ClientMachine] = {}
+        self.transfers: dict[int, list[simpy.Process]] = {}
+        """Client -> the deliveries to or from it in flight (cut when it goes offline)."""
         self.env = setup.env
         self.number = number
         self.sampled = tuple(int(c) for c in sampled)
@@ -215,7 +226,10 @@ class Round:
         machine = self.machine
         yield from self._server_compute([Work("wire.encode", _frame_size(self._model_message()))])
         for c in self.sampled:
-            self.procs.append(env.process(self._client(c)))
+            self.client_procs[c] = proc = env.process(self._client(c))
+            self.procs.append(proc)
+        for c, at in self.offline.items():
+            self.procs.append(env.process(self._offline_watch(c, at)))
         yield from self._server_react(machine.begin())
         step_start = rec.t_start
         while machine.step not in ("done", "aborted"):
@@ -297,7 +311,7 @@ class Round:
         encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
         yield from self._server_compute([*reaction.work, *self._first_encodings(reaction, encode)])
         for send in reaction.sends:
-            self.procs.append(self.env.process(self._deliver(SERVER, send.to, send.message)))
+            self._spawn_delivery(SERVER, send.to, send.message)
 
     def _first_encodings(self, reaction: Reaction, encode: list[Work]) -> list[Work]:
         """Encoding work of the messages not serialised before (a broadcast is encoded once)."""
@@ -344,7 +358,7 @@ class Round:
                 update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
             yield env.timeout(train_seconds)
             rec.train_end = env.now
-            machine = self._client_machine(c)
+            machine = self.client_machines[c] = self._client_machine(c)
             if leave_before == machine.first_step:
                 self._leave(c, self.drops[c])
                 return
@@ -392,10 +406,37 @@ class Round:
         encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
         yield from self._client_compute(c, [*reaction.work, *encode])
         for send in reaction.sends:
-            self.procs.append(self.env.process(self._deliver(c, send.to, send.message)))
+            self._spawn_delivery(c, send.to, send.message)
+
+    def _spawn_delivery(self, sender: int, to: int, message: Message) -> None:
+        proc = self.env.process(self._deliver(sender, to, message))
+        self.procs.append(proc)
+        self.transfers.setdefault(to if sender == SERVER else sender, []).append(proc)
+
+    def _offline_watch(self, c: int, at: float) -> Generator[simpy.Event, Any, None]:
+        """Client ``c``'s online interval ends at ``at``: it leaves at whatever stage it is in, its transfers
+        in flight are cut, and the server notices as for any other dropout (unless ``dropout.silent``)."""
+        try:
+            yield self.env.timeout(max(0.0, at - self.env.now))
+        except simpy.Interrupt:
+            return
+        proc = self.client_procs.get(c)
+        if proc is None or not proc.is_alive or self.clients[c].dropped_stage:
+            return
+        machine = self.client_machines.get(c)
+        sending = any(t.is_alive for t in self.transfers.get(c, []))
+        if machine is not None and getattr(machine, "finished", False) and not sending:
+            return  # it had done its part and sent it all: going offline afterwards changes nothing
+        step = self.machine.step if self.machine is not None else ""
+        proc.interrupt("offline")
+        for transfer in self.transfers.get(c, []):
+            if transfer.is_alive:
+                transfer.interrupt("offline")
+        self._leave(c, f"offline:{step}")
 
     def _leave(self, c: int, stage: str) -> None:
         self.clients[c].dropped_stage = stage
+        self.clients[c].left_at = self.env.now
         if not self.s.silent_dropout:
             self.inbox.put(("gone", c, None, self.env.now))
 
@@ -423,6 +464,9 @@ class Round:
         self.flows[id(flow)] = flow
         try:
             yield flow.done
+        except simpy.Interrupt:
+            self.s.network.cancel(flow)  # the sender or receiver left: the link is free again
+            raise
         finally:
             self.flows.pop(id(flow), None)
         return wire.decode(data) if self.full else message

@@ -16,6 +16,7 @@ import numpy as np
 import simpy
 
 from sim.costs.model import CostModel
+from sim.engine.availability import Availability
 from sim.engine.dropout import DropoutModel
 from sim.engine.network import Link, Network
 from sim.engine.population import Population
@@ -46,6 +47,17 @@ class Simulation:
     def __init__(self, scenario: Scenario) -> None:
         self.scenario = sc = scenario
         self.population = Population.build(sc.population, sc.clients, sc.seed)
+        self.availability: Availability | None = None
+        if sc.trace is not None:
+            from sim.traces.io import check_clients, load_trace
+
+            trace = load_trace(sc.trace.file)
+            check_clients(trace, sc.population, sc.origin("trace", "file"))
+            self.availability = Availability(trace, sc.population, sc.trace.offset_hours * 3600, sc.trace.time_scale)
+            if sc.trace.capacity:
+                self.population = self.population.with_capacity(
+                    trace.clients, trace.compute_ms_per_sample, trace.bandwidth_kbps
+                )
         self.dropout = DropoutModel(sc.dropout, sc.population, sc.seed)
         self.costs = CostModel.load(sc.cost_profile)
         self.data = load_federated(sc.data, sc.population, sc.seed)
@@ -85,10 +97,29 @@ class Simulation:
             nominal = k if k is not None else max(1, round(q * sc.population))
             self.privacy = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, nominal, dim, sc.seed)
 
+    def _online(self) -> np.ndarray:
+        """The clients online now; when nobody is, the server waits for the next one to come online."""
+        assert self.availability is not None
+        online = self.availability.online(self.env.now)
+        if online.size == 0:
+            later = self.availability.next_online(self.env.now)
+            if later < float("inf"):
+                self.env.run(until=later + 1e-9)
+                online = self.availability.online(self.env.now)
+        return online
+
     @property
     def stopped(self) -> str:
-        """Why training stopped before its last round (``early``'s budget), or empty."""
-        return self.privacy.stopped if self.privacy is not None else ""
+        """Why training stopped before its last round (``early``'s budget, the end of the trace replay), or
+        empty."""
+        if self.privacy is not None and self.privacy.stopped:
+            return self.privacy.stopped
+        replay = self.scenario.trace
+        if self.availability is not None and replay is not None and replay.until_hours is not None:
+            hours = self.availability.trace_time(self.env.now) / 3600
+            if hours >= replay.until_hours:
+                return f"the trace replay reached hour {hours:.2f} (trace.until_hours {replay.until_hours:g})"
+        return ""
 
     @property
     def dim(self) -> int:
@@ -99,16 +130,28 @@ class Simulation:
         """Simulate the next round (numbered from 1) and return what happened."""
         self.round += 1
         sc, r = self.scenario, self.round
-        sampled = sample_clients(self._everyone, sc.sampling, sc.seed, r)
+        offline: dict[int, float] = {}
+        available = self._everyone
+        if self.availability is not None:
+            available = self._online()
+            sampled = sample_clients(available, sc.sampling, sc.seed, r)
+            offline = {int(c): self.availability.offline_at(int(c), self.env.now) for c in sampled}
+        else:
+            sampled = sample_clients(available, sc.sampling, sc.seed, r)
         drops = self.dropout.plan(r, sampled)
         plan = private = None
         refused = ""
+        rate = None
+        if self.availability is not None and sc.sampling.clients_per_round is not None and len(available):
+            # k of the clients online now: each had chance k / online, the others 0 (Hyades Theorem 1: the
+            # round is accounted at that upper rate)
+            rate = min(1.0, sc.sampling.clients_per_round / len(available))
         if self.privacy is not None and len(sampled):
             try:
-                plan, private = self.privacy.round(r, len(sampled))
+                plan, private = self.privacy.round(r, len(sampled), rate)
             except RoundSetupError as exc:  # e.g. too few clients this round for the collusion tolerance
                 refused = str(exc)
-        process = self.env.process(Round(self.setup, r, sampled, drops, private, refused).run())
+        process = self.env.process(Round(self.setup, r, sampled, drops, private, refused, offline).run())
         self.env.run(until=process)
         record = process.value
         assert isinstance(record, RoundRecord)
@@ -117,7 +160,7 @@ class Simulation:
             if plan is not None and private is not None and not refused:
                 # A sum unmasked before an abort (XNoise's noise removal short of shares) was seen: it is
                 # accounted as if every excess component had been removed (it had more noise: conservative).
-                privacy = self.privacy.account(plan, private.encoding.scale, record.exposed)
+                privacy = self.privacy.account(plan, private.encoding.scale, record.exposed, rate)
             else:
                 privacy = self.privacy.account_empty()
         accuracy = loss = math.nan

@@ -122,11 +122,12 @@ class FedAvgClient:
         self.round = round
         self.client = client
         self.started = False
+        self.finished = False
 
     def start(self, update: Vector, weight: float) -> Reaction:
         if self.started:
             raise LocalProtocolError("start called twice")
-        self.started = True
+        self.started = self.finished = True
         message = ClientUpdate(self.round, self.client, float(weight), update)
         return Reaction(sends=(Send(SERVER, message),))
 

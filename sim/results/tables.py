@@ -69,6 +69,7 @@ CLIENT_COLUMNS = (
     "bytes_down",
     "bytes_up",
     "dropped_stage",
+    "left_at",
 )
 STAGE_COLUMNS = ("run_id", "round", "stage", "resource", "t_start", "t_end", "clients")
 
@@ -198,6 +199,7 @@ def _client_row(run_id: str, round: int, c: ClientRecord, extra: dict[str, Any])
         "bytes_down": c.bytes_down,
         "bytes_up": c.bytes_up,
         "dropped_stage": c.dropped_stage,
+        "left_at": c.left_at,
         **extra,
     }
 

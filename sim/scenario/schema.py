@@ -124,6 +124,22 @@ class Privacy:
 
 
 @dataclass(frozen=True)
+class TraceReplay:
+    """The ``trace:`` section: replay an availability trace (``traces/README.md``)."""
+
+    file: str
+    """Trace CSV (or Parquet) file; relative paths are taken from the working directory."""
+    offset_hours: float = 0.0
+    """Where in the trace virtual time 0 falls."""
+    time_scale: float = 1.0
+    """Trace seconds per virtual second."""
+    until_hours: float | None = None
+    """Stop the run once the trace reaches this hour (e.g. 96: replay four days), if before ``rounds``."""
+    capacity: bool = False
+    """Take clients' compute and bandwidth from the trace's device capacity, where it gives them."""
+
+
+@dataclass(frozen=True)
 class Partition:
     kind: str
     """``iid``, ``dirichlet`` (label proportions ~ Dir(alpha) per client) or ``natural`` (by writer)."""
@@ -188,6 +204,7 @@ class Scenario:
     aggregation: AggregationParams
     resolved: dict[str, Any] = field(compare=False, repr=False)
     privacy: Privacy = field(default_factory=Privacy)
+    trace: TraceReplay | None = None
     """The scenario as a plain mapping with every default filled in (for the manifest)."""
     swept: dict[str, Any] = field(default_factory=dict)
     """Values of the sweep keys for this run (``{}`` outside a sweep)."""
@@ -232,6 +249,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     fidelity = r.choice("fidelity", FIDELITIES, "full")
     output = r.string("output", f"results/{name}")
     timeouts = _timeouts(r.section("timeouts"), aggregation)
+    trace = _trace(r.section("trace"))
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
@@ -268,6 +286,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         aggregation=aggregation,
         resolved=r.resolved,
         privacy=privacy,
+        trace=trace,
         document=doc,
     )
 
@@ -399,6 +418,23 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> P
             )
     r.finish()
     return p
+
+
+def _trace(r: Reader) -> TraceReplay | None:
+    if not r.data:
+        r.finish()
+        return None
+    if not r.has("file"):
+        r.fail("file", "is required in a trace section: the availability trace to replay (see traces/README.md)")
+    file = r.string("file", "")
+    offset = r.number("offset_hours", 0.0, lo=0)
+    scale = r.number("time_scale", 1.0, lo=0, lo_open=True)
+    until = r.number("until_hours", None, lo=0, lo_open=True)
+    capacity = r.boolean("capacity", False)
+    if until is not None and offset is not None and until <= offset:
+        r.fail("until_hours", f"is {until}: it must come after offset_hours ({offset})")
+    r.finish()
+    return TraceReplay(file or "", _or(offset, 0.0), _or(scale, 1.0), until, bool(capacity))
 
 
 def _or(value: Any, default: Any) -> Any:
