@@ -27,8 +27,6 @@ class Availability:
         self.population = population
         self.offset_s = offset_s
         self.time_scale = time_scale
-        inside = trace.clients < population
-        self._ids = trace.clients[inside]
         self._owner = trace.owner()
 
     def trace_time(self, t: float) -> float:

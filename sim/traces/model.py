@@ -59,11 +59,6 @@ class Trace:
             return None
         return self.periods[self._owner]
 
-    def local_time(self, t: float, index: np.ndarray) -> np.ndarray:
-        """Trace time t seen by clients ``index`` (reduced mod their period where they repeat)."""
-        periods = self.periods[index]
-        return np.where(np.isnan(periods), t, np.mod(t, np.where(np.isnan(periods), 1.0, periods)))
-
     def online_mask(self, t: float) -> np.ndarray:
         """bool (n,): which clients are online at trace time t. O(m), vectorised."""
         owner = self._owner
