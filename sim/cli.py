@@ -148,6 +148,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     _print_table([summary.row()])
     if summary.stopped:
         print(f"stopped {summary.stopped}")
+    budget = scenario.privacy.epsilon
+    if scenario.privacy.enabled and summary.epsilon > budget * (1 + 1e-9):
+        print(
+            f"note: this run spent epsilon {summary.epsilon:.4g}, more than the budget {budget:g} its noise was "
+            "planned for (dropout beyond what the strategy removes, or fewer clients to sample from than planned)",
+            file=sys.stderr,
+        )
     print(f"results: {scenario.output}/ (rounds.csv, clients.csv, stages.csv, manifest.json)")
     return 0
 

@@ -37,14 +37,8 @@ def preflight(scenario: Scenario) -> list[Problem]:
                 "of digits, so some clients would have no data; lower it, or use dataset synthetic",
             )
         )
-    if scenario.trace is not None and not Path(scenario.trace.file).is_file():
-        problems.append(
-            Problem(
-                scenario.origin("trace", "file"),
-                "trace.file",
-                f"is {scenario.trace.file!r}: there is no such file (see traces/README.md for the format)",
-            )
-        )
+    if scenario.trace is not None:
+        problems += _trace(scenario)
     if scenario.privacy.enabled:
         problems += _privacy(scenario)
     try:
@@ -63,6 +57,39 @@ def preflight(scenario: Scenario) -> list[Problem]:
                 f"{costs.source} does not measure {', '.join(missing)}; run `dropsim profile` to make one that does",
             )
         )
+    return problems
+
+
+def _trace(scenario: Scenario) -> list[Problem]:
+    """The trace file loads, its clients fit the population, and the replayed hours lie within it."""
+    import numpy as np
+
+    from sim.errors import InputError
+    from sim.traces.io import check_clients, load_trace
+
+    replay = scenario.trace
+    assert replay is not None
+    if not Path(replay.file).is_file():
+        where = scenario.origin("trace", "file")
+        return [Problem(where, "trace.file", f"is {replay.file!r}: there is no such file (see traces/README.md)")]
+    try:
+        trace = load_trace(replay.file)
+        check_clients(trace, scenario.population, scenario.origin("population"))
+    except InputError as exc:
+        return [Problem(scenario.origin("trace", "file"), "trace.file", str(exc))]
+    if not bool(np.isnan(trace.periods).all()):
+        return []  # some clients repeat for ever
+    end_h = float(trace.ends.max()) / 3600
+    problems = []
+    for key, hours in (("offset_hours", replay.offset_hours), ("until_hours", replay.until_hours)):
+        if hours is not None and hours > end_h:
+            problems.append(
+                Problem(
+                    scenario.origin("trace", key),
+                    f"trace.{key}",
+                    f"is {hours:g}, past the end of the trace ({end_h:.2f} h, {replay.file}): nobody is online there",
+                )
+            )
     return problems
 
 

@@ -179,3 +179,58 @@ def test_device_capacity_from_the_trace(tmp_path):
     assert by.loc[1, "bandwidth_mbps"] == 50.0 and by.loc[3, "bandwidth_mbps"] == 8.0
     zipf = run(scenario(tmp_path, rows, "rounds=1", "aggregation.protocol=fedavg"), tmp_path / "zipf")[1]
     assert zipf.set_index("client").loc[3, "slowdown"] == by.loc[3, "slowdown"]  # unknown: Zipf value kept
+
+
+def test_sessions_cut_by_the_end_of_the_trace_are_no_offline_events():
+    avail = Availability(small_trace(), 6)
+    assert avail.horizon == 30.0
+    assert math.isinf(avail.offline_at(0, 25.0))  # [20, 30) ends where the trace ends: cut, not ended
+    assert avail.offline_at(3, 21.0) == 24.0  # a repeating client's sessions do end
+
+
+def test_the_run_stops_when_nobody_will_be_online_again(tmp_path):
+    rows = [(1, 0.0, 0.3), (2, 0.0, 0.3), (3, 0.0, 10.0)]  # the trace ends at 10 s
+    sc = scenario(tmp_path, rows, "rounds=500", "sampling={clients_per_round: 2}", "aggregation.protocol=fedavg")
+    rounds, clients = run(sc, tmp_path / "end")
+    assert len(rounds) < 100 and rounds["t_start"].iloc[-1] >= 10.0
+    assert rounds["sampled"].iloc[-1] == 0 and (rounds["sampled"].iloc[:-1] > 0).all()  # one empty round, then stop
+    manifest = (tmp_path / "end" / "manifest.json").read_text()
+    assert "no client of the trace is online after trace hour" in manifest
+    assert clients["in_aggregate"].dtype == bool
+
+
+@pytest.mark.parametrize(
+    ("rows", "override", "message"),
+    [
+        ([(9, 0.0, 10.0)], "rounds=1", "unknown client 9"),
+        ([(1, 0.0, 10.0), (1, 5.0, 20.0)], "rounds=1", "avail.csv:4"),
+        ([(1, 0.0, 3600.0)], "trace.offset_hours=2", "past the end of the trace"),
+    ],
+)
+def test_check_reads_the_trace(tmp_path, rows, override, message, capsys):
+    from sim.cli import main
+
+    sc_file = tmp_path / "replay.yaml"
+    sc_file.write_text(BASE.replace("TRACE", str(write_trace(tmp_path, rows))))
+    assert main(["check", str(sc_file), "--set", override]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_trace_stats_refuses_a_population_smaller_than_the_trace(tmp_path, capsys):
+    from sim.cli import main
+
+    path = write_trace(tmp_path, [(1, 0.0, 10.0), (7, 0.0, 5.0)])
+    assert main(["trace", "stats", str(path), "--population", "5"]) == 2
+    assert "client ids up to 7" in capsys.readouterr().err
+
+
+def test_a_run_spending_more_than_its_budget_says_so(tmp_path, capsys):
+    from sim.cli import main
+
+    rows = [(c, 0.0, 1e6) for c in (0, 1, 3, 5)]  # 4 of 6 online: sampled at 3/4, planned at 3/6
+    trace = write_trace(tmp_path, rows)
+    sc_file = tmp_path / "replay.yaml"
+    sc_file.write_text(BASE.replace("TRACE", str(trace)))
+    args = ["--set", "sampling={clients_per_round: 3}", "--set", "privacy={strategy: xnoise, epsilon: 8}"]
+    assert main(["run", str(sc_file), *args, "--output", str(tmp_path / "o"), "--quiet"]) == 0
+    assert "more than the budget 8" in capsys.readouterr().err

@@ -7,7 +7,9 @@ of the population is trace client c; population clients absent from the trace ar
 
 The server samples among the clients online when a round starts; a sampled client whose online interval
 ends during the round goes offline at that moment, at whatever protocol stage it is in (see
-:class:`sim.engine.round.Round`). When nobody is online the server waits for the next client to come online.
+:class:`sim.engine.round.Round`). Sessions still open where the trace ends were cut by the observation,
+not ended by their devices: they are no offline events. When nobody is online the server waits for the next
+client to come online; when nobody ever will again, the run stops.
 """
 
 from __future__ import annotations
@@ -28,6 +30,9 @@ class Availability:
         self.offset_s = offset_s
         self.time_scale = time_scale
         self._owner = trace.owner()
+        self.horizon = float(trace.ends.max()) if trace.intervals else 0.0
+        """Trace seconds where observation ends: a session still open there was cut by the trace, not ended
+        by its device, so it is no offline event (a non-repeating client)."""
 
     def trace_time(self, t: float) -> float:
         """Trace seconds at virtual time ``t``."""
@@ -50,7 +55,9 @@ class Availability:
         except KeyError:
             return t
         end = self.trace.offline_at(index, self.trace_time(t))
-        return math.inf if math.isinf(end) else self.virtual_time(end)
+        if math.isinf(end) or (np.isnan(self.trace.periods[index]) and end >= self.horizon):
+            return math.inf
+        return self.virtual_time(end)
 
     def next_online(self, t: float) -> float:
         """The first virtual time after ``t`` at which some client comes online (inf if none ever does)."""

@@ -48,6 +48,7 @@ class Simulation:
         self.scenario = sc = scenario
         self.population = Population.build(sc.population, sc.clients, sc.seed)
         self.availability: Availability | None = None
+        self._exhausted = ""
         if sc.trace is not None:
             from sim.traces.io import check_clients, load_trace
 
@@ -106,6 +107,9 @@ class Simulation:
             if later < float("inf"):
                 self.env.run(until=later + 1e-9)
                 online = self.availability.online(self.env.now)
+            else:
+                hours = self.availability.trace_time(self.env.now) / 3600
+                self._exhausted = f"no client of the trace is online after trace hour {hours:.2f}"
         return online
 
     @property
@@ -114,6 +118,8 @@ class Simulation:
         empty."""
         if self.privacy is not None and self.privacy.stopped:
             return self.privacy.stopped
+        if self._exhausted:
+            return self._exhausted
         replay = self.scenario.trace
         if self.availability is not None and replay is not None and replay.until_hours is not None:
             hours = self.availability.trace_time(self.env.now) / 3600

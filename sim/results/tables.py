@@ -70,6 +70,7 @@ CLIENT_COLUMNS = (
     "bytes_up",
     "dropped_stage",
     "left_at",
+    "in_aggregate",
 )
 STAGE_COLUMNS = ("run_id", "round", "stage", "resource", "t_start", "t_end", "clients")
 
@@ -143,7 +144,8 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         **{f"time_{step}": end - start for step, start, end in rec.steps},
         **extra,
     }
-    client_rows = [_client_row(run_id, rec.round, c, extra) for c in clients]
+    aggregated = frozenset(rec.aggregate.survivors) if rec.aggregate is not None else frozenset()
+    client_rows = [_client_row(run_id, rec.round, c, extra, aggregated) for c in clients]
     stage_rows = []
     for stage, start_attr, end_attr in (
         ("download", "download_start", "download_end"),
@@ -184,7 +186,9 @@ def mean_of(values: list[float]) -> float:
     return sum(finite) / len(finite) if finite else math.nan
 
 
-def _client_row(run_id: str, round: int, c: ClientRecord, extra: dict[str, Any]) -> dict[str, Any]:
+def _client_row(
+    run_id: str, round: int, c: ClientRecord, extra: dict[str, Any], aggregated: frozenset[int] = frozenset()
+) -> dict[str, Any]:
     return {
         "run_id": run_id,
         "round": round,
@@ -200,6 +204,7 @@ def _client_row(run_id: str, round: int, c: ClientRecord, extra: dict[str, Any])
         "bytes_up": c.bytes_up,
         "dropped_stage": c.dropped_stage,
         "left_at": c.left_at,
+        "in_aggregate": c.client in aggregated,
         **extra,
     }
 

@@ -133,6 +133,11 @@ def _stats(args: argparse.Namespace) -> int:
     if args.population is not None and args.population < 1:
         raise InputError(f"--population {args.population}: must be at least 1")
     trace = load_trace(args.file)
+    if args.population is not None and trace.size and args.population <= int(trace.clients.max()):
+        raise InputError(
+            f"--population {args.population}: the trace has client ids up to {int(trace.clients.max())}; the "
+            "population must include them all"
+        )
     series, online = _online_row(trace, args.step_minutes * 60.0, args.population)
     print(_table([_session_row(trace)]))
     print(_table([online]))
