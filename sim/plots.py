@@ -29,8 +29,19 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
-from sim.results.read import read_run_table, run_dirs
+from sim.results.read import read_manifest, read_run_table, run_dirs
 from sim.results.writer import ResultsError, make_folder
+
+
+def _budget(directory: Path) -> float:
+    """The run's privacy budget (epsilon) from its manifest; NaN without distributed DP."""
+    try:
+        privacy = read_manifest(directory).get("scenario", {}).get("privacy", {})
+    except ResultsError:
+        return float("nan")
+    if not isinstance(privacy, dict) or privacy.get("strategy", "none") == "none":
+        return float("nan")
+    return float(privacy.get("epsilon", float("nan")))
 
 
 def load_rounds(paths: list[Path]) -> pd.DataFrame:
@@ -41,7 +52,7 @@ def load_rounds(paths: list[Path]) -> pd.DataFrame:
             frame = read_run_table(directory, "rounds")
             if frame.empty:
                 continue
-            frame = frame.assign(source=str(directory))
+            frame = frame.assign(source=str(directory), budget=_budget(directory))
             frames.append(frame)
     if not frames:
         raise ResultsError(f"no finished rounds under {', '.join(str(p) for p in paths)}")
@@ -193,6 +204,18 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
             ax.set_ylim(0, 1)
         if x == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        if y == "epsilon":
+            for budget in sorted(rounds["budget"].dropna().unique()):
+                ax.axhline(budget, color="grey", linestyle="--", linewidth=1)
+                ax.annotate(
+                    f"budget {budget:g}",
+                    (0.01, budget),
+                    xycoords=("axes fraction", "data"),
+                    textcoords="offset points",
+                    xytext=(2, 3),
+                    fontsize="x-small",
+                    color="grey",
+                )
         title = f"{line_by}: mean, band min-max" if line_by is not None else None
         if len(lines) <= 5:
             ax.legend(fontsize="small", loc="best", framealpha=0.85, title=title, title_fontsize="small")
@@ -215,5 +238,6 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
         table = renamed.groupby(["strategy", "dropout"], as_index=False, sort=False)[
             ["epsilon", "rounds_completed"]
         ].mean()
-        written += plot_privacy(pd.DataFrame(table), out)
+        budgets = rounds["budget"].dropna().unique()
+        written += plot_privacy(pd.DataFrame(table), out, budget=float(budgets[0]) if len(budgets) == 1 else None)
     return written

@@ -207,3 +207,10 @@ def test_a_round_aborted_after_unmasking_is_accounted(scenario_file, tmp_path):
     assert rounds["outcome"].str.startswith("aborted: noise_removal").all()
     assert (rounds["revealed"] == 10).all()  # the 3 leaving during removal had uploaded: all 10 in the sum
     assert rounds["epsilon"].is_monotonic_increasing and rounds["epsilon"].iloc[0] > 0
+
+
+def test_plots_of_private_runs(scenario_file, tmp_path):
+    run(scenario_file, tmp_path / "runs" / "a", "rounds=3")
+    run(scenario_file, tmp_path / "runs" / "b", "rounds=3", "privacy.strategy=orig")
+    assert main(["plot", str(tmp_path / "runs" / "a"), str(tmp_path / "runs" / "b"), "--out", str(tmp_path / "f")]) == 0
+    assert (tmp_path / "f" / "epsilon_vs_round.png").is_file() and (tmp_path / "f" / "epsilon_vs_round.pdf").is_file()

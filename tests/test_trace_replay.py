@@ -150,6 +150,7 @@ def test_private_rounds_are_accounted_at_the_rate_among_online_clients(tmp_path)
     )
     rounds, _ = run(sc, tmp_path / "dp")
     assert (rounds["outcome"] == "ok").all()
+    assert (rounds["online"] == 4).all()
     dim = json.loads((tmp_path / "dp" / "manifest.json").read_text())["model_parameters"]
     acc = Accountant("skellam", 1e-3, 1.0, padded(dim), 3 / 6, scale=1.0)
     for variance, scale in zip(rounds["accounted_variance"], rounds["dp_scale"], strict=True):

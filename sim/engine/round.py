@@ -95,6 +95,8 @@ class RoundRecord:
     outcome: str = ""
     sampled: int = 0
     survivors: int = 0
+    online: int = 0
+    """Clients the server could sample from (online under a trace; else the population)."""
     dropped_planned: int = 0
     timed_out: int = 0
     clients: list[ClientRecord] = field(default_factory=list)

@@ -161,6 +161,7 @@ class Simulation:
         self.env.run(until=process)
         record = process.value
         assert isinstance(record, RoundRecord)
+        record.online = len(available)
         privacy = None
         if self.privacy is not None:
             if plan is not None and private is not None and not refused:

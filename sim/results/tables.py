@@ -54,6 +54,7 @@ ROUND_COLUMNS = (
     "epsilon",
     "dp_scale",
     "revealed",
+    "online",
 )
 CLIENT_COLUMNS = (
     "run_id",
@@ -141,6 +142,7 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         "client_compute_s_mean": mean_of([c.compute_s for c in clients]),
         **privacy_cells(result.privacy),
         "revealed": rec.exposed if rec.exposed is not None else 0,
+        "online": rec.online,
         **{f"time_{step}": end - start for step, start, end in rec.steps},
         **extra,
     }
