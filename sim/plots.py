@@ -108,7 +108,8 @@ STRATEGY_STYLE = {
 XNoise and rebasing at the budget, stay distinguishable)."""
 
 
-def _save(fig: plt.Figure, out: Path, name: str) -> list[Path]:
+def save_figure(fig: plt.Figure, out: Path, name: str) -> list[Path]:
+    """Write ``fig`` as ``out/name.png`` (150 dpi) and vector ``out/name.pdf``, close it; the paths."""
     paths = []
     for ext in ("png", "pdf"):
         path = out / f"{name}.{ext}"
@@ -147,7 +148,7 @@ def plot_privacy(
     ax.set_ylabel("Privacy spent, epsilon")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize="small", ncol=2, loc="best", framealpha=0.85)
-    return _save(fig, out, name)
+    return save_figure(fig, out, name)
 
 
 def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Path]:
@@ -229,7 +230,7 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
                 title=title,
                 title_fontsize="x-small",
             )
-        written += _save(fig, out, name)
+        written += save_figure(fig, out, name)
     if private and {"privacy.strategy", "dropout.rate"} <= set(rounds.columns):
         final = rounds.sort_values("round").groupby("line").tail(1).set_index("line")
         final["rounds_completed"] = rounds[rounds["outcome"] == "ok"].groupby("line").size()

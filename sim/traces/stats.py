@@ -19,6 +19,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
+from sim.plots import save_figure
 from sim.results.writer import make_folder
 from sim.traces.model import Trace
 
@@ -168,10 +169,4 @@ def plot_online(
             ax.set_xticks(np.arange(0.0, last + 1e-9, 24.0 if last <= 24 * 8 else 24.0 * np.ceil(last / 24 / 8)))
         ax.grid(True, alpha=0.3)
         ax.legend(loc="lower left", fontsize="small", framealpha=0.85)
-    paths = []
-    for ext in ("png", "pdf"):
-        path = out / f"{name}.{ext}"
-        fig.savefig(path, dpi=150)
-        paths.append(path)
-    plt.close(fig)
-    return paths
+    return save_figure(fig, out, name)
