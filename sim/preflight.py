@@ -97,12 +97,10 @@ def _privacy(scenario: Scenario) -> list[Problem]:
     """Whether the noise can be planned for the budget and fits the bits (DP needs no machine, but a plan
     that cannot be made should stop the run before it starts, not in its first round)."""
     from sim.dp.planner import model_dimension
-    from sim.engine.privacy import PrivacyLedger
+    from sim.engine.privacy import PrivacyLedger, nominal_sampling
 
     sc = scenario
-    k, rate = sc.sampling.clients_per_round, sc.sampling.rate
-    q = k / sc.population if k is not None else float(rate or 0.0)
-    n = k if k is not None else max(1, round(q * sc.population))
+    q, n = nominal_sampling(sc)
     try:
         ledger = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, n, model_dimension(sc), sc.seed)
         ledger.round(1, n)

@@ -42,12 +42,10 @@ def privacy_table(
     scenario: Scenario, dropouts: Sequence[float], dim: int, strategies: Sequence[str] = PLANNED
 ) -> list[dict[str, Any]]:
     """One row per strategy and dropout rate (see the module docstring)."""
-    from sim.engine.privacy import PrivacyLedger
+    from sim.engine.privacy import PrivacyLedger, nominal_sampling
 
     sc = scenario
-    k, rate = sc.sampling.clients_per_round, sc.sampling.rate
-    q = k / sc.population if k is not None else float(rate or 0.0)
-    n = k if k is not None else max(1, round(q * sc.population))
+    q, n = nominal_sampling(sc)
     rows = []
     for strategy in strategies:
         privacy = dataclasses.replace(sc.privacy, strategy=strategy)

@@ -27,9 +27,9 @@ from sim.dp.dskellam import DSkellamEncoding
 from sim.dp.noise import MAX_VARIANCE
 from sim.dp.strategies import RoundNoise
 from sim.protocol.machine import RoundSetupError
-from sim.protocol.private import PrivateRound
+from sim.protocol.private import Admission, PrivateRound
 from sim.protocol.registry import AggregationParams, reconstruction_threshold
-from sim.scenario.schema import Privacy
+from sim.scenario.schema import Privacy, Scenario
 from sim.seeds import Stream, seed_bytes
 
 
@@ -52,6 +52,14 @@ class RoundPrivacy:
     """Cumulative epsilon at ``privacy.delta`` after this round."""
     scale: float
     """DSkellam scale s of the round (NaN without DP)."""
+
+
+def nominal_sampling(scenario: Scenario) -> tuple[float, int]:
+    """(q, n): the sampling rate rounds are planned at and the clients a round is planned for.
+    ``clients_per_round: k`` gives k / population and k; ``rate: q`` gives q and round(q population)."""
+    k, rate = scenario.sampling.clients_per_round, scenario.sampling.rate
+    q = k / scenario.population if k is not None else float(rate or 0.0)
+    return q, k if k is not None else max(1, round(q * scenario.population))
 
 
 class PrivacyLedger:
@@ -160,7 +168,7 @@ class PrivacyLedger:
         )
         return plan, private
 
-    def _admission(self, plan: RoundNoise, scale: float, q: float | None):  # type: ignore[no-untyped-def]
+    def _admission(self, plan: RoundNoise, scale: float, q: float | None) -> Admission:
         def admit(survivors: int) -> str | None:
             variance = float(plan.accounted(plan.sampled - survivors))
             curve = self.accountant.round_rdp(variance, survivors, scale, q)

@@ -20,7 +20,7 @@ from sim.engine.availability import Availability
 from sim.engine.dropout import DropoutModel
 from sim.engine.network import Link, Network
 from sim.engine.population import Population
-from sim.engine.privacy import PrivacyLedger, RoundPrivacy
+from sim.engine.privacy import PrivacyLedger, RoundPrivacy, nominal_sampling
 from sim.engine.round import MBPS, Round, RoundRecord, RoundSetup
 from sim.engine.sampling import sample_clients
 from sim.learning.federated import load_federated
@@ -93,9 +93,7 @@ class Simulation:
         self.round = 0
         self.privacy: PrivacyLedger | None = None
         if sc.privacy.enabled:
-            k, rate = sc.sampling.clients_per_round, sc.sampling.rate
-            q = k / sc.population if k is not None else float(rate or 0.0)
-            nominal = k if k is not None else max(1, round(q * sc.population))
+            q, nominal = nominal_sampling(sc)
             self.privacy = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, nominal, dim, sc.seed)
 
     def _online(self) -> np.ndarray:

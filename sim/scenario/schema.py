@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.dp.strategies import REMOVING, STRATEGIES
+from sim.dp.strategies import REMOVING, STRATEGIES, allowed
 from sim.protocol.graph import auto_degree
 from sim.protocol.registry import NOISE_REMOVAL_STAGES, PROTOCOLS, AggregationParams, reconstruction_threshold
 from sim.scenario.errors import ScenarioError
@@ -377,24 +377,25 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> P
         headroom=_or(r.number("headroom", d.headroom, lo=0, lo_open=True), d.headroom),
     )
     protocol = aggregation.protocol
-    if p.enabled and protocol == "fedavg":
-        r.fail(
-            "strategy",
-            f"is {strategy!r}, which needs an encoded protocol: set aggregation.protocol to plain, secagg or "
-            "secagg+ (fedavg sends float updates)",
-        )
-    if strategy in (*REMOVING, "rebasing") and protocol not in ("secagg", "secagg+"):
-        r.fail(
-            "strategy",
-            f"is {strategy!r}, which removes noise with seeds shared under secure aggregation: set "
-            f"aggregation.protocol to secagg or secagg+, not {protocol!r}",
-        )
-    elif p.enabled and protocol == "plain" and strategy not in ("central", "local"):
-        r.fail(
-            "strategy",
-            f"is {strategy!r}, whose clients share the noise: under plain the server sees every noisy update "
-            "alone, so only central or local DP hold; use secagg or secagg+ (or strategy central or local)",
-        )
+    if p.enabled and strategy not in allowed(protocol):  # say why, in the user's terms
+        if protocol == "fedavg":
+            r.fail(
+                "strategy",
+                f"is {strategy!r}, which needs an encoded protocol: set aggregation.protocol to plain, secagg or "
+                "secagg+ (fedavg sends float updates)",
+            )
+        if strategy in (*REMOVING, "rebasing"):
+            r.fail(
+                "strategy",
+                f"is {strategy!r}, which removes noise with seeds shared under secure aggregation: set "
+                f"aggregation.protocol to secagg or secagg+, not {protocol!r}",
+            )
+        elif protocol == "plain":
+            r.fail(
+                "strategy",
+                f"is {strategy!r}, whose clients share the noise: under plain the server sees every noisy update "
+                "alone, so only central or local DP hold; use secagg or secagg+ (or strategy central or local)",
+            )
     if p.collusion and protocol not in ("secagg", "secagg+"):
         r.fail(
             "collusion",
