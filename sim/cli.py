@@ -82,12 +82,43 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("results", nargs="+", type=Path, help="run or sweep folders")
     p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the PNG and PDF files")
     p.add_argument("--by", metavar="KEY", help="one line per value of this swept key (mean over the rest)")
+    p.add_argument(
+        "--gantt",
+        type=int,
+        metavar="ROUND",
+        help="also draw the pipeline Gantt chart of this round for each run (gantt_<run_id>_round<ROUND>)",
+    )
 
-    p = sub.add_parser("profile", help="measure this machine and fit the compute cost model")
+    p = sub.add_parser(
+        "profile",
+        help="measure this machine and fit the compute cost model; or, with --pipeline, fit a scenario's "
+        "pipeline model and choose its chunk count",
+    )
     p.add_argument("--out", type=Path, default=Path("profile.json"), metavar="FILE", help="profile to write")
     p.add_argument(
         "--quick", action="store_true", help="few sizes, one repeat: a rough profile in seconds, for trying things out"
     )
+    p.add_argument(
+        "--pipeline",
+        metavar="SCENARIO",
+        help="fit Dordis eq. 3 per stage from short simulated runs of this scenario (secagg or secagg+) and "
+        "predict the completion time of every chunk count (Hyades appendix F)",
+    )
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="with --pipeline: override a scenario key (repeatable)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="with --pipeline: also simulate every chunk count and compare with the prediction",
+    )
+    p.add_argument("--rounds", type=int, default=1, metavar="N", help="with --check: rounds simulated per m")
+    p.add_argument("--csv", type=Path, metavar="OUT", help="with --pipeline: also write the table per m as CSV")
 
     add_trace_parser(sub)
     return parser
@@ -242,9 +273,25 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from sim.plots import plot_results
+    from sim.plots import gantt_name, plot_gantt, plot_results
+    from sim.results.read import read_run_table, run_dirs
+    from sim.results.writer import ResultsError
 
     written = plot_results(args.results, args.out, by=args.by)
+    if args.gantt is not None:
+        names: set[str] = set()
+        for folder in args.results:
+            for directory in run_dirs(folder):
+                stages = read_run_table(directory, "stages")
+                run_id = str(stages["run_id"].iloc[0]) if len(stages) else directory.name
+                name = gantt_name(run_id, args.gantt)
+                if name in names:  # two folders holding runs of the same id: keep both figures
+                    name = f"{name}_{len(names) + 1}"
+                names.add(name)
+                try:
+                    written += plot_gantt(stages, args.out, round=args.gantt, name=name)
+                except ResultsError as exc:
+                    raise ResultsError(f"{directory}: {exc}") from None
     for path in written:
         print(path)
     return 0
@@ -253,6 +300,11 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from sim.costs.profiler import run_profile
 
+    if args.pipeline is not None:
+        return cmd_profile_pipeline(args)
+    if args.overrides or args.check or args.csv:
+        print("dropsim: --set, --check and --csv go with --pipeline SCENARIO", file=sys.stderr)
+        return EXIT_BAD_INPUT
     folder = args.out.parent if str(args.out.parent) else Path()
     if not folder.is_dir():
         print(f"dropsim: {args.out}: the folder {folder} does not exist; create it first", file=sys.stderr)
@@ -267,6 +319,71 @@ def cmd_profile(args: argparse.Namespace) -> int:
             "a factor of two. Measure without --quick for results.",
             file=sys.stderr,
         )
+    return 0
+
+
+def cmd_profile_pipeline(args: argparse.Namespace) -> int:
+    """``dropsim profile --pipeline SCENARIO``: fitted stage latencies, predicted times, the chosen m."""
+    import dataclasses
+
+    from sim.dp.planner import model_dimension
+    from sim.pipeline.planner import check_chunks, plan_chunks
+    from sim.results.writer import csv_bytes, make_folder, write_atomic
+    from sim.scenario.schema import Pipeline
+
+    if args.rounds < 1:
+        print(f"dropsim: --rounds {args.rounds} is below 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    scenario = load(args.pipeline, args.overrides).base()
+    if scenario.aggregation.protocol not in ("secagg", "secagg+"):
+        print(
+            f"dropsim: {args.pipeline}: aggregation.protocol is {scenario.aggregation.protocol!r}; pipelining "
+            "runs one secure-aggregation instance per chunk: use secagg or secagg+",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
+    if scenario.pipeline is None:
+        scenario = dataclasses.replace(scenario, pipeline=Pipeline(chunks=None))
+    assert scenario.pipeline is not None
+    dim = model_dimension(scenario)
+    say = lambda m: print(m, file=sys.stderr)  # noqa: E731
+    plan = plan_chunks(scenario, dim, say)
+    print(f"{scenario.name}: d = {dim} values; per-chunk latency of each stage (Dordis eq. 3), fitted on short runs:")
+    names = ("c-comp", "comm (upload)", "s-comp", "comm (dispatch)", "c-comp (decode)")
+    _print_table(
+        [
+            {
+                "stage": f"{i + 1} {names[i]}",
+                "resource": plan.model.resources[i],
+                "beta1 (s/value)": st.per_value,
+                "beta2 (s/chunk)": st.per_chunk,
+                "beta3 (s)": st.constant,
+                "r2": st.r2,
+                "points": st.points,
+            }
+            for i, st in enumerate(plan.model.stages)
+        ]
+    )
+    rows: list[dict[str, object]] = [{"chunks": m, "predicted_s": t} for m, t in plan.predicted.items()]
+    if args.check:
+        checked = check_chunks(scenario, plan, list(plan.predicted), args.rounds, say)
+        for row, result in zip(rows, checked, strict=True):
+            row["simulated_agg_s"] = result.simulated_s
+            row["simulated_round_s"] = result.round_time_s
+    print()
+    _print_table(rows)
+    print(f"\nchosen: chunks {plan.chunks} (predicted {plan.predicted[plan.chunks]:.4g} s)")
+    if args.check:
+        simulated = {int(str(r["chunks"])): float(str(r["simulated_agg_s"])) for r in rows}
+        best = min(simulated, key=lambda m: (simulated[m], m))
+        print(
+            f"simulated best: chunks {best} ({simulated[best]:.4g} s); the chosen m simulates at "
+            f"{simulated[plan.chunks]:.4g} s, {simulated[plan.chunks] / simulated[best] - 1:+.1%} from the best"
+        )
+    if args.csv:
+        make_folder(args.csv.parent)
+        write_atomic(args.csv, csv_bytes(rows, tuple(rows[0]), header=True))
+        print(f"table: {args.csv}")
     return 0
 
 

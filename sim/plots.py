@@ -12,6 +12,13 @@ minimum to maximum, taken round by round):
   over ``privacy.strategy`` and ``dropout.rate``, ``epsilon_vs_dropout``: the epsilon each strategy ended
   at against the dropout rate (Dordis Figure 8; accuracy against round by strategy is Figure 9).
 
+When some run has a ``pipeline`` section (pipelined aggregation), ``plot_results`` also draws
+``round_time_breakdown`` (:func:`plot_round_time_breakdown`, Dordis Figure 10): per protocol, strategy and
+dropout rate, the mean round time of the finished rounds split into aggregation and the rest, plain against
+pipelined, with the speedup. :func:`plot_gantt` draws one round of ``stages.csv`` as a Gantt chart (Dordis
+Figure 6): by resource with a lane per chunk, and by chunk with the five stages of Dordis Table 1. The
+numbers behind both come from pure functions (:func:`round_time_breakdown`, :func:`gantt_spans`).
+
 ``plot_privacy`` draws ``epsilon_vs_dropout`` from the table of ``dropsim privacy``. Each strategy keeps
 one colour and marker in every figure.
 """
@@ -42,6 +49,14 @@ def _budget(directory: Path) -> float:
     if not isinstance(privacy, dict) or privacy.get("strategy", "none") == "none":
         return float("nan")
     return float(privacy.get("epsilon", float("nan")))
+
+
+def _pipelined(directory: Path) -> bool:
+    """Whether the run's scenario has a ``pipeline`` section (then its rounds break down plain or pipelined)."""
+    try:
+        return read_manifest(directory).get("scenario", {}).get("pipeline") is not None
+    except ResultsError:
+        return False
 
 
 def load_rounds(paths: list[Path]) -> pd.DataFrame:
@@ -241,4 +256,378 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
         ].mean()
         budgets = rounds["budget"].dropna().unique()
         written += plot_privacy(pd.DataFrame(table), out, budget=float(budgets[0]) if len(budgets) == 1 else None)
+    if {"agg_time", "other_time", "chunks"} <= set(rounds.columns):
+        finished = rounds[(rounds["outcome"] == "ok") & rounds["agg_time"].notna() & rounds["chunks"].notna()]
+        pipelined = any(_pipelined(Path(source)) for source in finished["source"].unique())
+        if not finished.empty and pipelined:
+            written += plot_round_time_breakdown(rounds, out)
     return written
+
+
+PIPELINE_STAGES = {
+    1: ("c-comp", "clients mask"),
+    2: ("comm", "clients upload"),
+    3: ("s-comp", "server unmasks and sums"),
+    4: ("comm", "server dispatches"),
+    5: ("c-comp", "clients decode"),
+}
+"""Dordis Table 1's five stages of a chunk: resource kind and what happens (``pipeline_stage`` 1..5)."""
+
+STAGE_COLOURS = {1: "#1f77b4", 2: "#ff7f0e", 3: "#2ca02c", 4: "#fdae6b", 5: "#9ecae1"}
+"""Client compute in blues, communication in oranges, server compute green: the colour says the resource."""
+
+GANTT_CONTEXT = ("download", "train", "encode", "update")
+"""Stages not tied to a chunk drawn (in grey) around the pipeline: before it, and ``update`` after it."""
+
+GANTT_RESOURCES = ("client.cpu", "client.link", "server.cpu", "server.link")
+"""Resource rows in this order first; any other resource of a chunk stage follows, sorted."""
+
+
+def _pipeline_rows(stages: pd.DataFrame) -> pd.DataFrame:
+    """The rows of per-chunk stages: a chunk index and a Table-1 stage number."""
+    if not {"chunk", "pipeline_stage"} <= set(stages.columns):
+        return stages.iloc[0:0]
+    return stages[stages["chunk"].notna() & stages["pipeline_stage"].notna()]
+
+
+def select_round(stages: pd.DataFrame, run_id: str | None = None, round: int | None = None) -> tuple[str, int]:
+    """The run and round a Gantt chart shows: by default the first run of ``stages`` and its round with the
+    most chunks (the first such), or round 1 when it has no pipeline rows."""
+    if stages.empty:
+        raise ResultsError("the stages table has no rows: no round of this run finished")
+    runs = [str(r) for r in stages["run_id"].drop_duplicates()]
+    if run_id is None:
+        run_id = runs[0]
+    elif run_id not in runs:
+        raise ResultsError(f"run {run_id!r}: not in the stages table; its runs: {', '.join(runs)}")
+    rows = stages[stages["run_id"].astype(str) == run_id]
+    if round is None:
+        chunked = _pipeline_rows(rows)
+        if chunked.empty:
+            return run_id, 1
+        counts = chunked.groupby("round", sort=True)["chunk"].max()
+        return run_id, int(counts.index[int(counts.to_numpy().argmax())])
+    if round not in set(rows["round"]):
+        have = sorted(int(r) for r in rows["round"].unique())
+        raise ResultsError(
+            f"run {run_id!r} has no round {round} in its stages table; its rounds: {have[0]} to {have[-1]}"
+        )
+    return run_id, round
+
+
+def gantt_spans(stages: pd.DataFrame, run_id: str | None = None, round: int | None = None) -> pd.DataFrame:
+    """The bars of one round's Gantt chart, one per row of ``stages`` drawn (rounds chosen by
+    :func:`select_round`): the chunk stages and the context stages of :data:`GANTT_CONTEXT`.
+
+    Columns: ``run_id, round, stage, resource, chunk`` (-1 for a context stage), ``pipeline_stage`` (0 for
+    a context stage), ``t_start, t_end`` as in the table and ``start, end``, virtual seconds since the
+    round's start (the earliest ``t_start`` of the round). Rows whose span never closed (NaN) are left out.
+    """
+    run_id, round = select_round(stages, run_id, round)
+    rows = stages[(stages["run_id"].astype(str) == run_id) & (stages["round"] == round)]
+    chunked = _pipeline_rows(rows)
+    if chunked.empty:
+        others = _pipeline_rows(stages[stages["run_id"].astype(str) == run_id])["round"].unique()
+        hint = (
+            f"rounds that have them: {', '.join(str(int(r)) for r in sorted(others))}"
+            if len(others)
+            else "simulate it with chunked aggregation (pipeline.chunks) to draw its pipeline"
+        )
+        raise ResultsError(
+            f"run {run_id!r}, round {round}: the stages table has no pipeline rows (chunk.* stages with a chunk "
+            f"and a pipeline_stage); {hint}"
+        )
+    origin = float(rows["t_start"].min())
+    bars = rows[rows.index.isin(chunked.index) | rows["stage"].isin(GANTT_CONTEXT)]  # in the table's order
+    bars = bars.dropna(subset=["t_start", "t_end"])
+    return pd.DataFrame(
+        {
+            "run_id": run_id,
+            "round": round,
+            "stage": bars["stage"].astype(str).to_numpy(),
+            "resource": bars["resource"].astype(str).to_numpy(),
+            "chunk": bars["chunk"].fillna(-1).astype(int).to_numpy(),
+            "pipeline_stage": bars["pipeline_stage"].fillna(0).astype(int).to_numpy(),
+            "t_start": bars["t_start"].astype(float).to_numpy(),
+            "t_end": bars["t_end"].astype(float).to_numpy(),
+            "start": (bars["t_start"].astype(float) - origin).to_numpy(),
+            "end": (bars["t_end"].astype(float) - origin).to_numpy(),
+        }
+    )
+
+
+def _gantt_label(ax: Any, start: float, end: float, y: float, text: str, min_width: float, size: float) -> None:
+    """Write ``text`` inside a bar that is wide enough to hold it."""
+    if end - start >= min_width:
+        ax.text((start + end) / 2, y, text, ha="center", va="center", fontsize=size, color="black")
+
+
+def plot_gantt(
+    stages: pd.DataFrame,
+    out: Path,
+    run_id: str | None = None,
+    round: int | None = None,
+    name: str | None = None,
+) -> list[Path]:
+    """Gantt chart of one round's pipelined aggregation (Dordis Figure 6) as ``out/name`` (default
+    ``gantt_<run_id>_round<k>``): above, one row per resource with a lane per chunk (colour: chunk; number:
+    Table-1 stage) and the context stages in grey; below, one row per chunk with its five stages coloured
+    by stage. A stage's bar runs from the first party starting it to the last finishing it."""
+    spans = gantt_spans(stages, run_id, round)
+    run_id, round = str(spans["run_id"].iloc[0]), int(spans["round"].iloc[0])
+    chunked = spans[spans["chunk"] >= 0]
+    context = spans[spans["chunk"] < 0]
+    m = int(chunked["chunk"].max()) + 1
+    present = set(chunked["resource"])
+    resources = [r for r in GANTT_RESOURCES if r in present] + sorted(present - set(GANTT_RESOURCES))
+    before = [s for s in GANTT_CONTEXT if s != "update" and s in set(context["stage"])]
+    after = ["update"] if "update" in set(context["stage"]) else []
+    rows = [*before, *resources, *after]  # top to bottom, roughly in the order things happen
+    level = {row: len(rows) - 1 - i for i, row in enumerate(rows)}
+    extent = float(spans["end"].max()) or 1.0
+    min_width = 0.025 * extent
+
+    chunk_rows = min(0.42 * max(m, 2), 7.0)  # inches; many chunks share 7 in. rather than grow the page
+    fig, (top, bottom) = plt.subplots(
+        2,
+        1,
+        sharex=True,
+        figsize=(9.0, 1.6 + 0.42 * len(rows) + chunk_rows),
+        height_ratios=[0.42 * len(rows), chunk_rows],
+        layout="constrained",
+    )
+    cmap = matplotlib.colormaps["viridis"]
+    chunk_colour = [cmap(0.1 + 0.8 * c / max(m - 1, 1)) for c in range(m)]
+    for bar in context.to_dict("records"):
+        y = level[bar["stage"]]
+        top.barh(y, bar["end"] - bar["start"], left=bar["start"], height=0.6, color="0.75", edgecolor="0.5")
+        _gantt_label(top, bar["start"], bar["end"], y, bar["stage"], 4 * min_width, 7)
+    lane = 0.8 / m  # each chunk its own lane: spans of different chunks on one resource may overlap
+    label_size = 7 if m <= 4 else 6
+    for bar in chunked.to_dict("records"):
+        y = level[bar["resource"]] + 0.4 - lane * (bar["chunk"] + 0.5)
+        width = bar["end"] - bar["start"]
+        top.barh(y, width, left=bar["start"], height=lane, color=chunk_colour[bar["chunk"]], linewidth=0)
+        if m <= 8:
+            _gantt_label(top, bar["start"], bar["end"], y, str(bar["pipeline_stage"]), min_width, label_size)
+    top.set_yticks([level[r] for r in rows], labels=rows)
+    for tick, row in zip(top.get_yticklabels(), rows, strict=True):
+        if row not in present:
+            tick.set_color("0.4")
+    top.set_ylim(-0.6, len(rows) - 0.4)
+    top.set_ylabel("Resource")
+    top.grid(True, axis="x", alpha=0.3)
+    top.set_title(
+        f"{run_id}, round {round}: {m} chunk{'s' if m > 1 else ''}; number in a bar: its stage", fontsize="medium"
+    )
+    handles = [plt.Rectangle((0, 0), 1, 1, color=chunk_colour[c]) for c in range(m)]
+    shown = range(m) if m <= 12 else sorted({0, m // 2, m - 1})
+    top.legend(
+        [handles[c] for c in shown],
+        [f"chunk {c}" for c in shown],
+        fontsize="x-small",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        title="colour: chunk",
+        title_fontsize="x-small",
+    )
+
+    # Stages 1, 3, 5 in the upper half of a chunk's row, 2 and 4 in the lower: neighbouring stages of a
+    # chunk overlap (the first client uploads while the last still masks) and must not hide each other.
+    for bar in chunked.to_dict("records"):
+        stage = bar["pipeline_stage"]
+        y = (m - 1 - bar["chunk"]) + (0.2 if stage % 2 else -0.2)
+        width = bar["end"] - bar["start"]
+        colour = STAGE_COLOURS.get(stage, "0.5")
+        bottom.barh(y, width, left=bar["start"], height=0.4, color=colour, edgecolor="white", linewidth=0.5)
+        if m <= 16:
+            _gantt_label(bottom, bar["start"], bar["end"], y, str(stage), min_width, 7)
+    step = -(-m // 20)  # at most about 20 chunk labels
+    shown_chunks = range(0, m, step)
+    bottom.set_yticks([m - 1 - c for c in shown_chunks], labels=[str(c) for c in shown_chunks])
+    bottom.set_ylim(-0.6, m - 0.4)
+    bottom.set_ylabel("Chunk")
+    bottom.set_xlabel("Virtual time since the round's start (s)")
+    bottom.set_xlim(0, extent * 1.01)
+    bottom.grid(True, axis="x", alpha=0.3)
+    bottom.legend(
+        [plt.Rectangle((0, 0), 1, 1, color=STAGE_COLOURS[s]) for s in PIPELINE_STAGES],
+        [f"{s} {kind}: {what}" for s, (kind, what) in PIPELINE_STAGES.items()],
+        fontsize="x-small",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+        title="stage (Dordis Table 1)",
+        title_fontsize="x-small",
+    )
+    make_folder(out)
+    return save_figure(fig, out, name or gantt_name(run_id, round))
+
+
+def gantt_name(run_id: str, round: int) -> str:
+    """File name (no extension) of a round's Gantt chart: ``gantt_<run_id>_round<k>``, safe characters only."""
+    safe = "".join(ch if ch.isalnum() or ch in "._=+-" else "_" for ch in run_id)
+    return f"gantt_{safe}_round{round}"
+
+
+BREAKDOWN_KEYS = {
+    "protocol": ("aggregation.protocol", "fedavg"),
+    "strategy": ("privacy.strategy", "none"),
+    "dropout": ("dropout.rate", 0.0),
+}
+"""Columns of a round-time breakdown group, the scenario key each is read from, and its default."""
+
+
+def _scenario_value(doc: dict[str, Any], key: str, default: Any) -> Any:
+    node: Any = doc.get("scenario", {})
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return default
+        node = node[part]
+    return default if node is None else node
+
+
+def with_scenario_keys(rounds: pd.DataFrame) -> pd.DataFrame:
+    """``rounds`` with ``protocol``, ``strategy`` and ``dropout`` columns: from the swept columns where they
+    hold a value, else from the manifest of the run folder in ``source`` (as :func:`load_rounds` sets it)."""
+    out = rounds.copy()
+    manifests: dict[str, dict[str, Any]] = {}
+    if "source" in out:
+        for source in out["source"].dropna().unique():
+            try:
+                manifests[str(source)] = read_manifest(Path(str(source)))
+            except ResultsError:
+                manifests[str(source)] = {}
+    sources = out["source"] if "source" in out else pd.Series([None] * len(out), index=out.index)
+    for column, (key, default) in BREAKDOWN_KEYS.items():
+        if column in rounds.columns:
+            continue
+        from_manifest = [_scenario_value(manifests.get(str(s), {}), key, default) for s in sources]
+        values = pd.Series(from_manifest, index=out.index, dtype=object)
+        if key in rounds.columns:
+            values = rounds[key].astype(object).where(rounds[key].notna(), values)
+        out[column] = values
+    return out
+
+
+def round_time_breakdown(rounds: pd.DataFrame) -> pd.DataFrame:
+    """Mean round time of the finished rounds (``outcome == "ok"``), split into ``agg_time`` and
+    ``other_time``, per ``protocol, strategy, dropout`` and chunk count ``chunks``: first per run (``line``,
+    else ``run_id``), then the mean over the runs. One row per bar; ``runs`` and ``rounds`` count what it
+    averages, and ``speedup`` is the plain (``chunks == 1``) mean round time of its group over its own
+    (1 for the plain bar, NaN when the group has no plain bar). Virtual seconds."""
+    run = "line" if "line" in rounds else "run_id"
+    keys = ["protocol", "strategy", "dropout"]
+    ok = rounds[rounds["outcome"] == "ok"].dropna(subset=["round_time", "agg_time", "other_time", "chunks"])
+    ok = ok.assign(chunks=ok["chunks"].astype(int))
+    per_run = ok.groupby([*keys, "chunks", run], sort=False).agg(
+        agg_time=("agg_time", "mean"),
+        other_time=("other_time", "mean"),
+        round_time=("round_time", "mean"),
+        rounds=("round_time", "size"),
+    )
+    table = (
+        per_run.groupby([*keys, "chunks"], sort=False)
+        .agg(
+            runs=("rounds", "size"),
+            rounds=("rounds", "sum"),
+            agg_time=("agg_time", "mean"),
+            other_time=("other_time", "mean"),
+            round_time=("round_time", "mean"),
+        )
+        .reset_index()
+    )
+    plain = table[table["chunks"] == 1].rename(columns={"round_time": "plain_time"})[[*keys, "plain_time"]]
+    table = table.merge(plain, on=keys, how="left")
+    table["speedup"] = table.pop("plain_time") / table["round_time"]
+    strategies = list(STRATEGY_STYLE)
+    table["order"] = [strategies.index(s) if s in strategies else len(strategies) for s in table["strategy"]]
+    table = table.sort_values(["protocol", "order", "dropout", "chunks"], kind="stable")
+    return table.drop(columns="order").reset_index(drop=True)
+
+
+def plot_round_time_breakdown(rounds: pd.DataFrame, out: Path, name: str = "round_time_breakdown") -> list[Path]:
+    """Dordis Figure 10: per (protocol, strategy, dropout rate) a plain and a pipelined bar (one per chunk
+    count m > 1) of the mean round time of the finished rounds, split into ``agg_time`` (solid) and
+    ``other_time`` (hatched), the speedup over plain written above each pipelined bar."""
+    table = round_time_breakdown(with_scenario_keys(rounds))
+    if table.empty:
+        raise ResultsError("no finished round with agg_time, other_time and chunks to break down")
+    keys = ["protocol", "strategy", "dropout"]
+    groups = list(table.groupby(keys, sort=False))
+    constant = [k for k in keys if table[k].nunique() == 1]
+    varying = [k for k in keys if k not in constant]
+
+    def describe(key: str, value: Any) -> str:
+        return f"d={float(value) * 100:g}%" if key == "dropout" else str(value)
+
+    bars = sum(len(g) for _, g in groups)
+    fig, ax = plt.subplots(
+        figsize=(min(max(4.0, 1.4 + 0.75 * bars + 0.3 * len(groups)), 16.0) + 2.4, 4.2), layout="constrained"
+    )
+    ticks: list[float] = []
+    tick_labels: list[str] = []
+    centres: list[float] = []
+    group_labels: list[str] = []
+    x = 0.0
+    width = 0.8
+    top = float((table["agg_time"] + table["other_time"]).max())
+    for values, group in groups:
+        first = x
+        colour = STRATEGY_STYLE.get(str(group["strategy"].iloc[0]), ("0.4", ".", "-"))[0]
+        for bar in group.to_dict("records"):
+            ax.bar(x, bar["agg_time"], width, color=colour, edgecolor=colour)
+            ax.bar(
+                x,
+                bar["other_time"],
+                width,
+                bottom=bar["agg_time"],
+                color=colour,
+                alpha=0.35,
+                hatch="//",
+                edgecolor=colour,
+                linewidth=0.8,
+            )
+            ticks.append(x)
+            tick_labels.append("plain" if bar["chunks"] == 1 else f"m={bar['chunks']}")
+            if bar["chunks"] > 1 and pd.notna(bar["speedup"]):  # NaN: the group has no plain bar
+                ax.annotate(
+                    f"{bar['speedup']:.2f}×",
+                    (x, bar["agg_time"] + bar["other_time"]),
+                    textcoords="offset points",
+                    xytext=(0, 3),
+                    ha="center",
+                    va="bottom",
+                    fontsize="small",
+                )
+            x += 1.0
+        centres.append((first + x - 1.0) / 2)
+        group_labels.append("\n".join(describe(k, v) for k, v in zip(keys, values, strict=True) if k in varying))
+        x += 0.6  # gap between groups
+    ax.set_xticks(ticks, labels=tick_labels, fontsize="small")
+    if varying:
+        groups_axis = ax.secondary_xaxis(location=0)
+        groups_axis.set_xticks(centres, labels=[f"\n\n{label}" for label in group_labels], fontsize="small")
+        groups_axis.tick_params("x", length=0)
+    ax.set_xlim(-0.7, x - 0.9)
+    ax.set_ylim(0, top * 1.15 if top > 0 else 1.0)
+    ax.set_ylabel("round time (virtual s)")
+    ax.grid(True, axis="y", alpha=0.3)
+    title = ", ".join(describe(k, table[k].iloc[0]) for k in constant)
+    ax.set_title(
+        f"{title + ': ' if title else ''}mean over the finished rounds; × = speedup over plain", fontsize="medium"
+    )
+    strategies = list(dict.fromkeys(str(s) for s in table["strategy"]))
+    handles = [plt.Rectangle((0, 0), 1, 1, color=STRATEGY_STYLE.get(s, ("0.4", ".", "-"))[0]) for s in strategies]
+    handles += [
+        plt.Rectangle((0, 0), 1, 1, facecolor="0.3", edgecolor="0.3"),
+        plt.Rectangle((0, 0), 1, 1, facecolor=(0.3, 0.3, 0.3, 0.35), edgecolor="0.3", hatch="//"),
+    ]
+    ax.legend(
+        handles,
+        [*strategies, "agg: distributed-DP aggregation", "other: download, training"],
+        fontsize="x-small",
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
+    make_folder(out)
+    return save_figure(fig, out, name)

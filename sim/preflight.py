@@ -12,8 +12,8 @@ from pathlib import Path
 
 from sim.costs.model import CostModel, CostModelError
 from sim.learning.datasets import digits_train_size
-from sim.learning.federated import SHAPES
-from sim.learning.models import train_op
+from sim.learning.federated import data_shape
+from sim.learning.models import train_op, update_dimension
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
 from sim.scenario.errors import Problem, ScenarioError
@@ -46,8 +46,21 @@ def preflight(scenario: Scenario) -> list[Problem]:
     except CostModelError as exc:
         problems.append(Problem(scenario.origin("costs", "profile"), "costs.profile", str(exc)))
         return problems
-    shape, classes = SHAPES[data.dataset]
-    needed = (train_op(scenario.model.name, shape, classes), *DRIVER_OPERATIONS, *scenario.aggregation.spec.operations)
+    shape, classes = data_shape(data)
+    pipeline = scenario.pipeline
+    if pipeline is not None and pipeline.chunks is not None:
+        dim = update_dimension(scenario.model, shape, classes)
+        if pipeline.chunks > dim:
+            problems.append(
+                Problem(
+                    scenario.origin("pipeline", "chunks"),
+                    "pipeline.chunks",
+                    f"is {pipeline.chunks}, more chunks than the update has values ({dim}); use at most {dim}",
+                )
+            )
+    # an abstract model (model.params) trains at its own rate: no profiled train op
+    training = () if scenario.model.name is None else (train_op(scenario.model.name, shape, classes),)
+    needed = (*training, *DRIVER_OPERATIONS, *scenario.aggregation.spec.operations)
     missing = [op for op in needed if not costs.has(op)]
     if missing:
         problems.append(

@@ -146,6 +146,15 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
             model_parameters=sim.dim,
             cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
         )
+        if sim.setup.pipeline is not None:
+            plan = sim.chunk_plan
+            writer.manifest.update(
+                pipeline={
+                    "chunks": sim.setup.pipeline.chunks,
+                    "chosen_by": "auto" if plan is not None else "scenario",
+                    "predicted_s": {str(m): t for m, t in plan.predicted.items()} if plan is not None else {},
+                }
+            )
         bar = tqdm(
             range(scenario.rounds),
             desc=scenario.run_id or scenario.name,

@@ -12,11 +12,19 @@ times its slow-down factor; the server's is that divided by its speed. A profile
 The default profile ships inside the package (``sim/costs/default.json``) with the machine it was
 measured on; ``costs.profile`` in a scenario names another. Missing operations are an error that names
 the operation and the profile, never a silent zero.
+
+An optional top-level ``"pipeline": {"interference_s": b, "r2": ..., "points": [...], "baseline": {...},
+"method": ...}`` (measured by :mod:`sim.costs.interference`) gives :attr:`CostModel.interference_s`, the
+``beta_2`` of Dordis eq. 3 (section 4.2, ``tau = beta_1 d/m + beta_2 m + beta_3``): extra seconds of
+client compute per chunk task for each of the m chunks in the pipeline, on the reference device, scaled
+like all client compute by the client's slow-down factor. A profile without the key has 0.0 (no
+interference), so older profiles still load.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,13 +57,40 @@ class LinearCost:
         return max(total, 0.0)
 
 
+def _interference(pipeline: Any, source: str) -> float:
+    """``pipeline.interference_s`` of a profile: a finite number >= 0 (seconds), 0.0 without ``pipeline``."""
+    if pipeline is None:
+        return 0.0
+    if not isinstance(pipeline, dict):
+        raise CostModelError(
+            f"cost profile {source}: 'pipeline' is {pipeline!r}; it must be a mapping with 'interference_s' "
+            f"(seconds), or be left out"
+        )
+    value = pipeline.get("interference_s")
+    if not isinstance(value, int | float) or isinstance(value, bool) or not math.isfinite(value) or value < 0:
+        raise CostModelError(
+            f"cost profile {source}: 'pipeline.interference_s' is {value!r}; it must be a number of seconds "
+            f">= 0 (or leave out 'pipeline' for no interference)"
+        )
+    return float(value)
+
+
 class CostModel:
     """The operations of one profile."""
 
-    def __init__(self, operations: Mapping[str, LinearCost], machine: Mapping[str, Any], source: str) -> None:
+    def __init__(
+        self,
+        operations: Mapping[str, LinearCost],
+        machine: Mapping[str, Any],
+        source: str,
+        interference_s: float = 0.0,
+    ) -> None:
         self.operations = dict(operations)
         self.machine = dict(machine)
         self.source = source
+        self.interference_s = interference_s
+        """Pipeline interference (Dordis eq. 3's beta_2): reference-device seconds added to each chunk task's
+        client compute per chunk in the pipeline; 0.0 when the profile has no ``pipeline`` entry."""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> CostModel:
@@ -84,7 +119,7 @@ class CostModel:
             ):
                 raise CostModelError(f"cost profile {source}: operation {op!r} needs 'coef': {{feature: seconds}}")
             operations[op] = LinearCost({str(k): float(v) for k, v in coef.items()})
-        return cls(operations, doc.get("machine", {}), source)
+        return cls(operations, doc.get("machine", {}), source, _interference(doc.get("pipeline"), source))
 
     def has(self, op: str) -> bool:
         return op in self.operations

@@ -6,11 +6,17 @@ coefficients (a feature whose coefficient comes out negative is dropped and the 
 
 - ``train.<model>.<CxHxW>.<classes>``: real local training (:class:`~sim.learning.trainer.Learner`) on
   random data of that shape; features ``const``, ``samples`` (sample passes = samples x epochs) and
-  ``batches`` (optimizer steps).
+  ``batches`` (optimizer steps); every model of :data:`~sim.learning.models.MODELS` at every data set's
+  shape (:data:`~sim.learning.federated.SHAPES`). The large models (``resnet18``, ``vgg19``: some 5 to
+  50 ms per sample on one core) are timed on fewer, smaller points (:func:`training_grid`), which keeps
+  the full profile within a few minutes. Other shapes (of ``synthetic`` data) are timed when asked
+  (``run_profile(shapes=...)``).
 - ``fedavg.accumulate`` and ``fedavg.finalize``: the FedAvg server machine's ``close_step`` over n
   updates of d values, fitted as ``a + b n d + c d``; ``accumulate`` (charged per arriving update) gets
   ``b`` per element, ``finalize`` gets ``a`` and ``c``.
-- the secure-aggregation and wire operations of :mod:`sim.costs.micro`.
+- the secure-aggregation and wire operations of :mod:`sim.costs.micro`;
+- the profile's ``pipeline`` entry: the interference of pipelined chunk tasks on a client's compute
+  (Dordis eq. 3's beta_2), measured by :mod:`sim.costs.interference`.
 
 Torch runs with one thread, so the reference device is one core of the profiling machine; a client's
 slow-down factor and the server's speed scale from there.
@@ -92,6 +98,17 @@ def fit_nonnegative(features: Sequence[str], rows: Sequence[dict[str, float]], s
     }
 
 
+LARGE_MODELS = ("resnet18", "vgg19")
+"""Models timed on the smaller grid of :func:`training_grid`."""
+
+
+def training_grid(model: str, quick: bool) -> tuple[tuple[int, ...], tuple[int, ...], int]:
+    """``(sample counts, batch sizes, repeats)`` at which ``model``'s local training is timed."""
+    if model in LARGE_MODELS:
+        return ((2, 4), (1, 2), 1) if quick else ((10, 20, 40), (5, 10, 20), 3)
+    return ((8, 32), (4, 8), 1) if quick else ((20, 60, 120, 240), (10, 20, 50), 5)
+
+
 def profile_training(
     model: str,
     shape: tuple[int, int, int],
@@ -145,21 +162,36 @@ def profile_fedavg(clients: Sequence[int], dims: Sequence[int], repeats: int) ->
     }
 
 
-def run_profile(out: Path, quick: bool = False, progress: Callable[[str], None] | None = None) -> dict[str, Any]:
-    """Measure every operation and write the profile to ``out``; returns the profile."""
+def training_plan(
+    shapes: Sequence[tuple[tuple[int, int, int], int]] = (),
+) -> list[tuple[str, str, tuple[int, int, int], int, str]]:
+    """``(op, model, input shape, classes, for what)`` of each training operation a profile times: every
+    model at every data set's shape, then at the extra ``(input shape, classes)`` of ``shapes``."""
+    extra = {f"synthetic {'x'.join(map(str, s))}, {k} classes": (s, k) for s, k in shapes}
+    plan: dict[str, tuple[str, str, tuple[int, int, int], int, str]] = {}
+    for source, (shape, classes) in {**SHAPES, **extra}.items():
+        for model in MODELS:
+            op = train_op(model, shape, classes)
+            plan.setdefault(op, (op, model, shape, classes, source))
+    return list(plan.values())
+
+
+def run_profile(
+    out: Path,
+    quick: bool = False,
+    progress: Callable[[str], None] | None = None,
+    shapes: Sequence[tuple[tuple[int, int, int], int]] = (),
+) -> dict[str, Any]:
+    """Measure every operation and write the profile to ``out``; returns the profile. Training is timed
+    at every data set's shape and at the extra ``(input shape, classes)`` of ``shapes`` (e.g. a synthetic
+    data shape)."""
     torch.set_num_threads(1)
     say = progress or (lambda _msg: None)
     repeats = 1 if quick else 5
-    sizes = (8, 32) if quick else (20, 60, 120, 240)
-    batch_sizes = (4, 8) if quick else (10, 20, 50)
     operations: dict[str, Any] = {}
-    for dataset, (shape, classes) in SHAPES.items():
-        for model in MODELS:
-            op = train_op(model, shape, classes)
-            if op in operations:
-                continue
-            say(f"{op} (for {dataset})")
-            operations[op] = profile_training(model, shape, classes, sizes, batch_sizes, repeats)
+    for op, model, shape, classes, source in training_plan(shapes):
+        say(f"{op} (for {source})")
+        operations[op] = profile_training(model, shape, classes, *training_grid(model, quick))
     say("fedavg.accumulate, fedavg.finalize")
     operations.update(
         profile_fedavg(
@@ -185,5 +217,9 @@ def run_profile(out: Path, quick: bool = False, progress: Callable[[str], None] 
         },
         "operations": operations,
     }
+    say("pipeline interference (Dordis eq. 3)")
+    from sim.costs.interference import measure_pipeline  # it uses this module's fit_nonnegative
+
+    doc["pipeline"] = measure_pipeline(quick=quick)
     write_json(out, doc)
     return doc

@@ -179,9 +179,11 @@ class DSkellamEncoding:
             raise ValueError(f"wrap takes integers, not {values.dtype}")
         return (values.astype(np.int64) & (self.modulus - 1)).astype(np.uint32)
 
-    def decode_sum(self, total: np.ndarray, rotation_seed: bytes) -> np.ndarray:
+    def decode_sum(self, total: np.ndarray, rotation_seed: bytes, weights: np.ndarray | None = None) -> np.ndarray:
         """The sum of the clipped updates (float64 of length dim, model units) from the sum mod 2^bits of their
-        wrapped encodings (plus noise, which arrives divided by s and rotated back)."""
+        wrapped encodings (plus noise, which arrives divided by s and rotated back). ``weights`` (one per
+        encoded value) scale the rotated sum before it is rotated back: a pipelined round whose chunks had
+        different survivors takes each chunk's mean with 1 / its survivor count."""
         total = np.asarray(total)
         if total.shape != (self.padded,) or total.dtype.kind not in "iu":
             raise ValueError(f"the sum must be {self.padded} integers, not {total.shape} of {total.dtype}")
@@ -189,4 +191,7 @@ class DSkellamEncoding:
         if centred.size and (centred.min() < 0 or centred.max() >= self.modulus):
             raise ValueError(f"the sum must lie in Z_(2^{self.bits}): values in [0, {self.modulus})")
         centred[centred > self.modulus // 2] -= self.modulus  # into (-2^(b-1), 2^(b-1)]
-        return unrotate(centred / self.scale, rotation_seed)[: self.dim]
+        values = centred / self.scale
+        if weights is not None:
+            values = values * weights
+        return unrotate(values, rotation_seed)[: self.dim]

@@ -25,12 +25,11 @@ PLANNED = tuple(s for s in STRATEGIES if s != "none")
 
 
 def model_dimension(scenario: Scenario) -> int:
-    """Parameters of the scenario's model on its data set's input shape."""
-    from sim.learning.federated import SHAPES
-    from sim.learning.models import count_parameters
+    """Parameters of the scenario's model on its data set's input shape (``model.params`` if abstract)."""
+    from sim.learning.federated import data_shape
+    from sim.learning.models import update_dimension
 
-    shape, classes = SHAPES[scenario.data.dataset]
-    return count_parameters(scenario.model.name, shape, classes)
+    return update_dimension(scenario.model, *data_shape(scenario.data))
 
 
 def minimum_survivors(aggregation: AggregationParams, n: int) -> int:

@@ -31,6 +31,7 @@ import simpy
 from sim.costs.model import CostModel
 from sim.crypto import signatures
 from sim.crypto.randomness import SeededRandom
+from sim.engine.gates import STAGED, BusyMeter
 from sim.engine.network import Flow, Link, Network
 from sim.engine.population import Population
 from sim.learning.trainer import Learner, local_batches
@@ -110,6 +111,15 @@ class RoundRecord:
     exposed: int | None = None
     """Survivors whose noisy sum the server unmasked, even if the round then aborted (XNoise's noise
     removal); None if nothing was revealed."""
+    chunks: int = 1
+    """Chunks the update was cut into (1: not pipelined)."""
+    utilisation: dict[str, float] = field(default_factory=dict)
+    """Fraction of the round each resource was busy: ``client_cpu``, ``client_link`` (means over the sampled
+    clients), ``server_cpu``, ``server_link``."""
+    spans: list[tuple[str, str, int | None, int | None, float, float, int]] = field(default_factory=list)
+    """Further rows of the stages table: ``(stage, resource, chunk, pipeline_stage, start, end, parties)``."""
+    held: dict[tuple[int, int], list[float]] = field(default_factory=dict)
+    """Pipelined: (Table 1 stage, chunk) -> how long each party held that stage of that chunk (s)."""
 
 
 @dataclass
@@ -135,6 +145,20 @@ class RoundSetup:
     """The real model (``full`` fidelity) or None (``timing``)."""
     aggregation: AggregationParams
     seed: int
+    pipeline: PipelineParams | None = None
+    """Pipelined aggregation (:class:`sim.engine.pipelined.PipelinedRound`), or None."""
+
+
+@dataclass(frozen=True)
+class PipelineParams:
+    """A pipelined round's shape (Dordis section 4): ``chunks`` protocol instances, one per chunk, and
+    whether the server dispatches each chunk's sum to its clients (Table 1 stages 4 and 5)."""
+
+    chunks: int
+    dispatch: bool = True
+    duplex: bool = False
+    """Whether uploads and dispatches use the client's uplink and downlink as two resources (full-duplex
+    links) rather than one ``comm`` resource as in Dordis Table 1 and the Hyades recurrence."""
 
 
 class Round:
@@ -180,6 +204,8 @@ class Round:
         self.links: dict[int, tuple[Link, Link]] = {}
         self.record = RoundRecord(round=number, t_start=self.env.now, sampled=len(self.sampled))
         self.clients: dict[int, ClientRecord] = {}
+        self.link_meters = {c: BusyMeter(self.env) for c in self.sampled}
+        self.server_link = BusyMeter(self.env)
         for c in self.sampled:
             bps = float(pop.bandwidth_mbps[c]) * MBPS
             self.links[c] = (Link(f"client{c}.up", bps), Link(f"client{c}.down", bps))
@@ -202,21 +228,35 @@ class Round:
                 self.setup_error = str(exc)
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
-        s, params = self.s, self.s.aggregation
-        suite = RealSuite() if self.full else SizedSuite()
+        s = self.s
+        graph_seed = int_seed(s.seed, Stream.GRAPH, self.number)
+        return round_machines(
+            s.aggregation,
+            self.number,
+            self.sampled,
+            s.dim,
+            self._suite(),
+            graph_seed,
+            self._identities(),
+            private=self.private,
+        )
+
+    def _suite(self) -> RealSuite | SizedSuite:
+        return RealSuite() if self.full else SizedSuite()
+
+    def _identities(self) -> dict[int, wire.Data]:
+        """Long-term verification keys of the sampled clients (malicious variant; their signing keys go to
+        ``self.signing``)."""
         verification: dict[int, wire.Data] = {}
-        if params.malicious:
+        if self.s.aggregation.malicious:
             for c in self.sampled:
                 if self.full:
                     self.signing[c], verification[c] = signatures.generate(
-                        SeededRandom(seed_bytes(s.seed, Stream.IDENTITY, c))
+                        SeededRandom(seed_bytes(self.s.seed, Stream.IDENTITY, c))
                     )
                 else:
                     self.signing[c], verification[c] = Opaque(32), Opaque(32)
-        graph_seed = int_seed(s.seed, Stream.GRAPH, self.number)
-        return round_machines(
-            params, self.number, self.sampled, s.dim, suite, graph_seed, verification, private=self.private
-        )
+        return verification
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
@@ -232,13 +272,13 @@ class Round:
             self.procs.append(proc)
         for c, at in self.offline.items():
             self.procs.append(env.process(self._offline_watch(c, at)))
-        yield from self._server_react(machine.begin())
+        yield from self._server_react(machine.begin(), STAGED, machine)
         step_start = rec.t_start
         while machine.step not in ("done", "aborted"):
             step = machine.step
-            yield from self._collect(machine, step)
+            yield from self._collect(machine, step, self.inbox, self.late)
             collected = env.now
-            yield from self._server_react(machine.close_step())
+            yield from self._server_react(machine.close_step(), STAGED, machine)
             final = machine.step in ("done", "aborted")
             # A step lasts until the next one starts (its closing work included); the last step's closing
             # work is the aggregation (``aggregate_s``), so the steps and it add up to the round.
@@ -253,6 +293,12 @@ class Round:
         if rec.exposed is None:
             rec.exposed = getattr(machine, "exposed", None)
         survivors = set(machine.aggregate.survivors) if machine.aggregate is not None else set()
+        self._close_record(survivors)
+        return rec
+
+    def _close_record(self, survivors: set[int]) -> None:
+        """Final counts, utilisation and client outcomes of the round."""
+        rec = self.record
         rec.survivors = len(survivors)
         rec.dropped_planned = len(self.drops)
         rec.timed_out = sum(1 for c in self.clients.values() if c.dropped_stage.startswith("timeout:"))
@@ -261,12 +307,25 @@ class Round:
             if c not in survivors and not record.dropped_stage:
                 record.dropped_stage = "not aggregated"
             rec.clients.append(record)
-        return rec
+        length = rec.t_end - rec.t_start
+        if length > 0:
+            records = [self.clients[c] for c in self.sampled]
+            cpu = [(r.compute_s + _finite(r.train_end - r.train_start)) / length for r in records]
+            links = [self.link_meters[c].total() / length for c in self.sampled]
+            rec.utilisation = {
+                "client_cpu": sum(cpu) / len(cpu) if cpu else math.nan,
+                "client_link": sum(links) / len(links) if links else math.nan,
+                "server_cpu": rec.server_compute_s / length,
+                "server_link": self.server_link.total() / length,
+            }
 
-    def _collect(self, machine: ServerMachine, step: str) -> Generator[simpy.Event, Any, None]:
+    def _collect(
+        self, machine: ServerMachine, step: str, inbox: simpy.Store, late: set[int], priority: int = STAGED
+    ) -> Generator[simpy.Event, Any, None]:
         """Handle answers to ``step`` until nobody is awaited or its timeout passes. A message counts if it
         arrived by the deadline, even when the busy server gets to it later; one that arrived after the
-        deadline closes the step (the inbox is in arrival order)."""
+        deadline closes the step (the inbox is in arrival order). ``late`` collects the clients that missed
+        a deadline (their later messages are discarded); the server's work runs at ``priority``."""
         env = self.env
         timeout = self.s.timeouts.get(step)
         deadline_at = env.now + timeout if timeout is not None else None
@@ -275,45 +334,58 @@ class Round:
             waiting = machine.expected() - self.gone
             if not waiting:
                 return
-            get = self.inbox.get()
+            get = inbox.get()
             yield get if deadline is None else env.any_of([get, deadline])
-            late = not get.triggered
-            if late:
+            missed = not get.triggered
+            if missed:
                 get.cancel()
             else:
                 kind, sender, message, arrived = get.value  # type: ignore[misc]
-                late = deadline_at is not None and arrived > deadline_at
-            if late:
+                missed = deadline_at is not None and arrived > deadline_at
+            if missed:
                 for c in sorted(waiting):
-                    self.late.add(c)
+                    late.add(c)
                     if not self.clients[c].dropped_stage:
                         self.clients[c].dropped_stage = f"timeout:{step}"
                 return
             if kind == "gone":
                 self.gone.add(sender)
                 continue
-            if sender in self.late or sender not in machine.expected():
+            if sender in late or sender not in machine.expected():
                 continue
-            yield from self._server_compute([Work("wire.decode", _frame_size(message))])
+            yield from self._server_compute([Work("wire.decode", _frame_size(message))], priority)
             try:
                 reaction = machine.receive(sender, message)
             except RemoteProtocolError as exc:
-                self.gone.add(sender)
-                self.clients[sender].dropped_stage = f"rejected: {exc.reason}"
+                self._reject(sender, exc.reason)
                 continue
-            yield from self._server_react(reaction)
+            yield from self._server_react(reaction, priority, machine)
 
-    def _server_compute(self, work: list[Work] | tuple[Work, ...]) -> Generator[simpy.Event, Any, None]:
+    def _reject(self, sender: int, reason: str) -> None:
+        """The server refused ``sender``'s message: it is out of the round."""
+        self.gone.add(sender)
+        self.clients[sender].dropped_stage = f"rejected: {reason}"
+
+    def _server_compute(
+        self, work: list[Work] | tuple[Work, ...], priority: int = STAGED
+    ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         if seconds > 0:
             self.record.server_compute_s += seconds
             yield self.env.timeout(seconds)
 
-    def _server_react(self, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+    def _server_react(
+        self, reaction: Reaction, priority: int = STAGED, machine: ServerMachine | None = None
+    ) -> Generator[simpy.Event, Any, None]:
+        """Do the server's work of ``reaction`` and send its messages (``machine``: the instance it came
+        from, which routes them in a pipelined round)."""
         encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
-        yield from self._server_compute([*reaction.work, *self._first_encodings(reaction, encode)])
+        yield from self._server_compute([*reaction.work, *self._first_encodings(reaction, encode)], priority)
         for send in reaction.sends:
-            self._spawn_delivery(SERVER, send.to, send.message)
+            self._spawn_delivery(SERVER, send.to, send.message, self._chunk_of(machine))
+
+    def _chunk_of(self, machine: ServerMachine | None) -> int:
+        return 0
 
     def _first_encodings(self, reaction: Reaction, encode: list[Work]) -> list[Work]:
         """Encoding work of the messages not serialised before (a broadcast is encoded once)."""
@@ -397,9 +469,12 @@ class Round:
         encoding = generator(s.seed, Stream.ENCODING, self.number, c) if self.full else None
         return self.client_factory(c, keys, encoding, self.signing.get(c))
 
-    def _client_compute(self, c: int, work: list[Work] | tuple[Work, ...]) -> Generator[simpy.Event, Any, None]:
+    def _client_compute(
+        self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0
+    ) -> Generator[simpy.Event, Any, None]:
+        """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
         rec = self.clients[c]
-        seconds = self.s.costs.work_seconds(work) * rec.slowdown
+        seconds = (self.s.costs.work_seconds(work) + extra) * rec.slowdown
         if seconds > 0:
             rec.compute_s += seconds
             yield self.env.timeout(seconds)
@@ -410,10 +485,11 @@ class Round:
         for send in reaction.sends:
             self._spawn_delivery(c, send.to, send.message)
 
-    def _spawn_delivery(self, sender: int, to: int, message: Message) -> None:
-        proc = self.env.process(self._deliver(sender, to, message))
+    def _spawn_delivery(self, sender: int, to: int, message: Message, chunk: int = 0) -> simpy.Process:
+        proc = self.env.process(self._deliver(sender, to, message, chunk))
         self.procs.append(proc)
         self.transfers.setdefault(to if sender == SERVER else sender, []).append(proc)
+        return proc
 
     def _offline_watch(self, c: int, at: float) -> Generator[simpy.Event, Any, None]:
         """Client ``c``'s online interval ends at ``at``: it leaves at whatever stage it is in, its transfers
@@ -422,25 +498,39 @@ class Round:
             yield self.env.timeout(max(0.0, at - self.env.now))
         except simpy.Interrupt:
             return
-        proc = self.client_procs.get(c)
-        if proc is None or not proc.is_alive or self.clients[c].dropped_stage:
+        if not self._client_alive(c) or self.clients[c].dropped_stage:
             return
-        machine = self.client_machines.get(c)
         sending = any(t.is_alive for t in self.transfers.get(c, []))
-        if machine is not None and getattr(machine, "finished", False) and not sending:
+        if self._has_finished(c) and not sending:
             return  # it had done its part and sent it all: going offline afterwards changes nothing
         step = self.machine.step if self.machine is not None else ""
-        proc.interrupt("offline")
+        self._interrupt_client(c, "offline")
         for transfer in self.transfers.get(c, []):
             if transfer.is_alive:
                 transfer.interrupt("offline")
         self._leave(c, f"offline:{step}")
 
+    def _client_alive(self, c: int) -> bool:
+        proc = self.client_procs.get(c)
+        return proc is not None and proc.is_alive
+
+    def _interrupt_client(self, c: int, why: str) -> None:
+        self.client_procs[c].interrupt(why)
+
+    def _has_finished(self, c: int) -> bool:
+        """Whether client ``c`` has done its whole part of the protocol."""
+        machine = self.client_machines.get(c)
+        return machine is not None and bool(getattr(machine, "finished", False))
+
     def _leave(self, c: int, stage: str) -> None:
         self.clients[c].dropped_stage = stage
         self.clients[c].left_at = self.env.now
         if not self.s.silent_dropout:
-            self.inbox.put(("gone", c, None, self.env.now))
+            self._notify_gone(c)
+
+    def _notify_gone(self, c: int) -> None:
+        """Tell the server that client ``c``'s connection closed."""
+        self.inbox.put(("gone", c, None, self.env.now))
 
     # -- network ----------------------------------------------------------------------------------
     def _transfer(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, Message]:
@@ -454,6 +544,7 @@ class Round:
             nbytes = len(data)
         else:
             nbytes = message.wire_size()
+        client = to if sender == SERVER else sender
         if sender == SERVER:
             path = (self.s.server_down, self.links[to][1])
             self.record.server_bytes_out += nbytes
@@ -464,28 +555,45 @@ class Round:
             self.clients[sender].bytes_up += nbytes
         flow = self.s.network.transfer(nbytes, path)
         self.flows[id(flow)] = flow
+        meters = (self.link_meters[client], self.server_link)
+        for meter in meters:
+            meter.start()
         try:
             yield flow.done
         except simpy.Interrupt:
             self.s.network.cancel(flow)  # the sender or receiver left: the link is free again
             raise
         finally:
+            for meter in meters:
+                meter.stop()
             self.flows.pop(id(flow), None)
         return wire.decode(data) if self.full else message
 
-    def _deliver(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, None]:
+    def _deliver(self, sender: int, to: int, message: Message, chunk: int = 0) -> Generator[simpy.Event, Any, None]:
         try:
             start = self.env.now
             received = yield from self._transfer(sender, to, message)
             if sender == SERVER:
-                self.client_inbox[to].put(received)
+                self._client_box(to, chunk).put(received)
             else:
                 rec = self.clients[sender]
                 rec.upload_s += self.env.now - start
                 rec.last_upload_end = self.env.now
-                self.inbox.put(("msg", sender, received, self.env.now))
+                self._server_box(chunk).put(("msg", sender, received, self.env.now))
         except simpy.Interrupt:
             return
+
+    def _client_box(self, c: int, chunk: int) -> simpy.Store:
+        """Where client ``c``'s messages of instance ``chunk`` arrive."""
+        return self.client_inbox[c]
+
+    def _server_box(self, chunk: int) -> simpy.Store:
+        """Where the server's messages of instance ``chunk`` arrive."""
+        return self.inbox
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 0.0
 
 
 def _frame_size(message: Message) -> dict[str, float]:

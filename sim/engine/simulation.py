@@ -11,23 +11,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
 
-from sim.costs.model import CostModel
+from sim.costs.model import CostModel, LinearCost
 from sim.engine.availability import Availability
 from sim.engine.dropout import DropoutModel
 from sim.engine.network import Link, Network
+from sim.engine.pipelined import PipelinedRound
 from sim.engine.population import Population
 from sim.engine.privacy import PrivacyLedger, RoundPrivacy, nominal_sampling
-from sim.engine.round import MBPS, Round, RoundRecord, RoundSetup
+from sim.engine.round import MBPS, PipelineParams, Round, RoundRecord, RoundSetup
 from sim.engine.sampling import sample_clients
 from sim.learning.federated import load_federated
-from sim.learning.models import count_parameters, train_op
+from sim.learning.models import model_train_op, update_dimension
 from sim.learning.trainer import Learner
 from sim.protocol.machine import RoundSetupError
 from sim.scenario.schema import Scenario
+
+if TYPE_CHECKING:
+    from sim.pipeline.planner import ChunkPlan
 
 
 @dataclass
@@ -62,10 +67,16 @@ class Simulation:
         self.dropout = DropoutModel(sc.dropout, sc.population, sc.seed)
         self.costs = CostModel.load(sc.cost_profile)
         self.data = load_federated(sc.data, sc.population, sc.seed)
-        self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed) if sc.fidelity == "full" else None
+        self.learner: Learner | None = None
+        if sc.fidelity == "full":
+            assert sc.model.name is not None  # the parser allows model.params only with fidelity timing
+            self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed)
         shape, classes = self.data.input_shape, self.data.num_classes
-        dim = self.learner.dim if self.learner is not None else count_parameters(sc.model.name, shape, classes)
-        op = train_op(sc.model.name, shape, classes)
+        dim = self.learner.dim if self.learner is not None else update_dimension(sc.model, shape, classes)
+        op = model_train_op(sc.model, shape, classes)
+        if sc.model.params is not None:  # an abstract model trains at the scenario's rate, not a profiled one
+            rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
+            self.costs = CostModel({**self.costs.operations, op: rate}, self.costs.machine, self.costs.source)
         self.costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
         self.env = simpy.Environment()
         self.network = Network(self.env)
@@ -89,6 +100,11 @@ class Simulation:
             aggregation=sc.aggregation,
             seed=sc.seed,
         )
+        self.chunk_plan: ChunkPlan | None = None
+        """How ``pipeline.chunks: auto`` chose (None otherwise)."""
+        if sc.pipeline is not None:
+            chunks = sc.pipeline.chunks if sc.pipeline.chunks is not None else self._auto_chunks()
+            self.setup.pipeline = PipelineParams(chunks, sc.pipeline.dispatch, sc.pipeline.links == "duplex")
         self._everyone = np.arange(sc.population, dtype=np.int64)
         self.round = 0
         self.privacy: PrivacyLedger | None = None
@@ -125,6 +141,13 @@ class Simulation:
                 return f"the trace replay reached hour {hours:.2f} (trace.until_hours {replay.until_hours:g})"
         return ""
 
+    def _auto_chunks(self) -> int:
+        """``pipeline.chunks: auto``: the chunk count the fitted performance model predicts fastest."""
+        from sim.pipeline.planner import plan_chunks
+
+        self.chunk_plan = plan_chunks(self.scenario, self.setup.dim)
+        return self.chunk_plan.chunks
+
     @property
     def dim(self) -> int:
         """Number of model parameters (the length of every update)."""
@@ -155,7 +178,8 @@ class Simulation:
                 plan, private = self.privacy.round(r, len(sampled), rate)
             except RoundSetupError as exc:  # e.g. too few clients this round for the collusion tolerance
                 refused = str(exc)
-        process = self.env.process(Round(self.setup, r, sampled, drops, private, refused, offline).run())
+        kind = PipelinedRound if self.setup.pipeline is not None else Round
+        process = self.env.process(kind(self.setup, r, sampled, drops, private, refused, offline).run())
         self.env.run(until=process)
         record = process.value
         assert isinstance(record, RoundRecord)

@@ -12,28 +12,41 @@ Partitions (``data.partition``) of a real data set among ``population`` clients,
   three); the first ``population`` such clients take part.
 
 ``synthetic`` data is procedural and per client, generated from the ``SYNTHETIC`` stream only when a
-client is sampled, so populations of millions cost nothing until used: ten 8x8 class prototypes, each
-sample a prototype plus Gaussian noise (sd 0.6), ``samples_per_client`` samples with labels uniform
-(``iid``) or from the client's own Dir(alpha) label distribution.
+client is sampled, so populations of millions cost nothing until used: ``classes`` prototypes of shape
+``input_shape`` (default ten of 1x8x8), uniform in [0, 1) per pixel, each sample a prototype plus
+Gaussian noise (sd 0.6), ``samples_per_client`` samples with labels uniform (``iid``) or from the
+client's own Dir(alpha) label distribution. The prototypes are drawn on first use, so a ``timing`` run
+(which trains nothing) of CIFAR-sized or larger images allocates no image at all; a ``full`` run holds
+``classes`` prototypes and the 1000 test images (4 bytes per value).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
 from sim.learning.datasets import DataError, Dataset, load_cifar10, load_digits, load_femnist
-from sim.scenario.schema import Data
+from sim.scenario.schema import SYNTHETIC_CLASSES, SYNTHETIC_SHAPE, Data
 from sim.seeds import Stream, generator
 
 SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
     "digits": ((1, 8, 8), 10),
-    "synthetic": ((1, 8, 8), 10),
+    "synthetic": (SYNTHETIC_SHAPE, SYNTHETIC_CLASSES),
     "femnist": ((1, 28, 28), 62),
     "cifar10": ((3, 32, 32), 10),
 }
-"""Input shape and number of classes of each data set, known without reading it."""
+"""Input shape and number of classes of each data set, known without reading it (``synthetic``: its
+default; see :func:`data_shape`)."""
+
+
+def data_shape(config: Data) -> tuple[tuple[int, int, int], int]:
+    """Input shape ``(C, H, W)`` and number of classes of the scenario's data, without reading it."""
+    if config.dataset == "synthetic":
+        return config.input_shape, config.classes
+    return SHAPES[config.dataset]
+
 
 _SYNTHETIC_NOISE = 0.6
 _SYNTHETIC_TEST = 1000
@@ -82,12 +95,16 @@ class SyntheticData(FederatedData):
     """Procedural per-client data, generated on demand from the scenario seed."""
 
     def __init__(self, population: int, config: Data, seed: int) -> None:
-        self.input_shape, self.num_classes = SHAPES["synthetic"]
+        self.input_shape, self.num_classes = data_shape(config)
         self.population = population
         self.config = config
         self.seed = seed
-        rng = generator(seed, Stream.SYNTHETIC, 0)
-        self.prototypes = rng.random((self.num_classes, *self.input_shape)).astype(np.float32)
+
+    @cached_property
+    def prototypes(self) -> np.ndarray:
+        """One float32 image per class, drawn on first use (its own stream: order does not matter)."""
+        rng = generator(self.seed, Stream.SYNTHETIC, 0)
+        return rng.random((self.num_classes, *self.input_shape)).astype(np.float32)
 
     def num_samples(self, client: int) -> int:
         return self.config.samples_per_client

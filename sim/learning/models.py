@@ -1,11 +1,38 @@
-"""Models: a small CNN and an MLP, sized from the data's input shape and class count.
+"""Models: a small CNN, an MLP, and the CIFAR ResNet-18 and VGG-19, sized from the data's input shape
+and class count.
 
 ``cnn`` is the EMNIST/FEMNIST CNN of the distributed-DP literature (the "CNN [5, 40]" of Dordis 6.1,
 as in TensorFlow Federated's EMNIST example, without dropout): conv 3x3 32, ReLU, conv 3x3 64, ReLU,
 max-pool 2, dense 128, ReLU, dense classes. On FEMNIST (1x28x28, 62 classes) it has 1,206,590
-parameters; on digits (1x8x8, 10 classes) 53,514. ``mlp`` is the two-hidden-layer "2NN" of McMahan
-et al. (200 units each). Models hold parameters only (no buffers), so the flat parameter vector is the
-whole model state.
+parameters; on digits (1x8x8, 10 classes) 53,002. ``mlp`` is the two-hidden-layer "2NN" of McMahan
+et al. (200 units each).
+
+``resnet18`` and ``vgg19`` are the CIFAR-10 models of Dordis section 6.4 (the common CIFAR variants,
+e.g. github.com/kuangliu/pytorch-cifar): ResNet-18 with a 3x3 stem conv of 64 channels, no max-pool,
+BasicBlocks [2, 2, 2, 2] at 64/128/256/512 channels, global average pool, linear; VGG-19 with the
+configuration [64, 64, M, 128, 128, M, 256 x4, M, 512 x4, M, 512 x4, M], a normalisation after every
+conv, then one Linear(512, classes). Two departures, both without effect on the parameter count:
+
+- Normalisation is GroupNorm (32 groups, Wu & He 2018) in place of BatchNorm. Both learn a scale and
+  a shift per channel, so the counts equal the BatchNorm models'; but BatchNorm keeps running
+  statistics in buffers, and GroupNorm has none, so the flat parameter vector stays the whole model
+  state (what the trainer sends, averages and loads). GroupNorm normalises each sample on its own: the
+  same in training and evaluation, defined for a batch of one, and the usual choice under non-IID
+  federated data (Hsieh et al., ICML 2020).
+- Pooling adapts to small inputs: ResNet ends in an adaptive average pool, VGG's max-pools round up
+  (``ceil_mode``) and it ends in an adaptive average pool, so every shipped shape builds (at 3x32x32
+  both are exactly the CIFAR models).
+
+Parameters (``count_parameters``; they depend on the input channels and the classes only):
+
+=========  ===================  ====================  =====================
+model      1x8x8, 10 classes    1x28x28, 62 classes   3x32x32, 10 classes
+=========  ===================  ====================  =====================
+resnet18   11,172,810           11,199,486            11,173,962
+vgg19      20,039,370           20,066,046            20,040,522
+=========  ===================  ====================  =====================
+
+Models hold parameters only (no buffers), so the flat parameter vector is the whole model state.
 """
 
 from __future__ import annotations
@@ -13,7 +40,68 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-MODELS = ("cnn", "mlp")
+from sim.scenario.schema import Model
+
+MODELS = ("cnn", "mlp", "resnet18", "vgg19")
+
+PARAMS_TRAIN_OP = "train.params"
+"""Cost-model operation of an abstract model's local training (``model: {params: N}``): the engine
+charges ``model.train_seconds_per_sample`` per sample pass under this name, not a profiled cost."""
+
+_GROUPS = 32
+"""GroupNorm groups (Wu & He 2018's default); divides every channel count used here."""
+
+_VGG19 = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+
+
+class _BasicBlock(nn.Module):
+    """ResNet's two 3x3 convs with a shortcut (a 1x1 conv where the shape changes); He et al. 2016."""
+
+    def __init__(self, cin: int, cout: int, stride: int) -> None:
+        super().__init__()
+        self.body = nn.Sequential(
+            nn.Conv2d(cin, cout, 3, stride=stride, padding=1, bias=False),
+            nn.GroupNorm(_GROUPS, cout),
+            nn.ReLU(),
+            nn.Conv2d(cout, cout, 3, stride=1, padding=1, bias=False),
+            nn.GroupNorm(_GROUPS, cout),
+        )
+        self.shortcut: nn.Module = nn.Identity()
+        if stride != 1 or cin != cout:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(cin, cout, 1, stride=stride, bias=False), nn.GroupNorm(_GROUPS, cout)
+            )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.relu(self.body(x) + self.shortcut(x))
+
+
+def _resnet18(channels: int, num_classes: int) -> nn.Module:
+    layers: list[nn.Module] = [
+        nn.Conv2d(channels, 64, 3, stride=1, padding=1, bias=False),
+        nn.GroupNorm(_GROUPS, 64),
+        nn.ReLU(),
+    ]
+    cin = 64
+    for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+        layers += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
+        cin = cout
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
+    return nn.Sequential(*layers)
+
+
+def _vgg19(channels: int, num_classes: int) -> nn.Module:
+    layers: list[nn.Module] = []
+    cin = channels
+    for v in _VGG19:
+        if v == "M":
+            layers.append(nn.MaxPool2d(2, ceil_mode=True))
+        else:
+            assert isinstance(v, int)
+            layers += [nn.Conv2d(cin, v, 3, padding=1), nn.GroupNorm(_GROUPS, v), nn.ReLU()]
+            cin = v
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
+    return nn.Sequential(*layers)
 
 
 def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
@@ -43,6 +131,10 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
             nn.ReLU(),
             nn.Linear(200, num_classes),
         )
+    if name == "resnet18":
+        return _resnet18(c, num_classes)
+    if name == "vgg19":
+        return _vgg19(c, num_classes)
     raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
 
 
@@ -56,3 +148,19 @@ def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: 
 def train_op(name: str, input_shape: tuple[int, int, int], num_classes: int) -> str:
     """Cost-model operation name of local training, e.g. ``train.cnn.1x8x8.10``."""
     return f"train.{name}.{'x'.join(str(s) for s in input_shape)}.{num_classes}"
+
+
+def update_dimension(model: Model, input_shape: tuple[int, int, int], num_classes: int) -> int:
+    """Length of an update: ``model.params`` for an abstract model, else the named model's parameters."""
+    if model.name is None:
+        assert model.params is not None  # Model checks that exactly one is given
+        return model.params
+    return count_parameters(model.name, input_shape, num_classes)
+
+
+def model_train_op(model: Model, input_shape: tuple[int, int, int], num_classes: int) -> str:
+    """The cost-model operation charged for local training: the named model's profiled
+    :func:`train_op`, or :data:`PARAMS_TRAIN_OP` for an abstract model."""
+    if model.name is None:
+        return PARAMS_TRAIN_OP
+    return train_op(model.name, input_shape, num_classes)

@@ -60,8 +60,9 @@ class FixedPoint:
         q = np.floor(y + rng.random(y.shape[0])).astype(np.int64)
         return (q & (self.modulus - 1)).astype(np.uint32)
 
-    def decode_mean(self, total: np.ndarray, count: int) -> np.ndarray:
-        """Mean of ``count`` clipped updates from the sum of their encodings mod 2^bits (float32)."""
+    def decode_mean(self, total: np.ndarray, count: int | np.ndarray) -> np.ndarray:
+        """Mean of ``count`` clipped updates from the sum of their encodings mod 2^bits (float32); ``count``
+        may give each value its own count."""
         centred = total.astype(np.int64)
         centred[centred >= self.modulus // 2] -= self.modulus
         return (centred.astype(np.float64) / (self.scale * count)).astype(np.float32)

@@ -200,3 +200,15 @@ class SignedUploads(Survivors):
     FIELDS: ClassVar = (*Survivors.FIELDS, ("signatures", list_of(SIGNATURE)))
     signatures: tuple[Data, ...]
     """One per client of ``clients``, in the same order."""
+
+
+@dataclass(frozen=True, eq=False)
+class AggregateChunk(Message):
+    """Pipelined rounds (Dordis Table 1, stage 4): the server dispatches one chunk's unmasked sum mod 2^bits
+    (residual noise included) to the clients of that chunk, which decode it (stage 5)."""
+
+    TYPE: ClassVar[int] = 25
+    FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = (("round", U32), ("chunk", U32), ("total", PACKED))
+    round: int
+    chunk: int
+    total: ModVector

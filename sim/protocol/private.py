@@ -11,7 +11,7 @@ component from its seed and subtract it, which is how XNoise removes excess nois
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -36,11 +36,21 @@ class PrivateRound:
     server_seed: bytes = bytes(32)
     """Seed of the noise the server adds (``central``): the server's own secret."""
     admit: Admission | None = None
+    span: tuple[int, int] | None = None
+    """The chunk ``[start, stop)`` of the encoded vector this instance aggregates; None for all of it."""
 
     @property
     def length(self) -> int:
-        """Values per encoded vector (the padded dimension)."""
+        """Values per vector this instance aggregates (the padded dimension, or the chunk's length)."""
+        if self.span is not None:
+            return self.span[1] - self.span[0]
         return self.encoding.padded
+
+    def chunk(self, start: int, stop: int) -> PrivateRound:
+        """The view of one chunk's protocol instance (same encoding, plan and scale)."""
+        if not 0 <= start < stop <= self.encoding.padded:
+            raise ValueError(f"chunk [{start}, {stop}) outside the {self.encoding.padded} encoded values")
+        return replace(self, span=(start, stop))
 
     @property
     def bits(self) -> int:
@@ -72,23 +82,34 @@ class PrivateRound:
 
     def encode(self, update: np.ndarray, rng: np.random.Generator, seeds: Sequence[bytes]) -> np.ndarray:
         """The client's noisy encoding mod 2^bits (uint32): its update plus every component of its plan."""
-        values = self.encoding.encode(update, self.rotation_seed, rng)
+        return self.add_noise(self.encoding.encode(update, self.rotation_seed, rng), seeds)
+
+    def add_noise(self, values: np.ndarray, seeds: Sequence[bytes]) -> np.ndarray:
+        """``values`` (int64, the encoded update or this chunk of it) plus every component of the plan,
+        wrapped mod 2^bits (uint32)."""
+        values = values.astype(np.int64, copy=True)
         for k, seed in enumerate(seeds):
             if self.plan.components[k]:
                 values += self.component(seed, k)
         return self.encoding.wrap(values)
 
     def encode_work(self) -> tuple[Work, ...]:
+        return (Work("encode.dskellam", {"elements": self.length}), *self.add_noise_work())
+
+    def add_noise_work(self) -> tuple[Work, ...]:
         components = sum(1 for v in self.plan.components if v)
-        return (Work("encode.dskellam", {"elements": self.length}), self.noise_work(components))
+        return (self.noise_work(components),)
 
     def wrap(self, values: np.ndarray) -> np.ndarray:
         return self.encoding.wrap(values)
 
-    def decode_mean(self, total: np.ndarray, count: int) -> np.ndarray:
-        """Mean of ``count`` survivors' updates (noise included) from the sum of their encodings (float32)."""
+    def decode_mean(self, total: np.ndarray, count: int | np.ndarray) -> np.ndarray:
+        """Mean of ``count`` survivors' updates (noise included) from the sum of their encodings (float32);
+        ``count`` may give each encoded value its own count (the chunks of a pipelined round)."""
         if self.plan.server:
             total = self.wrap(total.astype(np.int64) + self.fresh(self.server_seed, float(self.plan.server)))
+        if isinstance(count, np.ndarray):
+            return self.encoding.decode_sum(total, self.rotation_seed, 1.0 / count).astype(np.float32)
         return (self.encoding.decode_sum(total, self.rotation_seed) / count).astype(np.float32)
 
     def decode_work(self) -> tuple[Work, ...]:

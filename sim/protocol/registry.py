@@ -120,8 +120,45 @@ class AggregationParams:
         return {k: v for k, v in stages.items() if k not in NOISE_REMOVAL_STAGES}
 
 
+PIPELINED = ("secagg", "secagg+")
+"""Protocols whose rounds can be pipelined in chunks (one protocol instance per chunk)."""
+
+
+@dataclass(frozen=True)
+class ChunkSlot:
+    """Chunk ``index`` of ``count``: values ``[start, stop)`` of the encoded update."""
+
+    index: int
+    count: int
+    start: int
+    stop: int
+
+    @property
+    def length(self) -> int:
+        return self.stop - self.start
+
+
+def chunk_slots(length: int, count: int) -> tuple[ChunkSlot, ...]:
+    """``length`` values cut into ``count`` contiguous chunks whose lengths differ by at most one (the first
+    ``length % count`` are one longer)."""
+    if not 1 <= count <= length:
+        raise ValueError(f"cannot cut {length} values into {count} chunks")
+    base, extra = divmod(length, count)
+    slots, start = [], 0
+    for i in range(count):
+        stop = start + base + (1 if i < extra else 0)
+        slots.append(ChunkSlot(i, count, start, stop))
+        start = stop
+    return tuple(slots)
+
+
 ClientFactory = Callable[[int, RandomSource, "np.random.Generator | None", "Data | None"], ClientMachine]
 """``(client, key randomness, encoding randomness, signing key) -> machine``."""
+
+
+def fixed_point(params: AggregationParams, n: int) -> FixedPoint:
+    """The fixed-point encoding of a round of ``n`` sampled clients (without distributed DP)."""
+    return FixedPoint.for_clients(params.bits, params.clip, max(n, 1))
 
 
 def reconstruction_threshold(params: AggregationParams, n: int) -> int:
@@ -154,25 +191,34 @@ def round_machines(
     graph_seed: int,
     verification_keys: Mapping[int, Data] | None = None,
     private: PrivateRound | None = None,
+    chunk: ChunkSlot | None = None,
 ) -> tuple[ServerMachine, ClientFactory]:
     """The server machine of one round and a factory of its client machines (``private``: with
-    distributed DP, whose encoding replaces the fixed-point one)."""
+    distributed DP, whose encoding replaces the fixed-point one; ``chunk``: the instance of one chunk of a
+    pipelined round, whose clients start from their encoded slice and whose server ends with the sum)."""
+    if chunk is not None and params.protocol not in PIPELINED:
+        raise ValueError(f"protocol {params.protocol} cannot be pipelined (only {', '.join(PIPELINED)})")
     if params.protocol == "fedavg":
         return FedAvgServer(round, sampled, dim), lambda c, _rng, _enc, _sig: FedAvgClient(round, c)
-    encoding = FixedPoint.for_clients(params.bits, params.clip, max(len(sampled), 1))
+    encoding = fixed_point(params, len(sampled))
     if params.protocol == "plain":
         return PlainServer(round, sampled, dim, encoding, private), lambda c, rng, enc, _sig: PlainClient(
             round, c, dim, encoding, enc, private, rng
         )
+    if chunk is not None and private is not None:
+        private = private.chunk(chunk.start, chunk.stop)
     config = SecAggConfig(
         round=round,
         sampled=sampled,
-        dim=dim if private is None else private.length,
+        dim=chunk.length if chunk is not None else dim if private is None else private.length,
         encoding=encoding,
         neighbours=neighbourhoods(params, sampled, graph_seed),
         threshold_fraction=params.threshold,
         malicious=params.malicious,
         verification_keys=dict(verification_keys or {}),
         private=private,
+        chunk=chunk.index if chunk is not None else 0,
+        chunks=chunk.count if chunk is not None else 1,
+        prepared=chunk is not None,
     )
     return SecAggServer(config, suite), lambda c, rng, enc, sig: SecAggClient(config, c, suite, rng, enc, sig)

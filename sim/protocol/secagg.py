@@ -123,6 +123,13 @@ class SecAggConfig:
     """Long-term Ed25519 verification key of each client (malicious variant)."""
     private: PrivateRound | None = None
     """Distributed DP: the encoding with noise (then ``dim`` is its padded length) and the noise plan."""
+    chunk: int = 0
+    """Which chunk of the update this instance aggregates (Dordis 4.1: one instance per chunk)."""
+    chunks: int = 1
+    prepared: bool = False
+    """Pipelined: clients start with their slice of the already encoded update (fixed point: uint32 mod
+    2^bits; distributed DP: int64 before noise) and the server ends with the unmasked sum mod 2^bits, which
+    the driver decodes once every chunk is in (``dim`` is then the chunk's length)."""
 
     @property
     def shared_noise(self) -> int:
@@ -182,6 +189,8 @@ class SecAggConfig:
         """Digest binding every signature to this round's parameters: variant, round, clients, graph."""
         h = hashlib.sha256(b"dropsim/secagg/v1/session")
         h.update(struct.pack("<?Id", self.malicious, self.round, self.threshold_fraction))
+        if self.prepared:  # one instance per chunk: nothing signed for one chunk is valid in another
+            h.update(struct.pack("<II", self.chunk, self.chunks))
         for c in sorted(self.sampled):
             h.update(struct.pack(f"<QI{len(self.neighbours[c])}Q", c, len(self.neighbours[c]), *self.neighbours[c]))
         return h.digest()
@@ -542,6 +551,10 @@ class SecAggServer:
     def _finish(self, work: list[Work]) -> Reaction:
         cfg, survivors = self.config, tuple(sorted(self.u3))
         private = cfg.private
+        if cfg.prepared:  # the driver decodes the concatenation of every chunk's sum
+            self.aggregate = Aggregate(self.total, survivors, float(len(survivors)))
+            self.step, self.outcome = "done", "ok"
+            return Reaction(work=tuple(work))
         work += [Work("decode.fixed_point", {"elements": cfg.dim})] if private is None else list(private.decode_work())
         vector: Vector = Blank(cfg.dim if private is None else private.encoding.dim, np.float32)
         if self.suite.full:
@@ -656,16 +669,22 @@ class SecAggClient:
             raise LocalProtocolError(f"start called in state {self.state}")
         cfg, suite, private = self.config, self.suite, self.config.private
         if private is None:
-            work = [Work("encode.fixed_point", {"elements": cfg.dim})]
+            work = [] if cfg.prepared else [Work("encode.fixed_point", {"elements": cfg.dim})]
         else:
-            work = list(private.encode_work())
+            work = list(private.add_noise_work() if cfg.prepared else private.encode_work())
             self.noise_seeds = [suite.seed(self.rng) for _ in private.plan.components]
         work.append(Work("x25519.keygen", {"count": 2}))
         if suite.full:
-            assert isinstance(update, np.ndarray) and self.encoding_rng is not None
-            if private is None:
+            assert isinstance(update, np.ndarray)
+            if cfg.prepared:
+                if update.shape != (cfg.dim,):
+                    raise LocalProtocolError(f"chunk {cfg.chunk} needs {cfg.dim} encoded values, not {update.shape}")
+                self.x = update if private is None else private.add_noise(update, self.noise_seeds)  # type: ignore[arg-type]
+            elif private is None:
+                assert self.encoding_rng is not None
                 self.x = cfg.encoding.encode(update, self.encoding_rng)
             else:
+                assert self.encoding_rng is not None
                 self.x = private.encode(update, self.encoding_rng, self.noise_seeds)  # type: ignore[arg-type]
         self.c_sk, c_pk = suite.keypair(self.rng)
         self.s_sk, s_pk = suite.keypair(self.rng)

@@ -396,8 +396,13 @@ class Message:
         )
 
     def wire_size(self) -> int:
-        """Bytes of the encoded frame (header included), computed without encoding."""
-        return HEADER.size + self.body_size()
+        """Bytes of the encoded frame (header included), computed without encoding (once: a message is
+        immutable, and a broadcast is sized for every recipient)."""
+        size = self.__dict__.get("_wire_size")
+        if size is None:
+            size = HEADER.size + self.body_size()
+            object.__setattr__(self, "_wire_size", size)
+        return int(size)
 
     def encode(self) -> bytes:
         parts: list[bytes] = []

@@ -7,10 +7,19 @@ extra columns named by their key path (``dropout.rate``). Times are virtual seco
   with distributed DP, ``target_variance`` (sigma*^2), ``realised_variance`` (the noise left in the
   aggregate), ``accounted_variance`` and the cumulative ``epsilon`` at ``privacy.delta`` (model units);
   ``revealed``, the survivors whose sum the server unmasked (also for a round that then aborted).
+  ``chunks`` is the chunk count of a pipelined round (1 otherwise); ``agg_time`` is the part of the round
+  after the last client to enter the aggregation finished training (the distributed-DP aggregation,
+  Dordis Figure 10's 'agg') and ``other_time`` the rest (model download and training); ``util_<resource>``
+  is the fraction of the round a resource was busy (client CPU: training and protocol work; a link: any
+  transfer under way; client columns are means over the sampled clients).
 - ``clients.csv``: one row per round and sampled client.
 - ``stages.csv``: one row per round and stage: client-side activity spans (``download``, ``train``,
   ``upload``: first start to last end over the clients that did it), server collection steps
-  (``step.<name>``) and the server's aggregation (``aggregate``).
+  (``step.<name>``) and the server's aggregation (``aggregate``). Pipelined rounds add ``encode`` (clients
+  encode their whole update), one row per chunk and Dordis Table 1 stage (``chunk.mask``, ``chunk.upload``,
+  ``chunk.aggregate``, ``chunk.dispatch``, ``chunk.decode``, with ``chunk`` and ``pipeline_stage`` 1-5;
+  first admission to last release over the parties that ran it) and ``update`` (the server decodes the
+  concatenated sums). ``resource`` names what the stage runs on.
 """
 
 from __future__ import annotations
@@ -55,6 +64,13 @@ ROUND_COLUMNS = (
     "dp_scale",
     "revealed",
     "online",
+    "chunks",
+    "agg_time",
+    "other_time",
+    "util_client_cpu",
+    "util_client_link",
+    "util_server_cpu",
+    "util_server_link",
 )
 CLIENT_COLUMNS = (
     "run_id",
@@ -73,7 +89,9 @@ CLIENT_COLUMNS = (
     "left_at",
     "in_aggregate",
 )
-STAGE_COLUMNS = ("run_id", "round", "stage", "resource", "t_start", "t_end", "clients")
+STAGE_COLUMNS = ("run_id", "round", "stage", "resource", "t_start", "t_end", "clients", "chunk", "pipeline_stage")
+
+UTILISED = ("client_cpu", "client_link", "server_cpu", "server_link")
 
 TABLES = {"rounds": ROUND_COLUMNS, "clients": CLIENT_COLUMNS, "stages": STAGE_COLUMNS}
 
@@ -115,12 +133,15 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
     extra = {k: swept_value(v) for k, v in swept.items()}
     clients = rec.clients
     n = len(clients)
+    round_time = rec.t_end - rec.t_start
+    trained = [c.train_end for c in clients if not math.isnan(c.train_end)]
+    other = min(max(trained) - rec.t_start, round_time) if trained else round_time
     round_row = {
         "run_id": run_id,
         "round": rec.round,
         "t_start": rec.t_start,
         "t_end": rec.t_end,
-        "round_time": rec.t_end - rec.t_start,
+        "round_time": round_time,
         "outcome": rec.outcome,
         "sampled": rec.sampled,
         "survivors": rec.survivors,
@@ -143,6 +164,10 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
         **privacy_cells(result.privacy),
         "revealed": rec.exposed if rec.exposed is not None else 0,
         "online": rec.online,
+        "chunks": rec.chunks,
+        "agg_time": round_time - other,
+        "other_time": other,
+        **{f"util_{k}": rec.utilisation.get(k, math.nan) for k in UTILISED},
         **{f"time_{step}": end - start for step, start, end in rec.steps},
         **extra,
     }
@@ -179,6 +204,10 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
     stage_rows.append(
         _stage_row(run_id, rec.round, "aggregate", "server", rec.aggregate_start, rec.t_end, rec.survivors, extra)
     )
+    for stage, resource, chunk, pipeline_stage, start, end, parties in rec.spans:
+        stage_rows.append(
+            _stage_row(run_id, rec.round, stage, resource, start, end, parties, extra, chunk, pipeline_stage)
+        )
     return {"rounds": [round_row], "clients": client_rows, "stages": stage_rows}
 
 
@@ -219,7 +248,16 @@ def _span(clients: list[ClientRecord], start: str, end: str) -> tuple[float, flo
 
 
 def _stage_row(
-    run_id: str, round: int, stage: str, resource: str, start: float, end: float, clients: int, extra: dict[str, Any]
+    run_id: str,
+    round: int,
+    stage: str,
+    resource: str,
+    start: float,
+    end: float,
+    clients: int,
+    extra: dict[str, Any],
+    chunk: int | None = None,
+    pipeline_stage: int | None = None,
 ) -> dict[str, Any]:
     return {
         "run_id": run_id,
@@ -229,5 +267,7 @@ def _stage_row(
         "t_start": start,
         "t_end": end,
         "clients": clients,
+        "chunk": chunk,
+        "pipeline_stage": pipeline_stage,
         **extra,
     }

@@ -15,13 +15,24 @@ from typing import Any
 
 from sim.dp.strategies import REMOVING, STRATEGIES, allowed
 from sim.protocol.graph import auto_degree
-from sim.protocol.registry import NOISE_REMOVAL_STAGES, PROTOCOLS, AggregationParams, reconstruction_threshold
+from sim.protocol.registry import (
+    NOISE_REMOVAL_STAGES,
+    PIPELINED,
+    PROTOCOLS,
+    AggregationParams,
+    reconstruction_threshold,
+)
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader
 from sim.scenario.source import Document
 
 DATASETS = ("digits", "synthetic", "femnist", "cifar10")
-MODELS = ("cnn", "mlp")
+MODELS = ("cnn", "mlp", "resnet18", "vgg19")
+"""Named models (built by :func:`sim.learning.models.build_model`)."""
+SYNTHETIC_SHAPE = (1, 8, 8)
+"""Default image shape ``(C, H, W)`` of the ``synthetic`` data set."""
+SYNTHETIC_CLASSES = 10
+"""Default number of classes of the ``synthetic`` data set."""
 FIDELITIES = ("full", "timing")
 DROPOUT_MODES = ("fixed", "bernoulli", "per_client")
 
@@ -154,11 +165,64 @@ class Data:
     test_fraction: float
     samples_per_client: int
     writers_per_client: int
+    input_shape: tuple[int, int, int] = SYNTHETIC_SHAPE
+    """Image shape ``(channels, height, width)`` in pixels of ``synthetic`` data (the other data sets'
+    shapes are fixed: :data:`sim.learning.federated.SHAPES`)."""
+    classes: int = SYNTHETIC_CLASSES
+    """Number of labels of ``synthetic`` data."""
 
 
 @dataclass(frozen=True)
 class Model:
-    name: str
+    """A named torch model (``name``), or an abstract model of ``params`` parameters for timing studies.
+
+    An abstract model has no weights: its update is a vector of ``params`` float32 values that is never
+    computed (``fidelity: timing`` only), and its local training takes, on the profiled reference device,
+    ``train_seconds_per_sample`` seconds per sample and epoch (times the client's slow-down factor);
+    0 means training is not modelled (it takes no time). A named model's training time comes from the
+    cost profile's ``train.<name>.<CxHxW>.<classes>`` operation instead.
+    """
+
+    name: str | None
+    params: int | None = None
+    train_seconds_per_sample: float = 0.0
+    """Reference-device seconds per training sample per local epoch (abstract model only)."""
+
+    def __post_init__(self) -> None:
+        if (self.name is None) == (self.params is None):
+            raise ValueError(
+                f"a model has a name or params, not both or neither (name {self.name!r}, params {self.params!r})"
+            )
+        if self.params is not None and self.params < 1:
+            raise ValueError(f"model params is {self.params}; a whole number >= 1 is expected")
+        if not (math.isfinite(self.train_seconds_per_sample) and self.train_seconds_per_sample >= 0):
+            raise ValueError(
+                f"model train_seconds_per_sample is {self.train_seconds_per_sample}; a number >= 0 is expected"
+            )
+        if self.name is not None and self.train_seconds_per_sample:
+            raise ValueError("train_seconds_per_sample applies only to an abstract model (params)")
+
+
+LINK_MODELS = ("shared", "duplex")
+MAX_CHUNKS = 64
+"""Largest chunk count a scenario may force (Hyades enumerates m in 1..20)."""
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """Pipelined aggregation (Dordis section 4): the update cut into ``chunks`` pieces, each aggregated by
+    its own protocol instance, their stages overlapping on the clients' and server's resources."""
+
+    chunks: int | None
+    """The chunk count m, or None for ``auto``: the m in 1..``max_chunks`` with the earliest predicted
+    completion (Dordis eq. 3 fitted on short simulated runs, Hyades appendix F recurrence)."""
+    dispatch: bool = True
+    """Whether the server sends each chunk's sum to that chunk's clients, who decode it (Table 1 stages
+    4 and 5)."""
+    max_chunks: int = 20
+    links: str = "shared"
+    """``shared``: a client's uploads and dispatches take turns on one link resource (Dordis Table 1's
+    comm, the Hyades recurrence); ``duplex``: its uplink and downlink are two resources."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +269,8 @@ class Scenario:
     resolved: dict[str, Any] = field(compare=False, repr=False)
     privacy: Privacy = field(default_factory=Privacy)
     trace: TraceReplay | None = None
+    pipeline: Pipeline | None = None
+    """Pipelined aggregation, or None (a round ends when the server has the aggregate)."""
     """The scenario as a plain mapping with every default filled in (for the manifest)."""
     swept: dict[str, Any] = field(default_factory=dict)
     """Values of the sweep keys for this run (``{}`` outside a sweep)."""
@@ -239,17 +305,22 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     steps = aggregation.steps()
     dropout = _dropout(r.section("dropout"), aggregation)
     data = _data(r.section("data"), population)
-    m = r.section("model")
-    model = Model(name=m.choice("name", MODELS, "cnn"))
-    m.finish()
+    model = _model(r.section("model"))
     training = _training(r.section("training"))
     e = r.section("evaluation")
     evaluation = Evaluation(every=e.integer("every", 1, lo=1))
     e.finish()
     fidelity = r.choice("fidelity", FIDELITIES, "full")
+    if model.params is not None and fidelity != "timing":
+        r.fail(
+            ("model", "params"),
+            f"is {model.params}: an abstract model has no weights, so there is nothing to train under fidelity "
+            f"{fidelity!r}; set fidelity: timing, or name a real model (model.name: {', '.join(MODELS)})",
+        )
     output = r.string("output", f"results/{name}")
     timeouts = _timeouts(r.section("timeouts"), aggregation)
     trace = _trace(r.section("trace"))
+    pipeline = _pipeline(r.section("pipeline"), aggregation) if r.has("pipeline") else None
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
@@ -257,11 +328,15 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     if dropout.silent and can_drop and dropout.stage is not None:
         # A client leaving silently before step X is missed only in X: that step needs a deadline.
         waits_in = aggregation.dropout_stages()[dropout.stage] or steps[0]
-        if waits_in not in timeouts:
+        # Pipelined, the later chunks' instances may be at any earlier step when a client leaves.
+        missed_in = steps[: steps.index(waits_in) + 1] if pipeline is not None and waits_in in steps else (waits_in,)
+        untimed = [step for step in missed_in if step not in timeouts]
+        if untimed:
+            where = f"step {waits_in}" if pipeline is None else f"steps {', '.join(missed_in)} of the chunks"
             r.fail(
                 ("dropout", "silent"),
-                f"is true: clients leaving silently at {dropout.stage} are missed in step {waits_in}, whose "
-                f"server would wait for them for ever; set timeouts.{waits_in}",
+                f"is true: clients leaving silently at {dropout.stage} are missed in {where}, whose server "
+                f"would wait for them for ever; set {', '.join(f'timeouts.{step}' for step in untimed)}",
             )
     r.finish(extra_allowed=("sweep",))
     if r.problems:
@@ -287,6 +362,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         resolved=r.resolved,
         privacy=privacy,
         trace=trace,
+        pipeline=pipeline,
         document=doc,
     )
 
@@ -438,6 +514,31 @@ def _trace(r: Reader) -> TraceReplay | None:
     return TraceReplay(file or "", _or(offset, 0.0), _or(scale, 1.0), until, bool(capacity))
 
 
+def _chunks(value: Any) -> tuple[int | None, Any]:
+    if value == "auto":
+        return None, "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CHUNKS:
+        return value, value
+    raise ValueError(f"allowed: auto, or a whole number of chunks from 1 to {MAX_CHUNKS}")
+
+
+def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
+    chunks = r.custom("chunks", None, _chunks)
+    if "chunks" not in r.resolved:
+        r.resolved["chunks"] = "auto"
+    dispatch = r.boolean("dispatch", True)
+    max_chunks = r.integer("max_chunks", 20, lo=1, hi=MAX_CHUNKS)
+    links = r.choice("links", LINK_MODELS, "shared")
+    if aggregation.protocol not in PIPELINED:
+        r.fail(
+            "chunks",
+            f"pipelines the protocol, but aggregation.protocol is {aggregation.protocol!r}: pipelining runs one "
+            f"secure-aggregation instance per chunk, so it needs {' or '.join(PIPELINED)}",
+        )
+    r.finish()
+    return Pipeline(chunks, bool(_or(dispatch, True)), int(_or(max_chunks, 20)), str(_or(links, "shared")))
+
+
 def _or(value: Any, default: Any) -> Any:
     """A reader's value, or the default where the reader failed (returned None)."""
     return default if value is None else value
@@ -498,11 +599,14 @@ def _data(r: Reader, population: int | None) -> Data:
         r.resolved["partition"] = "iid"
     path: str | None = None
     test_fraction, samples_per_client, writers_per_client = 0.2, 50, 1
+    input_shape, classes = SYNTHETIC_SHAPE, SYNTHETIC_CLASSES
     # Each data set reads only its own keys: another's is an error naming who uses it.
     own = {
         "path": ("femnist", "cifar10"),
         "test_fraction": ("digits",),
         "samples_per_client": ("synthetic",),
+        "input_shape": ("synthetic",),
+        "classes": ("synthetic",),
         "writers_per_client": ("femnist",),
     }
     for key, users in own.items():
@@ -521,12 +625,52 @@ def _data(r: Reader, population: int | None) -> Data:
         test_fraction = r.number("test_fraction", 0.2, lo=0, hi=1, lo_open=True, hi_open=True)
     if dataset == "synthetic":
         samples_per_client = r.integer("samples_per_client", 50, lo=1)
+        input_shape = r.custom("input_shape", SYNTHETIC_SHAPE, _image_shape)
+        if "input_shape" not in r.resolved:
+            r.resolved["input_shape"] = list(SYNTHETIC_SHAPE)
+        classes = _or(r.integer("classes", SYNTHETIC_CLASSES, lo=2, hi=1000), SYNTHETIC_CLASSES)
     if dataset == "femnist":
         writers_per_client = r.integer("writers_per_client", 1, lo=1)
     if partition.kind == "natural" and dataset != "femnist":
         r.fail("partition", f"is 'natural', which needs writer ids: only femnist has them, not {dataset}")
     r.finish(extra_allowed=tuple(own))
-    return Data(dataset, partition, path, test_fraction, samples_per_client, writers_per_client)
+    return Data(dataset, partition, path, test_fraction, samples_per_client, writers_per_client, input_shape, classes)
+
+
+def _model(r: Reader) -> Model:
+    if not r.has("params"):
+        name = r.choice("name", MODELS, "cnn")
+        if r.has("train_seconds_per_sample"):
+            r.raw("train_seconds_per_sample")
+            r.fail(
+                "train_seconds_per_sample",
+                f"applies only to an abstract model (model.params); model {name!r}'s training time comes from "
+                f"the cost profile's train.{name}.* operation",
+            )
+        r.finish(extra_allowed=("params", "train_seconds_per_sample"))
+        return Model(name)
+    if r.has("name"):
+        r.fail(
+            "name",
+            f"is {r.raw('name')!r}, given with params; give one: name (a real model) or params (an abstract "
+            "model of that many parameters, for fidelity timing)",
+        )
+    params = r.integer("params", lo=1)
+    rate = r.number("train_seconds_per_sample", 0.0, lo=0)
+    r.finish()
+    return Model(None, _or(params, 1), _or(rate, 0.0))
+
+
+def _image_shape(value: Any) -> tuple[tuple[int, int, int], Any]:
+    allowed = "allowed: [C, H, W], whole numbers with 1 <= C <= 4 channels and 6 <= H, W <= 256 pixels"
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError(allowed)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(allowed)
+    c, h, w = value
+    if not (1 <= c <= 4 and 6 <= h <= 256 and 6 <= w <= 256):
+        raise ValueError(allowed)
+    return (c, h, w), [c, h, w]
 
 
 def _training(r: Reader) -> Training:
