@@ -488,7 +488,7 @@ class PipelinedRound(Round):
         for gate in gates:
             for stage, chunk, start, end in gate.spans:
                 found.setdefault((chunk, stage), []).append((start, end))
-                self.record.held.setdefault((stage, chunk), []).append(end - start)
+                self.record.held.setdefault((stage, chunk), []).append((start, end))
         for (chunk, stage), spans in sorted(found.items()):
             rows.append(
                 (

@@ -118,8 +118,9 @@ class RoundRecord:
     clients), ``server_cpu``, ``server_link``."""
     spans: list[tuple[str, str, int | None, int | None, float, float, int]] = field(default_factory=list)
     """Further rows of the stages table: ``(stage, resource, chunk, pipeline_stage, start, end, parties)``."""
-    held: dict[tuple[int, int], list[float]] = field(default_factory=dict)
-    """Pipelined: (Table 1 stage, chunk) -> how long each party held that stage of that chunk (s)."""
+    held: dict[tuple[int, int], list[tuple[float, float]]] = field(default_factory=dict)
+    """Pipelined: (Table 1 stage, chunk) -> when each party was admitted to that stage of that chunk and
+    when it released it (virtual s)."""
 
 
 @dataclass

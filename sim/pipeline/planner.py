@@ -4,9 +4,9 @@ Dordis (section 4.2) profiles each stage's per-chunk latency "by linear regressi
 micro-benchmarking, which executes the protocol with small-scale proxy data for certain rounds". Here the
 proxy runs are simulated: the scenario's first round in ``timing`` fidelity, with an abstract model of d'
 parameters whose training takes no time (the pipeline starts at once), for d' in {d, d/4} and m in
-{1, 2, 4, 8} (those up to ``pipeline.max_chunks``). From each proxy round and stage s, the per-chunk
-latency is the longest time any party held stage s of a chunk (from admission to release on its
-resource: the slowest client's, or the server's), averaged over the chunks. :func:`fit_stages` fits
+{1, 2, 4, 8, 16} (those up to ``pipeline.max_chunks``). From each proxy round and stage s, the per-chunk
+latency is the time from the last party's admission to stage s of a chunk to the last party's release of
+it (on its resource: the clients', or the server's), averaged over the chunks. :func:`fit_stages` fits
 tau_s = beta_s1 d/m + beta_s2 m + beta_s3 to those, and :meth:`PerformanceModel.best` picks the m in
 1..``max_chunks`` with the earliest completion under the Hyades appendix F recurrence.
 
@@ -26,7 +26,7 @@ from sim.pipeline.performance import PerformanceModel, fit_stages
 from sim.pipeline.recurrence import DORDIS_RESOURCES, DUPLEX_RESOURCES
 from sim.scenario.schema import Model, Scenario
 
-PROXY_CHUNKS = (1, 2, 4, 8)
+PROXY_CHUNKS = (1, 2, 4, 8, 16)
 """Chunk counts of the profiling runs (those up to ``pipeline.max_chunks``)."""
 PROXY_FRACTIONS = (1.0, 0.25)
 """Update sizes of the profiling runs, as fractions of the scenario's."""
@@ -66,11 +66,16 @@ def _simulate(scenario: Scenario) -> list[RoundRecord]:
 
 
 def stage_latencies(record: RoundRecord, stages: int) -> list[float]:
-    """Per-chunk latency of each stage in one simulated round: for each chunk, the longest any party held
-    the stage; then the mean over the chunks (NaN for a stage that never ran)."""
+    """Per-chunk latency of each stage in one simulated round: for each chunk, from the last party's
+    admission to the stage to the last party's release of it (the recurrence's l_s = f(s, c) - b(s, c)
+    for the parties taken together); then the mean over the chunks (NaN for a stage that never ran)."""
     out = []
     for s in range(1, stages + 1):
-        per_chunk = [max(durations) for (stage, _), durations in record.held.items() if stage == s and durations]
+        per_chunk = [
+            max(end for _, end in spans) - max(start for start, _ in spans)
+            for (stage, _), spans in record.held.items()
+            if stage == s and spans
+        ]
         out.append(sum(per_chunk) / len(per_chunk) if per_chunk else float("nan"))
     return out
 
