@@ -58,9 +58,11 @@ def run(overrides: list[str], folder: Path) -> tuple[pd.DataFrame, float]:
     return pd.read_csv(folder / "rounds.csv"), wall
 
 
-def measure(setup: str, strategy: str, dropout: float, rounds: int, protocol: str, work: Path) -> dict[str, object]:
+def measure(
+    setup: str, strategy: str, dropout: float, rounds: int, protocol: str, links: str, work: Path
+) -> dict[str, object]:
     base = [*SETUPS[setup], f"privacy.strategy={strategy}", f"dropout.rate={dropout}", f"rounds={rounds}"]
-    base.append(f"aggregation.protocol={protocol}")
+    base += [f"aggregation.protocol={protocol}", f"pipeline.links={links}"]
     row: dict[str, object] = {"setup": setup, "protocol": protocol, "strategy": strategy, "dropout": dropout}
     for mode, chunks in (("plain", "1"), ("pipelined", "auto")):
         name = f"{setup}_{protocol}_{strategy}_{dropout}_{mode}".replace("+", "p")
@@ -84,6 +86,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropouts", nargs="+", type=float, default=[0.0, 0.2])
     parser.add_argument("--protocols", nargs="+", default=["secagg"], choices=["secagg", "secagg+"])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument(
+        "--links", default="shared", choices=["shared", "duplex"], help="pipeline.links (Dordis: shared)"
+    )
     parser.add_argument("--csv", type=Path, default=Path("pipeline.csv"))
     args = parser.parse_args(argv)
     from sim.dp.planner import model_dimension
@@ -96,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
                 for strategy in args.strategies:
                     for dropout in args.dropouts:
                         print(f"{setup} {protocol} {strategy} dropout {dropout:g}", file=sys.stderr, flush=True)
-                        row = measure(setup, strategy, dropout, args.rounds, protocol, Path(tmp))
+                        row = measure(setup, strategy, dropout, args.rounds, protocol, args.links, Path(tmp))
                         row["params"] = params
                         rows.append(row)
     table = pd.DataFrame(rows)
@@ -105,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         r.plain_round_s / orig.get((r.setup, r.protocol, r.dropout), float("nan")) if r.strategy == "xnoise" else None
         for r in table.itertuples()
     ]
-    print(f"# {platform.node()}, {platform.processor() or platform.machine()}, python {platform.python_version()}")
+    machine = platform.processor() or platform.machine()
+    print(f"# {platform.node()}, {machine}, python {platform.python_version()}, pipeline.links {args.links}")
     columns = [
         "setup",
         "params",
