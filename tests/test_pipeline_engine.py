@@ -258,3 +258,14 @@ def test_auto_records_its_choice_and_too_many_chunks_are_refused(tmp_path: Path)
     sc = scenario(tmp_path, "model={params: 10}", "fidelity=timing", "pipeline={chunks: 12}")
     (problem,) = preflight(sc)
     assert problem.key == "pipeline.chunks" and "more chunks than the update has values (10)" in problem.message
+
+
+def test_a_later_chunks_first_deadline_counts_from_its_first_answer(tmp_path: Path) -> None:
+    # Clients reach chunk j's key advertisement only after chunk j-1's masked input: an advertise_keys
+    # timeout that chunk 0 meets but that passes before chunk 3 starts must not cut anyone from chunk 3.
+    base = ["pipeline={chunks: 4}", "fidelity=timing", "model={params: 2000000}", "dropout.rate=0", "rounds=1"]
+    _, stages = run(tmp_path, "untimed", *base)
+    mask = stages[stages["stage"] == "chunk.mask"].set_index("chunk")
+    timeout = (mask.loc[1, "t_start"] + mask.loc[3, "t_start"]) / 2
+    rounds, _ = run(tmp_path, "timed", *base, f"timeouts={{advertise_keys: {timeout}}}")
+    assert (rounds["outcome"] == "ok").all() and (rounds["survivors"] == 8).all()

@@ -179,9 +179,13 @@ class PipelinedRound(Round):
             priority = SIDE
             yield from self._server_react(machine.begin(), priority, machine)
             start = env.now
+            first = True
             while machine.step not in ("done", "aborted"):
                 step = machine.step
-                yield from self._collect(machine, step, self.server_inbox[j], self.chunk_late[j], priority)
+                # A later chunk's first step opens when its clients get to it, one chunk after another.
+                lazy = first and j > 0
+                yield from self._collect(machine, step, self.server_inbox[j], self.chunk_late[j], priority, lazy)
+                first = False
                 if step == "masked_input":
                     yield self.server_gate.admit(3, j)
                     priority = STAGED
@@ -435,6 +439,13 @@ class PipelinedRound(Round):
     def _notify_gone(self, c: int) -> None:
         for inbox in self.server_inbox:
             inbox.put(("gone", c, None, self.env.now))
+
+    def _current_step(self) -> str:
+        """The step of the earliest chunk still under way."""
+        for server in self.servers:
+            if server.step not in ("done", "aborted"):
+                return server.step
+        return "done"
 
     def _client_alive(self, c: int) -> bool:
         return super()._client_alive(c) or any(p.is_alive for p in self.chunk_procs[c].values())

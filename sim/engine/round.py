@@ -321,16 +321,26 @@ class Round:
             }
 
     def _collect(
-        self, machine: ServerMachine, step: str, inbox: simpy.Store, late: set[int], priority: int = STAGED
+        self,
+        machine: ServerMachine,
+        step: str,
+        inbox: simpy.Store,
+        late: set[int],
+        priority: int = STAGED,
+        from_first: bool = False,
     ) -> Generator[simpy.Event, Any, None]:
         """Handle answers to ``step`` until nobody is awaited or its timeout passes. A message counts if it
         arrived by the deadline, even when the busy server gets to it later; one that arrived after the
         deadline closes the step (the inbox is in arrival order). ``late`` collects the clients that missed
-        a deadline (their later messages are discarded); the server's work runs at ``priority``."""
+        a deadline (their later messages are discarded); the server's work runs at ``priority``. With
+        ``from_first`` the timeout counts from the first answer (a pipelined round's later chunks, whose
+        clients reach them one chunk after another)."""
         env = self.env
         timeout = self.s.timeouts.get(step)
-        deadline_at = env.now + timeout if timeout is not None else None
-        deadline = env.timeout(timeout) if timeout is not None else None
+        deadline_at: float | None = None
+        deadline: simpy.Event | None = None
+        if timeout is not None and not from_first:
+            deadline_at, deadline = env.now + timeout, env.timeout(timeout)
         while True:
             waiting = machine.expected() - self.gone
             if not waiting:
@@ -343,6 +353,9 @@ class Round:
             else:
                 kind, sender, message, arrived = get.value  # type: ignore[misc]
                 missed = deadline_at is not None and arrived > deadline_at
+                if timeout is not None and deadline_at is None and kind == "msg":
+                    deadline_at = arrived + timeout
+                    deadline = env.timeout(deadline_at - env.now)
             if missed:
                 for c in sorted(waiting):
                     late.add(c)
@@ -504,12 +517,16 @@ class Round:
         sending = any(t.is_alive for t in self.transfers.get(c, []))
         if self._has_finished(c) and not sending:
             return  # it had done its part and sent it all: going offline afterwards changes nothing
-        step = self.machine.step if self.machine is not None else ""
+        step = self._current_step()
         self._interrupt_client(c, "offline")
         for transfer in self.transfers.get(c, []):
             if transfer.is_alive:
                 transfer.interrupt("offline")
         self._leave(c, f"offline:{step}")
+
+    def _current_step(self) -> str:
+        """The server step under way (for ``offline:<step>``)."""
+        return self.machine.step if self.machine is not None else ""
 
     def _client_alive(self, c: int) -> bool:
         proc = self.client_procs.get(c)
