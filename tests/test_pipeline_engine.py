@@ -93,6 +93,16 @@ def test_round_columns(tmp_path: Path) -> None:
     for resource in ("client_cpu", "client_link", "server_cpu", "server_link"):
         column = rounds[f"util_{resource}"]
         assert ((column > 0) & (column <= 1)).all(), resource
+    # The server's two lanes (aggregation, messaging) overlap: busy is when either works, never > 1.
+    xnoise, _ = run(
+        tmp_path,
+        "xnoise",
+        "pipeline={chunks: 4}",
+        "fidelity=timing",
+        "privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}",
+    )
+    assert ((xnoise["util_server_cpu"] > 0) & (xnoise["util_server_cpu"] <= 1)).all()
+    assert (xnoise["server_compute_s"] >= xnoise["util_server_cpu"] * xnoise["round_time"] - 1e-9).all()
     unpiped, _ = run(tmp_path, "none")
     assert (unpiped["chunks"] == 1).all()
     assert (unpiped["agg_time"] + unpiped["other_time"] - unpiped["round_time"]).abs().max() < 1e-12

@@ -102,6 +102,9 @@ class Processor:
         self.resource = simpy.PriorityResource(env, capacity=1)
         self.side = simpy.PriorityResource(env, capacity=1) if lanes == 2 else self.resource
         self.busy_s = 0.0
+        """Seconds of work done, summed over the lanes."""
+        self.meter = BusyMeter(env)
+        """Seconds during which at least one lane worked."""
 
     def run(self, seconds: float, priority: int) -> Generator[simpy.Event, Any, None]:
         """Occupy the processor for ``seconds`` once it is free (``SIDE`` work is served first, or on its own
@@ -112,9 +115,11 @@ class Processor:
         with resource.request(priority=priority) as request:
             yield request
             start = self.env.now
+            self.meter.start()
             try:
                 yield self.env.timeout(seconds)
             finally:
+                self.meter.stop()
                 self.busy_s += self.env.now - start
 
 

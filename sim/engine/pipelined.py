@@ -257,6 +257,9 @@ class PipelinedRound(Round):
         self.record.spans.append(("update", "server.cpu", None, None, start, self.env.now, 1))
         return Aggregate(vector, tuple(sorted(survivors)), float(len(survivors)))
 
+    def _server_busy(self) -> float:
+        return self.server_cpu.meter.total()
+
     def _chunk_of(self, machine: ServerMachine | None) -> int:
         return self.servers.index(machine) if machine is not None and machine in self.servers else 0
 

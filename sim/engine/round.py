@@ -316,9 +316,13 @@ class Round:
             rec.utilisation = {
                 "client_cpu": sum(cpu) / len(cpu) if cpu else math.nan,
                 "client_link": sum(links) / len(links) if links else math.nan,
-                "server_cpu": rec.server_compute_s / length,
+                "server_cpu": self._server_busy() / length,
                 "server_link": self.server_link.total() / length,
             }
+
+    def _server_busy(self) -> float:
+        """Seconds of the round during which the server computed."""
+        return self.record.server_compute_s
 
     def _collect(
         self,
