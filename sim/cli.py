@@ -26,14 +26,11 @@ EXIT_INTERRUPTED = 130
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("file", help="scenario YAML file")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="override a key (value read as YAML); repeatable, e.g. --set dropout.rate=0.3",
-    )
+    _set_option(p, "override a key (value read as YAML); repeatable, e.g. --set dropout.rate=0.3")
+
+
+def _set_option(p: argparse.ArgumentParser, help: str) -> None:
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY.PATH=VALUE", help=help)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,14 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fit Dordis eq. 3 per stage from short simulated runs of this scenario (secagg or secagg+) and "
         "predict the completion time of every chunk count (Hyades appendix F)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY.PATH=VALUE",
-        help="with --pipeline: override a scenario key (repeatable)",
-    )
+    _set_option(p, "with --pipeline: override a scenario key (repeatable)")
     p.add_argument(
         "--check",
         action="store_true",

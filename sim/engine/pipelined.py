@@ -40,7 +40,6 @@ import simpy
 from sim.crypto.randomness import SeededRandom
 from sim.engine.gates import SIDE, STAGED, Processor, StageGate
 from sim.engine.round import Round, RoundSetup, _frame_size
-from sim.learning.trainer import local_batches
 from sim.protocol.machine import (
     SERVER,
     Aggregate,
@@ -53,7 +52,6 @@ from sim.protocol.machine import (
 from sim.protocol.messages import AggregateChunk, MaskedInput
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import (
-    AFTER_SAMPLING,
     ChunkSlot,
     ClientFactory,
     chunk_slots,
@@ -279,29 +277,13 @@ class PipelinedRound(Round):
 
     # -- clients ----------------------------------------------------------------------------------
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
-        env, rec, s = self.env, self.clients[c], self.s
-        leave_before = self.leave_before.get(c)
+        env = self.env
         try:
-            if leave_before == "":
-                self._leave(c, AFTER_SAMPLING)
+            trained = yield from self._download_and_train(c)
+            if trained is None:
                 return
-            rec.download_start = env.now
-            yield from self._transfer(SERVER, c, self._model_message())
-            yield from self._client_compute(c, [Work("wire.decode", _frame_size(self._model_message()))])
-            rec.download_end = rec.train_start = env.now
-            samples = rec.samples
-            train_seconds = rec.slowdown * s.costs.seconds(
-                s.train_op,
-                {"samples": samples * s.local_epochs, "batches": local_batches(samples, s.batch_size, s.local_epochs)},
-            )
-            update: Vector
-            if s.learner is not None:
-                update, weight = s.learner.local_update(c, self.number)
-            else:
-                update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
-            yield env.timeout(train_seconds)
-            rec.train_end = env.now
-            if leave_before == "advertise_keys":
+            update, weight = trained
+            if self.leave_before.get(c) == "advertise_keys":
                 self._leave(c, self.drops[c])
                 return
             encoded = self._encode(c, update)

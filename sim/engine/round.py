@@ -424,32 +424,42 @@ class Round:
         self.flows.clear()
 
     # -- clients ----------------------------------------------------------------------------------
-    def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
+    def _download_and_train(self, c: int) -> Generator[simpy.Event, Any, tuple[wire.Vector, float] | None]:
+        """Client ``c`` fetches the model and trains; returns its update and weight, or None if it left
+        before the download (a dropout after sampling)."""
         env, rec, s = self.env, self.clients[c], self.s
+        if self.leave_before.get(c) == "":
+            self._leave(c, AFTER_SAMPLING)
+            return None
+        rec.download_start = env.now
+        yield from self._transfer(SERVER, c, self._model_message())
+        yield from self._client_compute(c, [Work("wire.decode", _frame_size(self._model_message()))])
+        rec.download_end = rec.train_start = env.now
+        samples = rec.samples
+        train_seconds = rec.slowdown * s.costs.seconds(
+            s.train_op,
+            {
+                "samples": samples * s.local_epochs,
+                "batches": local_batches(samples, s.batch_size, s.local_epochs),
+            },
+        )
+        update: wire.Vector
+        if s.learner is not None:
+            update, weight = s.learner.local_update(c, self.number)
+        else:
+            update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
+        yield env.timeout(train_seconds)
+        rec.train_end = env.now
+        return update, weight
+
+    def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
+        env, rec = self.env, self.clients[c]
         leave_before = self.leave_before.get(c)
         try:
-            if leave_before == "":
-                self._leave(c, AFTER_SAMPLING)
+            trained = yield from self._download_and_train(c)
+            if trained is None:
                 return
-            rec.download_start = env.now
-            yield from self._transfer(SERVER, c, self._model_message())
-            yield from self._client_compute(c, [Work("wire.decode", _frame_size(self._model_message()))])
-            rec.download_end = rec.train_start = env.now
-            samples = rec.samples
-            train_seconds = rec.slowdown * s.costs.seconds(
-                s.train_op,
-                {
-                    "samples": samples * s.local_epochs,
-                    "batches": local_batches(samples, s.batch_size, s.local_epochs),
-                },
-            )
-            update: wire.Vector
-            if s.learner is not None:
-                update, weight = s.learner.local_update(c, self.number)
-            else:
-                update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
-            yield env.timeout(train_seconds)
-            rec.train_end = env.now
+            update, weight = trained
             machine = self.client_machines[c] = self._client_machine(c)
             if leave_before == machine.first_step:
                 self._leave(c, self.drops[c])
