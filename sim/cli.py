@@ -362,14 +362,25 @@ def cmd_profile_pipeline(args: argparse.Namespace) -> int:
             row["simulated_round_s"] = result.round_time_s
     print()
     _print_table(rows)
-    print(f"\nchosen: chunks {plan.chunks} (predicted {plan.predicted[plan.chunks]:.4g} s)")
+    best = plan.predicted_best
+    print(f"\npredicted best: chunks {best} ({plan.predicted[best]:.4g} s)")
+    if plan.chunks != best:
+        print(
+            f"chosen: chunks {plan.chunks}: its proxy round took {plan.proxy_seconds[plan.chunks]:.4g} s, the "
+            f"predicted best's {plan.proxy_seconds[best]:.4g} s (proxy rounds: no training)"
+        )
+    else:
+        print(f"chosen: chunks {plan.chunks} (no proxy round at another m was faster)")
     if args.check:
         simulated = {int(str(r["chunks"])): float(str(r["simulated_agg_s"])) for r in rows}
-        best = min(simulated, key=lambda m: (simulated[m], m))
-        print(
-            f"simulated best: chunks {best} ({simulated[best]:.4g} s); the chosen m simulates at "
-            f"{simulated[plan.chunks]:.4g} s, {simulated[plan.chunks] / simulated[best] - 1:+.1%} from the best"
-        )
+        fastest = min(simulated, key=lambda m: (simulated[m], m))
+
+        def off(m: int) -> str:
+            return f"{simulated[m]:.4g} s, {simulated[m] / simulated[fastest] - 1:+.1%} from the best"
+
+        print(f"simulated best: chunks {fastest} ({simulated[fastest]:.4g} s)")
+        print(f"the predicted best (chunks {best}) simulates at {off(best)}")
+        print(f"the chosen m (chunks {plan.chunks}) simulates at {off(plan.chunks)}")
     if args.csv:
         make_folder(args.csv.parent)
         write_atomic(args.csv, csv_bytes(rows, tuple(rows[0]), header=True))

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.costs.model import CostModel, CostModelError
+from sim.engine.privacy import padded
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
 from sim.learning.models import train_op, update_dimension
@@ -50,6 +51,8 @@ def preflight(scenario: Scenario) -> list[Problem]:
     pipeline = scenario.pipeline
     if pipeline is not None and pipeline.chunks is not None:
         dim = update_dimension(scenario.model, shape, classes)
+        if scenario.privacy.enabled:
+            dim = padded(dim)  # DSkellam's encoding is padded to a power of two
         if pipeline.chunks > dim:
             problems.append(
                 Problem(

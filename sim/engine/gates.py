@@ -20,7 +20,7 @@ whereas a client device is one processor.
 
 from __future__ import annotations
 
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Any
 
 import simpy
@@ -77,12 +77,14 @@ class StageGate:
         self._wake()
 
     def abandon(self, chunk: int) -> None:
-        """Chunk ``chunk`` will not use this resource again: its remaining stages count as finished."""
+        """Chunk ``chunk`` will not use this resource again: its remaining stages count as finished (and,
+        cut short or never started, are not recorded as spans)."""
         for stage in self.stages:
             key = (stage, chunk)
             if key in self.done:
                 continue
             self.waiting.pop(key, None)
+            self.admitted.pop(key, None)
             self.release(stage, chunk)
 
     def _wake(self) -> None:
@@ -106,9 +108,11 @@ class Processor:
         self.meter = BusyMeter(env)
         """Seconds during which at least one lane worked."""
 
-    def run(self, seconds: float, priority: int) -> Generator[simpy.Event, Any, None]:
+    def run(
+        self, seconds: float, priority: int, charge: Callable[[float], None] | None = None
+    ) -> Generator[simpy.Event, Any, None]:
         """Occupy the processor for ``seconds`` once it is free (``SIDE`` work is served first, or on its own
-        lane)."""
+        lane); ``charge`` is told the seconds worked (all of them, or what was done when interrupted)."""
         if seconds <= 0:
             return
         resource = self.side if priority == SIDE else self.resource
@@ -116,11 +120,16 @@ class Processor:
             yield request
             start = self.env.now
             self.meter.start()
+            done = False
             try:
                 yield self.env.timeout(seconds)
+                done = True
             finally:
                 self.meter.stop()
-                self.busy_s += self.env.now - start
+                worked = seconds if done else self.env.now - start
+                self.busy_s += worked
+                if charge is not None:
+                    charge(worked)
 
 
 class BusyMeter:

@@ -39,7 +39,7 @@ import simpy
 
 from sim.crypto.randomness import SeededRandom
 from sim.engine.gates import SIDE, STAGED, Processor, StageGate
-from sim.engine.round import Round, RoundSetup, _frame_size
+from sim.engine.round import ClientRecord, Round, RoundSetup, _frame_size
 from sim.protocol.machine import (
     SERVER,
     Aggregate,
@@ -102,14 +102,17 @@ class PipelinedRound(Round):
         self.server_gate = StageGate(env, "server.cpu", (3,), m)
         self.server_inbox = [simpy.Store(env) for _ in range(m)]
         self.chunk_inbox = {(c, j): simpy.Store(env) for c in self.sampled for j in range(m)}
-        self.chunk_late: list[set[int]] = [set() for _ in range(m)]
         self.chunk_machines: dict[tuple[int, int], ClientMachine] = {}
         self.chunk_procs: dict[int, dict[int, simpy.Process]] = {c: {} for c in self.sampled}
         self.decoded: dict[tuple[int, int], simpy.Event] = {}
         """(client, chunk) -> fires when the client has decoded the chunk's sum or left the round."""
         self.results: dict[int, Aggregate] = {}
-        self.exposures: list[int] = []
         self.failed = env.event()
+        self.left: set[int] = set()
+        """Clients out of the round (left, went offline, aborted); one that only missed a chunk's deadline
+        is not."""
+        self.excluded: set[tuple[int, int]] = set()
+        """(client, chunk) pairs whose chunk went on without the client."""
         self.encode_spans: list[tuple[float, float]] = []
         self.chunk_steps: list[tuple[str, float, float]] = []
 
@@ -164,7 +167,8 @@ class PipelinedRound(Round):
         self._stop_clients()
         rec.t_end = env.now
         rec.aggregate = aggregate
-        rec.exposed = min(self.exposures) if self.exposures else None
+        rec.exposures = [e for e in (_revealed(server) for server in self.servers) if e is not None]
+        rec.exposed = min(rec.exposures) if rec.exposures else None
         rec.steps = self._step_spans()
         rec.spans = self._stage_spans()
         self._close_record(set(aggregate.survivors) if aggregate is not None else set())
@@ -182,7 +186,7 @@ class PipelinedRound(Round):
                 step = machine.step
                 # A later chunk's first step opens when its clients get to it, one chunk after another.
                 lazy = first and j > 0
-                yield from self._collect(machine, step, self.server_inbox[j], self.chunk_late[j], priority, lazy)
+                yield from self._collect(machine, step, self.server_inbox[j], self.late, priority, lazy)
                 first = False
                 if step == "masked_input":
                     yield self.server_gate.admit(3, j)
@@ -190,11 +194,6 @@ class PipelinedRound(Round):
                 yield from self._server_react(machine.close_step(), priority, machine)
                 self.chunk_steps.append((step, start, env.now))
                 start = env.now
-            exposed = getattr(machine, "exposed", None)
-            if machine.aggregate is not None:
-                exposed = len(machine.aggregate.survivors)
-            if exposed is not None:
-                self.exposures.append(exposed)
             if machine.step == "aborted" or machine.aggregate is None:
                 self.server_gate.abandon(j)
                 if not self.failed.triggered:
@@ -213,7 +212,7 @@ class PipelinedRound(Round):
             yield from self._server_compute([Work("wire.encode", _frame_size(message))], STAGED)
             self.server_gate.release(3, j)
             for c in aggregate.survivors:
-                if not self.clients[c].dropped_stage:
+                if c not in self.left:
                     self.decoded[(c, j)] = env.event()
                     proc = env.process(self._dispatch(c, j, message))
                     self.procs.append(proc)
@@ -255,6 +254,13 @@ class PipelinedRound(Round):
         self.record.spans.append(("update", "server.cpu", None, None, start, self.env.now, 1))
         return Aggregate(vector, tuple(sorted(survivors)), float(len(survivors)))
 
+    def _missed(self, c: int) -> None:
+        # As in an unpipelined round, a client that missed a deadline is out of the round from then on:
+        # the other chunks' instances stop waiting for it (a silent leaver costs one timeout, not one per
+        # chunk); the sums it is already in keep it.
+        self.gone.add(c)
+        self._notify_gone(c)  # wake the instances waiting for it
+
     def _server_busy(self) -> float:
         return self.server_cpu.meter.total()
 
@@ -272,8 +278,10 @@ class PipelinedRound(Round):
     ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         if seconds > 0:
-            self.record.server_compute_s += seconds
-            yield from self.server_cpu.run(seconds, priority)
+            yield from self.server_cpu.run(seconds, priority, self._charge_server)
+
+    def _charge_server(self, seconds: float) -> None:
+        self.record.server_compute_s += seconds
 
     # -- clients ----------------------------------------------------------------------------------
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
@@ -291,6 +299,8 @@ class PipelinedRound(Round):
             yield from self._client_compute(c, self._encode_work())
             self.encode_spans.append((start, env.now))
             for slot in self.slots:
+                if (c, slot.index) in self.excluded:
+                    continue  # the chunk went on without it (it missed a deadline while training)
                 piece = encoded if isinstance(encoded, Blank) else encoded[slot.start : slot.stop]
                 proc = env.process(self._client_chunk(c, slot, piece, weight))
                 self.chunk_procs[c][slot.index] = proc
@@ -389,12 +399,17 @@ class PipelinedRound(Round):
         rec = self.clients[c]
         seconds = (self.s.costs.work_seconds(work) + extra) * rec.slowdown
         if seconds > 0:
-            rec.compute_s += seconds
-            yield from self.cpu[c].run(seconds, priority)
+            yield from self.cpu[c].run(seconds, priority, lambda worked: self._charge_client(rec, worked))
+
+    @staticmethod
+    def _charge_client(rec: ClientRecord, seconds: float) -> None:
+        rec.compute_s += seconds
 
     # -- leaving ----------------------------------------------------------------------------------
     def _drop_chunk(self, c: int, j: int) -> None:
-        """Client ``c`` is not in chunk ``j``'s sum (late, rejected): its instance of that chunk ends."""
+        """Client ``c`` is not in chunk ``j``'s sum (late, rejected): its instance of that chunk ends (or,
+        if it has not started, never starts)."""
+        self.excluded.add((c, j))
         proc = self.chunk_procs[c].get(j)
         if proc is not None and proc.is_alive and proc is not self.env.active_process:
             proc.interrupt("not in this chunk's sum")
@@ -409,6 +424,7 @@ class PipelinedRound(Round):
 
     def _leave(self, c: int, stage: str, notify: bool = False) -> None:
         """Client ``c`` leaves the round: every chunk instance of it ends and its transfers are cut."""
+        self.left.add(c)
         super()._leave(c, stage)
         if notify and self.s.silent_dropout:
             self._notify_gone(c)  # a client refusing the server closes its connection, silent or not
@@ -431,6 +447,9 @@ class PipelinedRound(Round):
             if server.step not in ("done", "aborted"):
                 return server.step
         return "done"
+
+    def _has_left(self, c: int) -> bool:
+        return c in self.left
 
     def _client_alive(self, c: int) -> bool:
         return super()._client_alive(c) or any(p.is_alive for p in self.chunk_procs[c].values())
@@ -499,3 +518,11 @@ class PipelinedRound(Round):
             )
         rows.extend(r for r in self.record.spans if r[0] == "update")
         return rows
+
+
+def _revealed(server: ServerMachine) -> int | None:
+    """Survivors whose sum this chunk's server unmasked, even if the chunk or the round then aborted."""
+    if server.aggregate is not None:
+        return len(server.aggregate.survivors)
+    exposed = getattr(server, "exposed", None)
+    return int(exposed) if exposed is not None else None

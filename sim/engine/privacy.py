@@ -186,6 +186,24 @@ class PrivacyLedger:
         """A round that sampled nobody: nothing revealed, nothing spent."""
         return RoundPrivacy(self.target, math.nan, math.nan, self.accountant.epsilon(), math.nan)
 
+    def worst_exposure(
+        self, plan: RoundNoise, scale: float, exposures: list[int], q: float | None = None
+    ) -> int | None:
+        """Of several sums revealed in one round (a pipelined round's chunks, each over its own survivors),
+        the survivor count whose accounting costs the most epsilon: the chunks' releases are post-processing
+        of that worst one (the others carried at least its noise over at most its sensitivity), so the round
+        is accounted at it. Fewest survivors is not always the worst (XNoise-Appr's residual is not monotone
+        in the dropouts). None when nothing was revealed."""
+        if not exposures:
+            return None
+
+        def spent(survivors: int) -> float:
+            variance = float(plan.accounted(plan.sampled - survivors))
+            curve = self.accountant.round_rdp(variance, survivors, scale, q)
+            return float(epsilon(self.accountant.rdp + curve, self.accountant.orders, self.p.delta)[0])
+
+        return max(sorted(set(exposures)), key=spent)
+
     def account(self, plan: RoundNoise, scale: float, survivors: int | None, q: float | None = None) -> RoundPrivacy:
         """Compose a finished round (``survivors`` None: nothing was revealed; ``q`` its sampling rate if not
         the planned one) and report it."""

@@ -111,6 +111,9 @@ class RoundRecord:
     exposed: int | None = None
     """Survivors whose noisy sum the server unmasked, even if the round then aborted (XNoise's noise
     removal); None if nothing was revealed."""
+    exposures: list[int] = field(default_factory=list)
+    """Pipelined: the survivor count of every chunk whose sum the server unmasked (``exposed`` is the
+    smallest)."""
     chunks: int = 1
     """Chunks the update was cut into (1: not pipelined)."""
     utilisation: dict[str, float] = field(default_factory=dict)
@@ -363,6 +366,7 @@ class Round:
             if missed:
                 for c in sorted(waiting):
                     late.add(c)
+                    self._missed(c)
                     if not self.clients[c].dropped_stage:
                         self.clients[c].dropped_stage = f"timeout:{step}"
                 return
@@ -378,6 +382,9 @@ class Round:
                 self._reject(sender, exc.reason)
                 continue
             yield from self._server_react(reaction, priority, machine)
+
+    def _missed(self, c: int) -> None:
+        """Client ``c`` missed a step's deadline (it is late; the server ignores it from now on)."""
 
     def _reject(self, sender: int, reason: str) -> None:
         """The server refused ``sender``'s message: it is out of the round."""
@@ -504,8 +511,13 @@ class Round:
         rec = self.clients[c]
         seconds = (self.s.costs.work_seconds(work) + extra) * rec.slowdown
         if seconds > 0:
+            start = self.env.now
+            try:
+                yield self.env.timeout(seconds)
+            except simpy.Interrupt:
+                rec.compute_s += self.env.now - start  # cut short: only what it did
+                raise
             rec.compute_s += seconds
-            yield self.env.timeout(seconds)
 
     def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
         encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
@@ -526,7 +538,7 @@ class Round:
             yield self.env.timeout(max(0.0, at - self.env.now))
         except simpy.Interrupt:
             return
-        if not self._client_alive(c) or self.clients[c].dropped_stage:
+        if not self._client_alive(c) or self._has_left(c):
             return
         sending = any(t.is_alive for t in self.transfers.get(c, []))
         if self._has_finished(c) and not sending:
@@ -537,6 +549,10 @@ class Round:
             if transfer.is_alive:
                 transfer.interrupt("offline")
         self._leave(c, f"offline:{step}")
+
+    def _has_left(self, c: int) -> bool:
+        """Whether client ``c`` is out of the round already (dropped, late, rejected)."""
+        return bool(self.clients[c].dropped_stage)
 
     def _current_step(self) -> str:
         """The server step under way (for ``offline:<step>``)."""

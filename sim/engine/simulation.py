@@ -189,7 +189,10 @@ class Simulation:
             if plan is not None and private is not None and not refused:
                 # A sum unmasked before an abort (XNoise's noise removal short of shares) was seen: it is
                 # accounted as if every excess component had been removed (it had more noise: conservative).
-                privacy = self.privacy.account(plan, private.encoding.scale, record.exposed, rate)
+                revealed = record.exposed
+                if record.exposures:  # a pipelined round: the chunk whose release costs the most
+                    revealed = self.privacy.worst_exposure(plan, private.encoding.scale, record.exposures, rate)
+                privacy = self.privacy.account(plan, private.encoding.scale, revealed, rate)
             else:
                 privacy = self.privacy.account_empty()
         accuracy = loss = math.nan

@@ -19,9 +19,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sim.engine.round import RoundRecord
+from sim.errors import InputError
 from sim.pipeline.performance import PerformanceModel, fit_stages
 from sim.pipeline.recurrence import DORDIS_RESOURCES, DUPLEX_RESOURCES
 from sim.scenario.schema import Model, Scenario
@@ -37,6 +38,7 @@ class ChunkPlan:
     """The chosen chunk count with the model behind it."""
 
     chunks: int
+    """The m chosen: the predicted best, unless a proxy run at another m was faster than it."""
     dim: int
     """The update length d the prediction is for (values)."""
     model: PerformanceModel
@@ -44,17 +46,31 @@ class ChunkPlan:
     """Predicted seconds from the first chunk's stage 1 to the last chunk's last stage, per m."""
     observations: tuple[tuple[int, int, int, float], ...]
     """``(stage, d, m, seconds)`` measured in the proxy runs (stages numbered from 0)."""
+    predicted_best: int = 1
+    """The m with the earliest predicted completion."""
+    proxy_seconds: dict[int, float] = field(default_factory=dict)
+    """Simulated aggregation seconds of the full-size proxy round per m (profiled m and the predicted
+    best)."""
 
 
-def _proxy(scenario: Scenario, dim: int, chunks: int, rounds: int = 1) -> Scenario:
-    """The scenario's first ``rounds`` in timing fidelity with an update of ``dim`` values and no training."""
+class PlanError(InputError):
+    """``pipeline.chunks: auto`` cannot profile the scenario."""
+
+
+def _proxy(scenario: Scenario, dim: int, chunks: int, calm: bool = False) -> Scenario:
+    """The scenario's first round in timing fidelity with an update of ``dim`` values and no training
+    (``calm``: and nobody dropping)."""
     assert scenario.pipeline is not None
+    dropout = scenario.dropout
+    if calm:
+        dropout = dataclasses.replace(dropout, mode="fixed", rate=0.0)
     return dataclasses.replace(
         scenario,
-        rounds=min(rounds, scenario.rounds),
+        rounds=1,
         fidelity="timing",
         model=Model(name=None, params=dim),
         pipeline=dataclasses.replace(scenario.pipeline, chunks=chunks),
+        dropout=dropout,
     )
 
 
@@ -88,24 +104,83 @@ def plan_chunks(scenario: Scenario, dim: int, say: Callable[[str], None] | None 
     stages = 5 if scenario.pipeline.dispatch else 3
     layout = DUPLEX_RESOURCES if scenario.pipeline.links == "duplex" else DORDIS_RESOURCES
     resources = layout[:stages]
+    calm = False
+    observations, proxy_seconds = _profile(scenario, dim, stages, say)
+    if not observations:
+        # Its first round aborts (e.g. too many dropouts for the threshold): time the stages without dropout.
+        say("the scenario's first round aborts: profiling it without dropout")
+        calm = True
+        observations, proxy_seconds = _profile(scenario, dim, stages, say, calm)
+    if not observations:
+        raise PlanError(
+            "pipeline.chunks: auto: no profiling round completed, even without dropout (the round aborts: see "
+            "`dropsim run` with pipeline.chunks: 1); set pipeline.chunks to a number"
+        )
+    try:
+        model = fit_stages(observations, resources)
+    except ValueError as exc:
+        raise PlanError(f"pipeline.chunks: auto: {exc}; set pipeline.chunks to a number") from None
+    largest = min(scenario.pipeline.max_chunks, _encoded_length(scenario, dim))
+    best, predicted = model.best(dim, range(1, largest + 1))
+    if best not in proxy_seconds:
+        say(f"simulating the predicted best, m = {best}")
+        seconds = _proxy_seconds(_simulate(_proxy(scenario, dim, best, calm)))
+        if seconds is not None:
+            proxy_seconds[best] = seconds
+    # The recurrence is an approximation (it sums the slowest party's latency stage by stage): keep the
+    # predicted best unless a proxy round at another m was faster than it.
+    chosen = best
+    if best in proxy_seconds:
+        chosen = min(proxy_seconds, key=lambda m: (proxy_seconds[m], m != best, m))
+    return ChunkPlan(chosen, dim, model, predicted, tuple(observations), best, proxy_seconds)
+
+
+def _encoded_length(scenario: Scenario, dim: int) -> int:
+    """Values per encoded update: DSkellam pads to a power of two."""
+    from sim.engine.privacy import padded
+
+    return padded(dim) if scenario.privacy.enabled else dim
+
+
+def _proxy_seconds(records: list[RoundRecord]) -> float | None:
+    """Aggregation seconds of a proxy round (its clients train in no time), None if it aborted."""
+    done = [r for r in records if r.outcome == "ok"]
+    if not done:
+        return None
+    return sum(r.t_end - _aggregation_start(r) for r in done) / len(done)
+
+
+def _aggregation_start(record: RoundRecord) -> float:
+    """When the last client to enter the aggregation finished training (``agg_time`` starts there)."""
+    trained = [c.train_end for c in record.clients if not math.isnan(c.train_end)]
+    return max(trained) if trained else record.t_start
+
+
+def _profile(
+    scenario: Scenario, dim: int, stages: int, say: Callable[[str], None], calm: bool = False
+) -> tuple[list[tuple[int, int, int, float]], dict[int, float]]:
+    """``(stage, d, m, seconds)`` from the proxy rounds that completed, and the full-size proxies'
+    aggregation seconds per m."""
+    assert scenario.pipeline is not None
     observations: list[tuple[int, int, int, float]] = []
+    full: dict[int, float] = {}
     for fraction in PROXY_FRACTIONS:
         d = max(int(dim * fraction), 1)
         for m in PROXY_CHUNKS:
-            if m > scenario.pipeline.max_chunks or m > d:
+            if m > scenario.pipeline.max_chunks or m > _encoded_length(scenario, d):
                 continue
             say(f"profiling d = {d}, m = {m}")
-            for record in _simulate(_proxy(scenario, d, m)):
+            records = _simulate(_proxy(scenario, d, m, calm))
+            for record in records:
                 if record.outcome != "ok":
                     continue
                 for s, seconds in enumerate(stage_latencies(record, stages)):
                     if not math.isnan(seconds):
                         observations.append((s, d, m, seconds))
-    if not observations:
-        raise ValueError("no profiling round of the pipeline completed: the scenario's first round aborts")
-    model = fit_stages(observations, resources)
-    best, predicted = model.best(dim, range(1, scenario.pipeline.max_chunks + 1))
-    return ChunkPlan(best, dim, model, predicted, tuple(observations))
+            took = _proxy_seconds(records)
+            if d == dim and took is not None:
+                full[m] = took
+    return observations, full
 
 
 @dataclass(frozen=True)
@@ -143,9 +218,7 @@ def check_chunks(
         for rec in _simulate(proxy):
             if rec.outcome != "ok":
                 continue
-            trained = [c.train_end for c in rec.clients if not math.isnan(c.train_end)]
-            start = max(trained) if trained else rec.t_start
-            agg.append(rec.t_end - start)
+            agg.append(rec.t_end - _aggregation_start(rec))
             total.append(rec.t_end - rec.t_start)
         nan = float("nan")
         rows.append(

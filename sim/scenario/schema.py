@@ -320,25 +320,35 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     output = r.string("output", f"results/{name}")
     timeouts = _timeouts(r.section("timeouts"), aggregation)
     trace = _trace(r.section("trace"))
-    pipeline = _pipeline(r.section("pipeline"), aggregation) if r.has("pipeline") else None
+    pipeline = None
+    if r.has("pipeline"):
+        pipeline = _pipeline(r.section("pipeline"), aggregation)
+    elif "pipeline" in r.data:
+        r.raw("pipeline")  # pipeline: null, as absent
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
     can_drop = dropout.mode == "per_client" or (dropout.rate or 0) > 0
-    if dropout.silent and can_drop and dropout.stage is not None:
-        # A client leaving silently before step X is missed only in X: that step needs a deadline.
-        waits_in = aggregation.dropout_stages()[dropout.stage] or steps[0]
-        # Pipelined, the later chunks' instances may be at any earlier step when a client leaves.
-        missed_in = steps[: steps.index(waits_in) + 1] if pipeline is not None and waits_in in steps else (waits_in,)
-        untimed = [step for step in missed_in if step not in timeouts]
+    if dropout.silent and trace is not None:
+        # A client whose session ends leaves silently at whatever step the round is in.
+        untimed = [step for step in steps if step not in timeouts]
         if untimed:
-            where = f"step {waits_in}" if pipeline is None else f"steps {', '.join(missed_in)} of the chunks"
             r.fail(
                 ("dropout", "silent"),
-                f"is true: clients leaving silently at {dropout.stage} are missed in {where}, whose server "
-                f"would wait for them for ever; set {', '.join(f'timeouts.{step}' for step in untimed)}",
+                "is true with a trace: clients going offline leave silently at any step, whose server would wait "
+                f"for them for ever; set {', '.join(f'timeouts.{step}' for step in untimed)}",
             )
-    r.finish(extra_allowed=("sweep",))
+    elif dropout.silent and can_drop and dropout.stage is not None:
+        # A client leaving silently before step X is missed only in X: that step needs a deadline.
+        # (Pipelined, the first chunk's deadline there puts the leaver out of every chunk's instance.)
+        waits_in = aggregation.dropout_stages()[dropout.stage] or steps[0]
+        if waits_in not in timeouts:
+            r.fail(
+                ("dropout", "silent"),
+                f"is true: clients leaving silently at {dropout.stage} are missed in step {waits_in}, whose "
+                f"server would wait for them for ever; set timeouts.{waits_in}",
+            )
+    r.finish(extra_allowed=("sweep", "pipeline"))
     if r.problems:
         raise ScenarioError(r.problems)
     return Scenario(
@@ -529,6 +539,10 @@ def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
     dispatch = r.boolean("dispatch", True)
     max_chunks = r.integer("max_chunks", 20, lo=1, hi=MAX_CHUNKS)
     links = r.choice("links", LINK_MODELS, "shared")
+    if chunks is not None and r.has("max_chunks"):
+        r.fail(
+            "max_chunks", f"bounds the choice of chunks: auto, but chunks is {chunks}: drop max_chunks or set auto"
+        )
     if aggregation.protocol not in PIPELINED:
         r.fail(
             "chunks",
