@@ -418,7 +418,9 @@ def plot_gantt(
     top.set_ylabel("Resource")
     top.grid(True, axis="x", alpha=0.3)
     top.set_title(
-        f"{run_id}, round {round}: {m} chunk{'s' if m > 1 else ''}; number in a bar: its stage", fontsize="medium"
+        f"{run_id}, round {round}: {m} chunk{'s' if m > 1 else ''}\nbars: first start to last end over the "
+        "parties; number in a bar: its stage",
+        fontsize="medium",
     )
     handles = [plt.Rectangle((0, 0), 1, 1, color=chunk_colour[c]) for c in range(m)]
     shown = range(m) if m <= 12 else sorted({0, m // 2, m - 1})
@@ -475,6 +477,16 @@ BREAKDOWN_KEYS = {
     "dropout": ("dropout.rate", 0.0),
 }
 """Columns of a round-time breakdown group, the scenario key each is read from, and its default."""
+_AVERAGED = {"pipeline.chunks", "seed"}
+"""Swept keys a breakdown does not group by: the chunk count makes its bars, seeds are averaged."""
+
+
+def breakdown_keys(rounds: pd.DataFrame) -> list[str]:
+    """What a breakdown groups by: protocol, strategy, dropout rate, and any other swept key (a column named
+    by its key path) but the chunk count and the seed, so that nothing else is silently averaged."""
+    base = {key for key, _ in BREAKDOWN_KEYS.values()}
+    extra = sorted(c for c in rounds.columns if "." in c and c not in base and c not in _AVERAGED)
+    return [*BREAKDOWN_KEYS, *extra]
 
 
 def _scenario_value(doc: dict[str, Any], key: str, default: Any) -> Any:
@@ -516,17 +528,17 @@ def round_time_breakdown(rounds: pd.DataFrame) -> pd.DataFrame:
     averages, and ``speedup`` is the plain (``chunks == 1``) mean round time of its group over its own
     (1 for the plain bar, NaN when the group has no plain bar). Virtual seconds."""
     run = "line" if "line" in rounds else "run_id"
-    keys = ["protocol", "strategy", "dropout"]
+    keys = breakdown_keys(rounds)
     ok = rounds[rounds["outcome"] == "ok"].dropna(subset=["round_time", "agg_time", "other_time", "chunks"])
     ok = ok.assign(chunks=ok["chunks"].astype(int))
-    per_run = ok.groupby([*keys, "chunks", run], sort=False).agg(
+    per_run = ok.groupby([*keys, "chunks", run], sort=False, dropna=False).agg(
         agg_time=("agg_time", "mean"),
         other_time=("other_time", "mean"),
         round_time=("round_time", "mean"),
         rounds=("round_time", "size"),
     )
     table = (
-        per_run.groupby([*keys, "chunks"], sort=False)
+        per_run.groupby([*keys, "chunks"], sort=False, dropna=False)
         .agg(
             runs=("rounds", "size"),
             rounds=("rounds", "sum"),
@@ -537,11 +549,11 @@ def round_time_breakdown(rounds: pd.DataFrame) -> pd.DataFrame:
         .reset_index()
     )
     plain = table[table["chunks"] == 1].rename(columns={"round_time": "plain_time"})[[*keys, "plain_time"]]
-    table = table.merge(plain, on=keys, how="left")
+    table = table.merge(plain, on=keys, how="left")  # NaN keys match NaN keys in a pandas merge
     table["speedup"] = table.pop("plain_time") / table["round_time"]
     strategies = list(STRATEGY_STYLE)
     table["order"] = [strategies.index(s) if s in strategies else len(strategies) for s in table["strategy"]]
-    table = table.sort_values(["protocol", "order", "dropout", "chunks"], kind="stable")
+    table = table.sort_values(["protocol", "order", "dropout", *keys[len(BREAKDOWN_KEYS) :], "chunks"], kind="stable")
     return table.drop(columns="order").reset_index(drop=True)
 
 
@@ -552,13 +564,15 @@ def plot_round_time_breakdown(rounds: pd.DataFrame, out: Path, name: str = "roun
     table = round_time_breakdown(with_scenario_keys(rounds))
     if table.empty:
         raise ResultsError("no finished round with agg_time, other_time and chunks to break down")
-    keys = ["protocol", "strategy", "dropout"]
-    groups = list(table.groupby(keys, sort=False))
+    keys = breakdown_keys(rounds)
+    groups = list(table.groupby(keys, sort=False, dropna=False))
     constant = [k for k in keys if table[k].nunique() == 1]
     varying = [k for k in keys if k not in constant]
 
     def describe(key: str, value: Any) -> str:
-        return f"d={float(value) * 100:g}%" if key == "dropout" else str(value)
+        if key == "dropout":
+            return f"d={float(value) * 100:g}%"
+        return f"{key.rsplit('.', 1)[-1]}={value}" if "." in key else str(value)
 
     bars = sum(len(g) for _, g in groups)
     fig, ax = plt.subplots(
@@ -614,7 +628,7 @@ def plot_round_time_breakdown(rounds: pd.DataFrame, out: Path, name: str = "roun
     ax.grid(True, axis="y", alpha=0.3)
     title = ", ".join(describe(k, table[k].iloc[0]) for k in constant)
     ax.set_title(
-        f"{title + ': ' if title else ''}mean over the finished rounds; × = speedup over plain", fontsize="medium"
+        f"{title + chr(10) if title else ''}mean over the finished rounds; × = speedup over plain", fontsize="medium"
     )
     strategies = list(dict.fromkeys(str(s) for s in table["strategy"]))
     handles = [plt.Rectangle((0, 0), 1, 1, color=STRATEGY_STYLE.get(s, ("0.4", ".", "-"))[0]) for s in strategies]
@@ -624,7 +638,7 @@ def plot_round_time_breakdown(rounds: pd.DataFrame, out: Path, name: str = "roun
     ]
     ax.legend(
         handles,
-        [*strategies, "agg: distributed-DP aggregation", "other: download, training"],
+        [*strategies, "agg: aggregation (after the last client trained)", "other: download, training"],
         fontsize="x-small",
         loc="upper left",
         bbox_to_anchor=(1.01, 1.0),

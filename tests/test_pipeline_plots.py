@@ -28,17 +28,8 @@ from sim.results.read import read_run_table
 from sim.results.tables import CLIENT_COLUMNS, ROUND_COLUMNS, STAGE_COLUMNS
 from sim.results.writer import MANIFEST, ResultsError, csv_bytes, write_atomic, write_json
 
-PIPELINE_STAGE_COLUMNS = (*STAGE_COLUMNS, "chunk", "pipeline_stage")
-PIPELINE_ROUND_COLUMNS = (
-    *ROUND_COLUMNS,
-    "chunks",
-    "agg_time",
-    "other_time",
-    "util_client_cpu",
-    "util_client_link",
-    "util_server_cpu",
-    "util_server_link",
-)
+PIPELINE_STAGE_COLUMNS = STAGE_COLUMNS  # with chunk and pipeline_stage
+PIPELINE_ROUND_COLUMNS = ROUND_COLUMNS  # with chunks, agg_time, other_time and util_*
 CHUNK_STAGES = (
     ("chunk.mask", "client.cpu"),
     ("chunk.upload", "client.link"),
@@ -333,3 +324,29 @@ def test_plot_draws_the_breakdown_and_the_gantt_of_each_run(tmp_path, capsys):
         f"dropsim: {run}: run 'privacy.strategy=orig_pipeline.chunks=1', round 2: the stages table has no pipeline rows"
         in err
     )
+
+
+def test_the_breakdown_keeps_other_swept_keys_apart():
+    # Two links models swept beside the chunk count: four bars, not two averaged ones.
+    rows = []
+    for links, agg in (("shared", 4.0), ("duplex", 2.0)):
+        for chunks in (1, 4):
+            a = 8.0 if chunks == 1 else agg
+            rows.append(
+                {
+                    "protocol": "secagg",
+                    "strategy": "none",
+                    "dropout": 0.0,
+                    "pipeline.links": links,
+                    "pipeline.chunks": chunks,
+                    "chunks": chunks,
+                    "line": f"{links}-{chunks}",
+                    "outcome": "ok",
+                    "agg_time": a,
+                    "other_time": 2.0,
+                    "round_time": a + 2.0,
+                }
+            )
+    table = round_time_breakdown(pd.DataFrame(rows))
+    assert list(table["pipeline.links"]) == ["duplex", "duplex", "shared", "shared"]
+    assert list(table["speedup"]) == [1.0, 10.0 / 4.0, 1.0, 10.0 / 6.0]

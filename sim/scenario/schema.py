@@ -540,9 +540,7 @@ def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
     max_chunks = r.integer("max_chunks", 20, lo=1, hi=MAX_CHUNKS)
     links = r.choice("links", LINK_MODELS, "shared")
     if chunks is not None and r.has("max_chunks"):
-        r.fail(
-            "max_chunks", f"bounds the choice of chunks: auto, but chunks is {chunks}: drop max_chunks or set auto"
-        )
+        r.fail("max_chunks", f"bounds the choice of chunks: auto, but chunks is {chunks}: drop max_chunks or set auto")
     if aggregation.protocol not in PIPELINED:
         r.fail(
             "chunks",
