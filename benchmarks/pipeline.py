@@ -85,11 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--strategies", nargs="+", default=["orig", "xnoise"])
     parser.add_argument("--dropouts", nargs="+", type=float, default=[0.0, 0.2])
     parser.add_argument("--protocols", nargs="+", default=["secagg"], choices=["secagg", "secagg+"])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=2, help="rounds per configuration (default 2)")
     parser.add_argument(
         "--links", default="shared", choices=["shared", "duplex"], help="pipeline.links (Dordis: shared)"
     )
-    parser.add_argument("--csv", type=Path, default=Path("pipeline.csv"))
+    parser.add_argument("--csv", type=Path, default=Path("pipeline.csv"), help="table to write (default pipeline.csv)")
     args = parser.parse_args(argv)
     from sim.dp.planner import model_dimension
 

@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="with --pipeline: also simulate every chunk count and compare with the prediction",
     )
-    p.add_argument("--rounds", type=int, default=1, metavar="N", help="with --check: rounds simulated per m")
+    p.add_argument(
+        "--rounds", type=int, default=1, metavar="N", help="with --check: rounds simulated per m (default 1)"
+    )
     p.add_argument("--csv", type=Path, metavar="OUT", help="with --pipeline: also write the table per m as CSV")
 
     add_trace_parser(sub)
