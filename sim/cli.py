@@ -358,7 +358,7 @@ def cmd_profile_pipeline(args: argparse.Namespace) -> int:
     )
     rows: list[dict[str, object]] = [{"chunks": m, "predicted_s": t} for m, t in plan.predicted.items()]
     if args.check:
-        checked = check_chunks(scenario, plan, list(plan.predicted), args.rounds, say)
+        checked = check_chunks(scenario, list(plan.predicted), args.rounds, say)
         for row, result in zip(rows, checked, strict=True):
             row["simulated_agg_s"] = result.simulated_s
             row["simulated_round_s"] = result.round_time_s

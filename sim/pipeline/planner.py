@@ -186,8 +186,6 @@ def _profile(
 @dataclass(frozen=True)
 class CheckRow:
     chunks: int
-    predicted_s: float
-    """Predicted pipeline completion (recurrence) for this m (s)."""
     simulated_s: float
     """Mean simulated aggregation time (``agg_time``) of the checked rounds (s)."""
     round_time_s: float
@@ -196,13 +194,12 @@ class CheckRow:
 
 def check_chunks(
     scenario: Scenario,
-    plan: ChunkPlan,
     candidates: Sequence[int],
     rounds: int = 1,
     say: Callable[[str], None] | None = None,
 ) -> list[CheckRow]:
     """Simulate the scenario's first ``rounds`` (timing fidelity, its own model) at every m of
-    ``candidates`` and report the simulated times beside the predictions."""
+    ``candidates``: the times to set beside a :class:`ChunkPlan`'s predictions."""
     assert scenario.pipeline is not None
     say = say or (lambda _msg: None)
     rows = []
@@ -224,7 +221,6 @@ def check_chunks(
         rows.append(
             CheckRow(
                 m,
-                plan.model.completion(plan.dim, m),
                 sum(agg) / len(agg) if agg else nan,
                 sum(total) / len(total) if total else nan,
             )
