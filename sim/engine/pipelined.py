@@ -114,6 +114,7 @@ class PipelinedRound(Round):
         self.excluded: set[tuple[int, int]] = set()
         """(client, chunk) pairs whose chunk went on without the client."""
         self.encode_spans: list[tuple[float, float]] = []
+        self.update_span: tuple[float, float] | None = None
         self.chunk_steps: list[tuple[str, float, float]] = []
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
@@ -251,7 +252,7 @@ class PipelinedRound(Round):
                 vector = fixed_point(s.aggregation, len(self.sampled)).decode_mean(total, per_value)
             else:
                 vector = private.decode_mean(total, per_value)
-        self.record.spans.append(("update", "server.cpu", None, None, start, self.env.now, 1))
+        self.update_span = (start, self.env.now)
         return Aggregate(vector, tuple(sorted(survivors)), float(len(survivors)))
 
     def _missed(self, c: int) -> None:
@@ -516,7 +517,8 @@ class PipelinedRound(Round):
                     len(spans),
                 )
             )
-        rows.extend(r for r in self.record.spans if r[0] == "update")
+        if self.update_span is not None:
+            rows.append(("update", "server.cpu", None, None, *self.update_span, 1))
         return rows
 
 
