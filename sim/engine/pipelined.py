@@ -39,7 +39,7 @@ import simpy
 
 from sim.crypto.randomness import SeededRandom
 from sim.engine.gates import SIDE, STAGED, Processor, StageGate
-from sim.engine.round import ClientRecord, Round, RoundSetup, _frame_size
+from sim.engine.round import ClientRecord, Round, RoundSetup, _frame_size, revealed
 from sim.protocol.machine import (
     SERVER,
     Aggregate,
@@ -168,7 +168,7 @@ class PipelinedRound(Round):
         self._stop_clients()
         rec.t_end = env.now
         rec.aggregate = aggregate
-        rec.exposures = [e for e in (_revealed(server) for server in self.servers) if e is not None]
+        rec.exposures = [e for e in (revealed(server) for server in self.servers) if e is not None]
         rec.exposed = min(rec.exposures) if rec.exposures else None
         rec.steps = self._step_spans()
         rec.spans = self._stage_spans()
@@ -520,11 +520,3 @@ class PipelinedRound(Round):
         if self.update_span is not None:
             rows.append(("update", "server.cpu", None, None, *self.update_span, 1))
         return rows
-
-
-def _revealed(server: ServerMachine) -> int | None:
-    """Survivors whose sum this chunk's server unmasked, even if the chunk or the round then aborted."""
-    if server.aggregate is not None:
-        return len(server.aggregate.survivors)
-    exposed = getattr(server, "exposed", None)
-    return int(exposed) if exposed is not None else None

@@ -293,9 +293,7 @@ class Round:
         rec.t_end = env.now
         rec.outcome = machine.outcome
         rec.aggregate = machine.aggregate
-        rec.exposed = len(machine.aggregate.survivors) if machine.aggregate is not None else None
-        if rec.exposed is None:
-            rec.exposed = getattr(machine, "exposed", None)
+        rec.exposed = revealed(machine)
         survivors = set(machine.aggregate.survivors) if machine.aggregate is not None else set()
         self._close_record(survivors)
         return rec
@@ -638,6 +636,15 @@ class Round:
     def _server_box(self, chunk: int) -> simpy.Store:
         """Where the server's messages of instance ``chunk`` arrive."""
         return self.inbox
+
+
+def revealed(server: ServerMachine) -> int | None:
+    """Survivors whose sum the server unmasked, even if the round then aborted (XNoise's noise removal);
+    None if nothing was revealed."""
+    if server.aggregate is not None:
+        return len(server.aggregate.survivors)
+    exposed = getattr(server, "exposed", None)
+    return int(exposed) if exposed is not None else None
 
 
 def _finite(x: float) -> float:
