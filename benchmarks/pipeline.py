@@ -59,10 +59,17 @@ def run(overrides: list[str], folder: Path) -> tuple[pd.DataFrame, float]:
 
 
 def measure(
-    setup: str, strategy: str, dropout: float, rounds: int, protocol: str, links: str, work: Path
+    setup: str,
+    strategy: str,
+    dropout: float,
+    rounds: int,
+    protocol: str,
+    links: str,
+    work: Path,
+    extra: list[str] | None = None,
 ) -> dict[str, object]:
     base = [*SETUPS[setup], f"privacy.strategy={strategy}", f"dropout.rate={dropout}", f"rounds={rounds}"]
-    base += [f"aggregation.protocol={protocol}", f"pipeline.links={links}"]
+    base += [f"aggregation.protocol={protocol}", f"pipeline.links={links}", *(extra or [])]
     row: dict[str, object] = {"setup": setup, "protocol": protocol, "strategy": strategy, "dropout": dropout}
     for mode, chunks in (("plain", "1"), ("pipelined", "auto")):
         name = f"{setup}_{protocol}_{strategy}_{dropout}_{mode}".replace("+", "p")
@@ -89,6 +96,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--links", default="shared", choices=["shared", "duplex"], help="pipeline.links (Dordis: shared)"
     )
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a scenario key in every run, e.g. --set server.latency_ms=25",
+    )
     parser.add_argument("--csv", type=Path, default=Path("pipeline.csv"), help="table to write (default pipeline.csv)")
     args = parser.parse_args(argv)
     from sim.dp.planner import model_dimension
@@ -101,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                 for strategy in args.strategies:
                     for dropout in args.dropouts:
                         print(f"{setup} {protocol} {strategy} dropout {dropout:g}", file=sys.stderr, flush=True)
-                        row = measure(setup, strategy, dropout, args.rounds, protocol, args.links, Path(tmp))
+                        row = measure(
+                            setup, strategy, dropout, args.rounds, protocol, args.links, Path(tmp), args.overrides
+                        )
                         row["params"] = params
                         rows.append(row)
     table = pd.DataFrame(rows)
@@ -111,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         for r in table.itertuples()
     ]
     machine = platform.processor() or platform.machine()
-    print(f"# {platform.node()}, {machine}, python {platform.python_version()}, pipeline.links {args.links}")
+    settings = " ".join(args.overrides)
+    print(f"# {platform.node()}, {machine}, python {platform.python_version()}, pipeline.links {args.links} {settings}")
     columns = [
         "setup",
         "params",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from sim.engine.simulation import Simulation
@@ -247,3 +248,22 @@ def test_step_times_and_aggregation_add_up_to_the_round(tmp_path):
     rounds = pd.read_csv(out / "rounds.csv")
     steps = rounds.filter(like="time_").sum(axis=1)
     assert (abs(steps + rounds["aggregate_s"] - rounds["round_time"]) < 1e-9).all()
+
+
+def test_server_latency_delays_every_message_by_its_one_way_time(tmp_path: Path) -> None:
+    # FedAvg: every client's download arrives L later, so its upload starts and arrives L later again;
+    # the round, which ends with the last upload's aggregation, is 2 L longer, exactly.
+    from sim.runner import run_scenario
+    from sim.scenario import load
+
+    path = tmp_path / "lat.yaml"
+    path.write_text(
+        "name: lat\nseed: 2\nrounds: 2\npopulation: 20\nsampling: {clients_per_round: 5}\n"
+        "data: {dataset: synthetic, samples_per_client: 10}\nmodel: {name: mlp}\nfidelity: timing\n"
+    )
+    times = {}
+    for ms in (0, 40):
+        out = tmp_path / f"lat{ms}"
+        run_scenario(load(path, [f"server.latency_ms={ms}"], output=str(out)).base(), out, progress=False)
+        times[ms] = pd.read_csv(out / "rounds.csv")["round_time"]
+    assert (times[40] - times[0] - 0.080).abs().max() < 1e-12

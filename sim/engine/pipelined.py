@@ -226,8 +226,7 @@ class PipelinedRound(Round):
         gate = self.down_gate[c]
         try:
             yield gate.admit(4, j)
-            received = yield from self._transfer(SERVER, c, message)
-            gate.release(4, j)
+            received = yield from self._transfer(SERVER, c, message, lambda: gate.release(4, j))
             self.chunk_inbox[(c, j)].put(received)
         except simpy.Interrupt:
             return
@@ -379,8 +378,7 @@ class PipelinedRound(Round):
         gate = self.link_gate[c]
         try:
             yield gate.admit(2, j)
-            yield from self._deliver(c, SERVER, message, j)
-            gate.release(2, j)
+            yield from self._deliver(c, SERVER, message, j, lambda: gate.release(2, j))
         except simpy.Interrupt:
             return
 

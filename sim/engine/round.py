@@ -21,7 +21,7 @@ cancelled.
 from __future__ import annotations
 
 import math
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +150,8 @@ class RoundSetup:
     aggregation: AggregationParams
     seed: int
     pipeline: PipelineParams | None = None
+    latency_s: float = 0.0
+    """One-way delay of every message after its transfer (s)."""
     """Pipelined aggregation (:class:`sim.engine.pipelined.PipelinedRound`), or None."""
 
 
@@ -579,8 +581,11 @@ class Round:
         self.inbox.put(("gone", c, None, self.env.now))
 
     # -- network ----------------------------------------------------------------------------------
-    def _transfer(self, sender: int, to: int, message: Message) -> Generator[simpy.Event, Any, Message]:
-        """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes."""
+    def _transfer(
+        self, sender: int, to: int, message: Message, sent: Callable[[], None] | None = None
+    ) -> Generator[simpy.Event, Any, Message]:
+        """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes. ``sent`` is called
+        when its last bit has left (before the server's ``latency_ms``)."""
         data = b""
         if self.full:
             cached = self.encoded.get(id(message))
@@ -613,12 +618,18 @@ class Round:
             for meter in meters:
                 meter.stop()
             self.flows.pop(id(flow), None)
+        if sent is not None:
+            sent()
+        if self.s.latency_s > 0:
+            yield self.env.timeout(self.s.latency_s)  # sent, the link free, the message not there yet
         return wire.decode(data) if self.full else message
 
-    def _deliver(self, sender: int, to: int, message: Message, chunk: int = 0) -> Generator[simpy.Event, Any, None]:
+    def _deliver(
+        self, sender: int, to: int, message: Message, chunk: int = 0, sent: Callable[[], None] | None = None
+    ) -> Generator[simpy.Event, Any, None]:
         try:
             start = self.env.now
-            received = yield from self._transfer(sender, to, message)
+            received = yield from self._transfer(sender, to, message, sent)
             if sender == SERVER:
                 self._client_box(to, chunk).put(received)
             else:

@@ -99,6 +99,7 @@ class Simulation:
             learner=self.learner,
             aggregation=sc.aggregation,
             seed=sc.seed,
+            latency_s=sc.server.latency_ms / 1000,
         )
         self.chunk_plan: ChunkPlan | None = None
         """How ``pipeline.chunks: auto`` chose (None otherwise)."""

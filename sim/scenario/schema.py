@@ -74,6 +74,9 @@ class Server:
     """Capacity of the server's link in each direction, shared by concurrent transfers."""
     speed: float
     """Compute speed relative to the profiled reference device (2.0 = twice as fast)."""
+    latency_ms: float = 0.0
+    """One-way delay of every message between the server and a client, after its last bit is sent
+    (propagation and per-message handling), in milliseconds; a round trip costs twice this."""
 
 
 @dataclass(frozen=True)
@@ -297,6 +300,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     server = Server(
         bandwidth_mbps=s.number("bandwidth_mbps", 1000.0, lo=0, lo_open=True),
         speed=s.number("speed", 1.0, lo=0, lo_open=True),
+        latency_ms=s.number("latency_ms", 0.0, lo=0),
     )
     s.finish()
     aggregation = _aggregation(r.section("aggregation"), sampling)
