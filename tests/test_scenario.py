@@ -44,7 +44,7 @@ def test_valid_file_resolves_every_default(tmp_path):
     assert scenario.training.local_epochs == 1 and scenario.training.threads == 1
     assert scenario.output == "results/t"
     resolved = scenario.resolved
-    assert resolved["server"] == {"bandwidth_mbps": 1000.0, "speed": 1.0}
+    assert resolved["server"] == {"bandwidth_mbps": 1000.0, "speed": 1.0, "latency_ms": 0.0}
     assert resolved["clients"]["bandwidth_mbps"] == {"zipf_a": 1.2, "range": [21.0, 210.0], "ranks": None}
     assert resolved["dropout"]["mode"] == "fixed"
     assert resolved["data"]["partition"] == "iid"
