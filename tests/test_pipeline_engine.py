@@ -4,39 +4,16 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
 import pandas as pd
 import pytest
+from pipeline_harness import SCENARIO, Capture, scenario
 
 from sim.engine import simulation as simulation_module
-from sim.engine.pipelined import PipelinedRound
 from sim.engine.simulation import Simulation
 from sim.runner import run_scenario
 from sim.scenario import ScenarioError, load
-
-SCENARIO = """
-name: pipe
-seed: 5
-rounds: 2
-population: 30
-sampling: {clients_per_round: 8}
-clients:
-  compute: {zipf_a: 1.2, slowdown: [1.0, 4.0]}
-  bandwidth_mbps: {zipf_a: 1.2, range: [21, 210]}
-dropout: {rate: 0.25, stage: before_upload}
-data: {dataset: digits, partition: {dirichlet: 1.0}}
-model: {name: mlp}
-training: {local_epochs: 1, batch_size: 10}
-aggregation: {protocol: secagg, bits: 20, clip: 2.0}
-"""
-
-
-def scenario(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
-    path = tmp_path / "pipe.yaml"
-    path.write_text(SCENARIO)
-    return load(path, list(overrides), output=str(tmp_path / "out")).base()
 
 
 def run(tmp_path: Path, name: str, *overrides: str) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -106,22 +83,6 @@ def test_round_columns(tmp_path: Path) -> None:
     unpiped, _ = run(tmp_path, "none")
     assert (unpiped["chunks"] == 1).all()
     assert (unpiped["agg_time"] + unpiped["other_time"] - unpiped["round_time"]).abs().max() < 1e-12
-
-
-class Capture(PipelinedRound):
-    """A pipelined round that keeps itself and every client's encoding for inspection."""
-
-    rounds: ClassVar[list[Capture]] = []
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        self.encodings: dict[int, np.ndarray] = {}
-        Capture.rounds.append(self)
-
-    def _encode(self, c, update):  # type: ignore[no-untyped-def]
-        encoded = super()._encode(c, update)
-        self.encodings[c] = np.asarray(encoded)
-        return encoded
 
 
 @pytest.mark.parametrize("strategy", ["orig", "xnoise"])

@@ -6,51 +6,26 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import ClassVar
 
 import pytest
+from pipeline_harness import Capture
+from pipeline_harness import scenario as harness_scenario
 
 from sim.engine import simulation as simulation_module
-from sim.engine.pipelined import PipelinedRound
 from sim.engine.simulation import Simulation
 from sim.scenario import load
+from sim.scenario.schema import Scenario
 
-SCENARIO = """
-name: pipe
-seed: 5
-rounds: 2
-population: 30
-sampling: {clients_per_round: 8}
-clients:
-  compute: {zipf_a: 1.2, slowdown: [1.0, 4.0]}
-  bandwidth_mbps: {zipf_a: 1.2, range: [21, 210]}
-dropout: {rate: 0.25, stage: before_upload}
-data: {dataset: digits, partition: {dirichlet: 1.0}}
-model: {name: mlp}
-training: {local_epochs: 1, batch_size: 10}
-aggregation: {protocol: secagg, bits: 20, clip: 2.0}
-fidelity: timing
-"""
 XNOISE = "privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}"
 
 
-def scenario(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
-    path = tmp_path / "pipe.yaml"
-    path.write_text(SCENARIO)
-    return load(path, list(overrides), output=str(tmp_path / "out")).base()
+def scenario(tmp_path: Path, *overrides: str) -> Scenario:
+    return harness_scenario(tmp_path, "fidelity=timing", *overrides)
 
 
 def steps(tmp_path: Path, *overrides: str, rounds: int | None = None):  # type: ignore[no-untyped-def]
     sim = Simulation(scenario(tmp_path, *overrides))
     return [sim.step() for _ in range(rounds or sim.scenario.rounds)]
-
-
-class Capture(PipelinedRound):
-    rounds: ClassVar[list[Capture]] = []
-
-    def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(*args, **kwargs)
-        Capture.rounds.append(self)
 
 
 # --- 1. liveness: a client cut from a chunk before it has even encoded crashes the simulation ---------
