@@ -125,6 +125,13 @@ class RoundRecord:
     """Pipelined: (Table 1 stage, chunk) -> when each party was admitted to that stage of that chunk and
     when it released it (virtual s)."""
 
+    @property
+    def last_trained(self) -> float | None:
+        """When the last client to enter the aggregation finished training (where ``agg_time`` starts);
+        None if no client trained."""
+        trained = [c.train_end for c in self.clients if not math.isnan(c.train_end)]
+        return max(trained) if trained else None
+
 
 @dataclass
 class RoundSetup:

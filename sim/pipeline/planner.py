@@ -152,8 +152,8 @@ def _proxy_seconds(records: list[RoundRecord]) -> float | None:
 
 def _aggregation_start(record: RoundRecord) -> float:
     """When the last client to enter the aggregation finished training (``agg_time`` starts there)."""
-    trained = [c.train_end for c in record.clients if not math.isnan(c.train_end)]
-    return max(trained) if trained else record.t_start
+    trained = record.last_trained
+    return trained if trained is not None else record.t_start
 
 
 def _profile(

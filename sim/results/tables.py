@@ -134,8 +134,8 @@ def round_rows(run_id: str, result: RoundResult, swept: dict[str, Any]) -> dict[
     clients = rec.clients
     n = len(clients)
     round_time = rec.t_end - rec.t_start
-    trained = [c.train_end for c in clients if not math.isnan(c.train_end)]
-    other = min(max(trained) - rec.t_start, round_time) if trained else round_time
+    trained = rec.last_trained
+    other = min(trained - rec.t_start, round_time) if trained is not None else round_time
     round_row = {
         "run_id": run_id,
         "round": rec.round,
