@@ -43,7 +43,13 @@ class Capture(PipelinedRound):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.encodings: dict[int, np.ndarray] = {}
+        self.sent_at: dict[tuple[int, int], float] = {}
+        """(client, chunk) -> when its masked input reached the server (or was given up)."""
         Capture.rounds.append(self)
+
+    def _sent(self, c: int, j: int) -> None:
+        self.sent_at.setdefault((c, j), self.env.now)
+        super()._sent(c, j)
 
     def _encode(self, c, update):  # type: ignore[no-untyped-def]
         encoded = super()._encode(c, update)

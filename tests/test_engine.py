@@ -156,11 +156,12 @@ def run_small(tmp_path: Path, name: str, *overrides: str) -> Path:
 TIME_COLUMNS = ["t_start", "t_end", "round_time", "sampled", "survivors", "dropped", "timed_out", "download_s"]
 
 
-def test_full_and_timing_fidelity_give_identical_virtual_times(tmp_path):
+@pytest.mark.parametrize("testbed", [(), ("testbed.cores=2", "timeouts={upload: 0.06}")], ids=["per-party", "testbed"])
+def test_full_and_timing_fidelity_give_identical_virtual_times(tmp_path, testbed):
     import pandas as pd
 
-    full = run_small(tmp_path, "full")
-    timing = run_small(tmp_path, "timing", "fidelity=timing")
+    full = run_small(tmp_path, "full", *testbed)
+    timing = run_small(tmp_path, "timing", "fidelity=timing", *testbed)
     rf, rt = pd.read_csv(full / "rounds.csv"), pd.read_csv(timing / "rounds.csv")
     assert rf["timed_out"].sum() > 0, "the scenario should exercise the timeout"
     assert rf[TIME_COLUMNS + ["train_s", "upload_s", "aggregate_s"]].equals(

@@ -41,22 +41,28 @@ def test_the_concatenated_aggregate_is_the_unchunked_one(tmp_path: Path, protoco
     assert hashes[1] == hashes[3] == hashes[7] == list(plain["model_sha256"])
 
 
-def test_a_client_leaving_during_unmasking_leaves_the_chunks_it_has_not_uploaded(tmp_path: Path, monkeypatch) -> None:
-    # It leaves when the first chunk's unmasking reaches it: that chunk has its input, later ones do not,
-    # and each chunk's mean is over its own survivors.
+def test_a_client_leaving_during_unmasking_has_uploaded_every_chunk(tmp_path: Path, monkeypatch) -> None:
+    # The first chunk's unmasking request reaches it while later chunks still upload: it answers no
+    # unmasking request, and leaves once every masked input is at the server, so it is in every chunk's
+    # sum whatever the timing (the socket deployment, timed otherwise, agrees).
     Capture.rounds = []
     monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
     Simulation(scenario(tmp_path, "pipeline={chunks: 3}", "dropout.stage=during_unmasking")).step()
     (rnd,) = Capture.rounds
-    survivors = [len(rnd.results[j].survivors) for j in range(3)]
-    assert survivors[0] == 8 and survivors[-1] == 6
-    assert rnd.record.survivors == 6 and rnd.record.outcome == "ok"
+    assert [len(rnd.results[j].survivors) for j in range(3)] == [8, 8, 8]
+    assert rnd.record.survivors == 8 and rnd.record.outcome == "ok"
+    leavers = [c for c in rnd.record.clients if c.dropped_stage == "during_unmasking"]
+    assert len(leavers) == 2
+    for c in leavers:
+        assert all(not rnd.chunk_machines[(c.client, j)].finished for j in range(3))  # no unmasking answered
+        assert c.left_at >= max(rnd.sent_at[(c.client, j)] for j in range(3))
 
 
-def test_timing_fidelity_gives_the_same_virtual_times(tmp_path: Path) -> None:
-    full_rounds, full_stages = run(tmp_path, "full", "pipeline={chunks: 4}", "dropout.stage=during_unmasking")
+@pytest.mark.parametrize("testbed", [(), ("testbed.cores=2",)], ids=["per-party", "testbed"])
+def test_timing_fidelity_gives_the_same_virtual_times(tmp_path: Path, testbed: tuple[str, ...]) -> None:
+    full_rounds, full_stages = run(tmp_path, "full", "pipeline={chunks: 4}", "dropout.stage=during_unmasking", *testbed)
     timing_rounds, timing_stages = run(
-        tmp_path, "timing", "pipeline={chunks: 4}", "dropout.stage=during_unmasking", "fidelity=timing"
+        tmp_path, "timing", "pipeline={chunks: 4}", "dropout.stage=during_unmasking", "fidelity=timing", *testbed
     )
     for column in ("t_end", "round_time", "agg_time", "server_bytes_in", "server_bytes_out"):
         assert list(full_rounds[column]) == list(timing_rounds[column])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any, ClassVar
 
 import pytest
 from pipeline_harness import Capture
@@ -176,21 +177,38 @@ def test_a_client_going_offline_after_missing_one_chunks_deadline_stops_sending(
 # --- 6. privacy accounting: "the fewest survivors" is not the least noise under XNoise-Appr ------------
 
 
+class GoingOffline(Capture):
+    """A pipelined round in which chosen clients go offline at chosen times (set ``at`` first)."""
+
+    at: ClassVar[dict[int, float]] = {}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.offline = dict(GoingOffline.at)
+
+
 def test_a_round_is_accounted_at_its_least_noisy_chunk(tmp_path: Path, monkeypatch) -> None:
-    # during_unmasking: two clients leave at chunk 0's unmasking, so chunk 0 sums 8 clients and chunk 2
-    # sums 6. XNoise-Appr's residual is not monotone in the dropouts (n = 8, T = 4: accounted variance
-    # 1.0, 1.094, 1.125, 1.094, 1.0 sigma*^2 for 0..4 dropped): chunk 0 is released with 1.0 sigma*^2, but
-    # PipelinedRound.run accounts min(survivors) = 6, i.e. 1.125 sigma*^2 -- more noise than chunk 0 had,
-    # so the ledger's epsilon is too small. Docs: "the fewest, which is the conservative choice".
+    # Two clients go offline between their first and their last chunk's upload, so chunk 0 sums 8 clients
+    # and chunk 2 sums 6. XNoise-Appr's residual is not monotone in the dropouts (n = 8, T = 4: accounted
+    # variance 1.0, 1.094, 1.125, 1.094, 1.0 sigma*^2 for 0..4 dropped): chunk 0 is released with 1.0
+    # sigma*^2, but accounting min(survivors) = 6 would take 1.125 sigma*^2 -- more noise than chunk 0
+    # had, so the ledger's epsilon would be too small.
+    overrides = (
+        "pipeline={chunks: 3}",
+        "dropout.rate=0",
+        "privacy={strategy: xnoise-appr, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}",
+    )
     Capture.rounds = []
     monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
-    (result,) = steps(
-        tmp_path,
-        "pipeline={chunks: 3}",
-        "dropout.stage=during_unmasking",
-        "privacy={strategy: xnoise-appr, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}",
-        rounds=1,
-    )
+    steps(tmp_path, *overrides, rounds=1)
+    sent = Capture.rounds[0].sent_at
+    # the round replays identically up to the first offline time: pick two clients and a moment for each
+    # between its first and its last chunk's upload
+    spread = sorted({c for c, _ in sent}, key=lambda c: sent[(c, 0)] - sent[(c, 2)])[:2]
+    GoingOffline.at = {c: (sent[(c, 0)] + sent[(c, 2)]) / 2 for c in spread}
+    Capture.rounds = []
+    monkeypatch.setattr(simulation_module, "PipelinedRound", GoingOffline)
+    (result,) = steps(tmp_path, *overrides, rounds=1)
     rnd = Capture.rounds[0]
     plan = rnd.private.plan
     counts = [len(rnd.results[j].survivors) for j in range(3)]

@@ -15,7 +15,8 @@ A :class:`Processor` makes a party compute one operation at a time: the small wo
 party's request outside the gated stages (a client's unmasking shares, the server's key routing) goes
 first, but never preempts an operation that has started. The server's has a second lane for that work
 (``lanes=2``): a server machine has cores to spare for its messaging while one computes a chunk's sum,
-whereas a client device is one processor.
+whereas a client device is one processor. On a testbed (:mod:`sim.engine.host`) each lane's operation is
+a job on the host's shared cores.
 """
 
 from __future__ import annotations
@@ -109,10 +110,18 @@ class Processor:
         """Seconds during which at least one lane worked."""
 
     def run(
-        self, seconds: float, priority: int, charge: Callable[[float], None] | None = None
+        self,
+        seconds: float,
+        priority: int,
+        charge: Callable[[float], None] | None = None,
+        hold: Callable[[], Generator[simpy.Event, Any, Any]] | None = None,
     ) -> Generator[simpy.Event, Any, None]:
         """Occupy the processor for ``seconds`` once it is free (``SIDE`` work is served first, or on its own
-        lane); ``charge`` is told the seconds worked (all of them, or what was done when interrupted)."""
+        lane); ``charge`` is told the seconds worked (all of them, or what was done when interrupted).
+
+        ``hold`` replaces the plain ``seconds`` timeout by what it yields (on a testbed, a job on the shared
+        cores and the slow-down sleep: :meth:`sim.engine.host.SharedCores.compute`); the seconds worked are
+        then the virtual seconds it took."""
         if seconds <= 0:
             return
         resource = self.side if priority == SIDE else self.resource
@@ -122,11 +131,14 @@ class Processor:
             self.meter.start()
             done = False
             try:
-                yield self.env.timeout(seconds)
+                if hold is None:
+                    yield self.env.timeout(seconds)
+                else:
+                    yield from hold()
                 done = True
             finally:
                 self.meter.stop()
-                worked = seconds if done else self.env.now - start
+                worked = seconds if done and hold is None else self.env.now - start
                 self.busy_s += worked
                 if charge is not None:
                     charge(worked)

@@ -20,7 +20,8 @@ at a time, serving the small work that answers other parties outside its gated s
 does that work (key routing, summing arriving inputs) on a second lane beside its chunk aggregation. The server
 link is shared by concurrent transfers as in any round. A client's compute stages of a pipeline m deep
 take ``costs.interference_s * (m - 1)`` more reference seconds (Dordis eq. 3's beta_2 m: CPU spent on
-the other chunks' network IO), scaled by its slow-down.
+the other chunks' network IO), scaled by its slow-down. On a testbed (:mod:`sim.engine.host`) each of
+those operations, and each operation of either server lane, is a job on the host's shared cores.
 
 The round ends when the server has decoded the concatenated sums (``update``) and every survivor has
 decoded every chunk sent to it. If any chunk's instance aborts, the round aborts. Without noise the
@@ -116,6 +117,16 @@ class PipelinedRound(Round):
         self.encode_spans: list[tuple[float, float]] = []
         self.update_span: tuple[float, float] | None = None
         self.chunk_steps: list[tuple[str, float, float]] = []
+        steps = setup.aggregation.steps()
+        self.after_upload = (
+            frozenset(steps[steps.index("masked_input") + 1 :]) if "masked_input" in steps else frozenset()
+        )
+        """Steps before which a planned dropout has uploaded every chunk's masked input (a pipelined client
+        reaches the first chunk's unmasking while later chunks may still be uploading)."""
+        self.unsent = {c: set(range(m)) for c in self.sampled}
+        """Client -> chunks whose masked input has not reached the server yet (nor been given up)."""
+        self.all_sent = {c: env.event() for c in self.sampled}
+        """Client -> fires when ``unsent[c]`` is empty."""
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
         s = self.s
@@ -278,7 +289,9 @@ class PipelinedRound(Round):
     ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         if seconds > 0:
-            yield from self.server_cpu.run(seconds, priority, self._charge_server)
+            host = self.s.host
+            hold = None if host is None else (lambda: host.compute(seconds))
+            yield from self.server_cpu.run(seconds, priority, self._charge_server, hold)
 
     def _charge_server(self, seconds: float) -> None:
         self.record.server_compute_s += seconds
@@ -348,7 +361,11 @@ class PipelinedRound(Round):
                 priority = STAGED if staged else SIDE
                 yield from self._client_compute(c, [Work("wire.decode", _frame_size(message))], priority)
                 if leave_before and machine.stage_of(message) == leave_before:
-                    self._leave(c, self.drops[c])
+                    if leave_before in self.after_upload:
+                        # it drops after uploading: whatever the timing, all its masked inputs go out first
+                        yield self.all_sent[c]
+                    if c not in self.left:
+                        self._leave(c, self.drops[c])
                     return
                 try:
                     reaction = machine.receive(message)
@@ -381,6 +398,13 @@ class PipelinedRound(Round):
             yield from self._deliver(c, SERVER, message, j, lambda: gate.release(2, j))
         except simpy.Interrupt:
             return
+        self._sent(c, j)
+
+    def _sent(self, c: int, j: int) -> None:
+        """Chunk ``j``'s masked input of client ``c`` is at the server, or will never be sent."""
+        self.unsent[c].discard(j)
+        if not self.unsent[c] and not self.all_sent[c].triggered:
+            self.all_sent[c].succeed()
 
     def _decode_chunk(self, c: int, j: int, message: AggregateChunk) -> Generator[simpy.Event, Any, None]:
         """Stage 5: client ``c`` decodes chunk ``j``'s sum."""
@@ -395,10 +419,12 @@ class PipelinedRound(Round):
     def _client_compute(
         self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0
     ) -> Generator[simpy.Event, Any, None]:
-        rec = self.clients[c]
-        seconds = (self.s.costs.work_seconds(work) + extra) * rec.slowdown
+        rec, host = self.clients[c], self.s.host
+        reference = self.s.costs.work_seconds(work) + extra
+        seconds = reference * rec.slowdown
         if seconds > 0:
-            yield from self.cpu[c].run(seconds, priority, lambda worked: self._charge_client(rec, worked))
+            hold = None if host is None else (lambda: host.compute(reference, rec.slowdown))
+            yield from self.cpu[c].run(seconds, priority, lambda worked: self._charge_client(rec, worked), hold)
 
     @staticmethod
     def _charge_client(rec: ClientRecord, seconds: float) -> None:
@@ -409,6 +435,7 @@ class PipelinedRound(Round):
         """Client ``c`` is not in chunk ``j``'s sum (late, rejected): its instance of that chunk ends (or,
         if it has not started, never starts)."""
         self.excluded.add((c, j))
+        self._sent(c, j)
         proc = self.chunk_procs[c].get(j)
         if proc is not None and proc.is_alive and proc is not self.env.active_process:
             proc.interrupt("not in this chunk's sum")

@@ -7,7 +7,9 @@ machines (:mod:`sim.protocol.registry`): every message a machine emits crosses t
 its real encoded size (in ``full`` fidelity it is really encoded and decoded; in ``timing`` fidelity its
 size is computed), and every operation a machine reports, plus encoding and decoding each frame
 (``wire.encode``, ``wire.decode``), is charged from the cost model: to the client's CPU times its
-slow-down, or to the server's divided by its speed. Each party computes one thing at a time.
+slow-down, or to the server's divided by its speed. Each party computes one thing at a time. On a
+testbed (``RoundSetup.host``) every compute charge is instead a job on the host's shared cores, followed
+for a client by the sleep that emulates its slow-down (:mod:`sim.engine.host`).
 
 Collection steps end when every client the server machine still expects has answered or has left, or
 when the step's timeout passes; clients that have not answered by then are late (``timeout:<step>``) and
@@ -32,6 +34,7 @@ from sim.costs.model import CostModel
 from sim.crypto import signatures
 from sim.crypto.randomness import SeededRandom
 from sim.engine.gates import STAGED, BusyMeter
+from sim.engine.host import SharedCores
 from sim.engine.network import Flow, Link, Network
 from sim.engine.population import Population
 from sim.learning.trainer import Learner, local_batches
@@ -157,9 +160,12 @@ class RoundSetup:
     aggregation: AggregationParams
     seed: int
     pipeline: PipelineParams | None = None
+    """Pipelined aggregation (:class:`sim.engine.pipelined.PipelinedRound`), or None."""
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
-    """Pipelined aggregation (:class:`sim.engine.pipelined.PipelinedRound`), or None."""
+    host: SharedCores | None = None
+    """The testbed's cores, shared by every party's compute (scenario ``testbed``), or None: each party
+    has its own processor."""
 
 
 @dataclass(frozen=True)
@@ -403,8 +409,16 @@ class Round:
     ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         if seconds > 0:
-            self.record.server_compute_s += seconds
-            yield self.env.timeout(seconds)
+            host = self.s.host
+            if host is None:
+                self.record.server_compute_s += seconds
+                yield self.env.timeout(seconds)
+                return
+            start = self.env.now
+            try:
+                yield from host.compute(seconds)
+            finally:
+                self.record.server_compute_s += self.env.now - start
 
     def _server_react(
         self, reaction: Reaction, priority: int = STAGED, machine: ServerMachine | None = None
@@ -450,19 +464,23 @@ class Round:
         yield from self._client_compute(c, [Work("wire.decode", _frame_size(self._model_message()))])
         rec.download_end = rec.train_start = env.now
         samples = rec.samples
-        train_seconds = rec.slowdown * s.costs.seconds(
+        train_cost = s.costs.seconds(
             s.train_op,
             {
                 "samples": samples * s.local_epochs,
                 "batches": local_batches(samples, s.batch_size, s.local_epochs),
             },
         )
+        train_seconds = rec.slowdown * train_cost
         update: wire.Vector
         if s.learner is not None:
             update, weight = s.learner.local_update(c, self.number)
         else:
             update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
-        yield env.timeout(train_seconds)
+        if s.host is None:
+            yield env.timeout(train_seconds)
+        else:
+            yield from s.host.compute(train_cost, rec.slowdown)
         rec.train_end = env.now
         return update, weight
 
@@ -515,16 +533,20 @@ class Round:
         self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0
     ) -> Generator[simpy.Event, Any, None]:
         """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
-        rec = self.clients[c]
-        seconds = (self.s.costs.work_seconds(work) + extra) * rec.slowdown
+        rec, host = self.clients[c], self.s.host
+        reference = self.s.costs.work_seconds(work) + extra
+        seconds = reference * rec.slowdown
         if seconds > 0:
             start = self.env.now
             try:
-                yield self.env.timeout(seconds)
+                if host is None:
+                    yield self.env.timeout(seconds)
+                else:
+                    yield from host.compute(reference, rec.slowdown)
             except simpy.Interrupt:
                 rec.compute_s += self.env.now - start  # cut short: only what it did
                 raise
-            rec.compute_s += seconds
+            rec.compute_s += seconds if host is None else self.env.now - start
 
     def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
         encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]

@@ -4,7 +4,8 @@ The server's clock runs continuously across rounds: round r+1 starts (samples it
 round r ends. Each round's sample and dropouts come from their own seeded streams, so ``full`` and
 ``timing`` fidelity (which skips training and all payload arithmetic) produce identical virtual times.
 Evaluation of the global model is the experimenter's measurement, not part of the protocol, and takes no
-virtual time.
+virtual time. With a ``testbed`` section every party's compute shares the host's cores
+(:mod:`sim.engine.host`), one pool for the whole run.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import simpy
 from sim.costs.model import CostModel, LinearCost
 from sim.engine.availability import Availability
 from sim.engine.dropout import DropoutModel
+from sim.engine.host import SharedCores
 from sim.engine.network import Link, Network
 from sim.engine.pipelined import PipelinedRound
 from sim.engine.population import Population
@@ -29,6 +31,7 @@ from sim.learning.federated import load_federated
 from sim.learning.models import model_train_op, update_dimension
 from sim.learning.trainer import Learner
 from sim.protocol.machine import RoundSetupError
+from sim.protocol.private import PrivateRound
 from sim.scenario.schema import Scenario
 
 if TYPE_CHECKING:
@@ -100,6 +103,7 @@ class Simulation:
             aggregation=sc.aggregation,
             seed=sc.seed,
             latency_s=sc.server.latency_ms / 1000,
+            host=SharedCores(self.env, sc.testbed.cores) if sc.testbed is not None else None,
         )
         self.chunk_plan: ChunkPlan | None = None
         """How ``pipeline.chunks: auto`` chose (None otherwise)."""
@@ -149,6 +153,26 @@ class Simulation:
         self.chunk_plan = plan_chunks(self.scenario, self.setup.dim)
         return self.chunk_plan.chunks
 
+    def _play(
+        self,
+        r: int,
+        sampled: np.ndarray,
+        drops: dict[int, str],
+        private: PrivateRound | None,
+        refused: str,
+        offline: dict[int, float],
+    ) -> RoundRecord:
+        """Run round ``r`` (in virtual time here; over sockets in :class:`sim.deploy.deployment.Deployment`)."""
+        kind = PipelinedRound if self.setup.pipeline is not None else Round
+        process = self.env.process(kind(self.setup, r, sampled, drops, private, refused, offline).run())
+        self.env.run(until=process)
+        record = process.value
+        assert isinstance(record, RoundRecord)
+        return record
+
+    def close(self) -> None:
+        """Release what the run holds (nothing in virtual time; the deployment's processes and sockets)."""
+
     @property
     def dim(self) -> int:
         """Number of model parameters (the length of every update)."""
@@ -179,11 +203,7 @@ class Simulation:
                 plan, private = self.privacy.round(r, len(sampled), rate)
             except RoundSetupError as exc:  # e.g. too few clients this round for the collusion tolerance
                 refused = str(exc)
-        kind = PipelinedRound if self.setup.pipeline is not None else Round
-        process = self.env.process(kind(self.setup, r, sampled, drops, private, refused, offline).run())
-        self.env.run(until=process)
-        record = process.value
-        assert isinstance(record, RoundRecord)
+        record = self._play(r, sampled, drops, private, refused, offline)
         record.online = len(available)
         privacy = None
         if self.privacy is not None:

@@ -27,7 +27,7 @@ from sim.scenario.reader import Reader
 from sim.scenario.source import Document
 
 DATASETS = ("digits", "synthetic", "femnist", "cifar10")
-MODELS = ("cnn", "mlp", "resnet18", "vgg19")
+MODELS = ("cnn", "mlp", "resnet18", "vgg19", "linear")
 """Named models (built by :func:`sim.learning.models.build_model`)."""
 SYNTHETIC_SHAPE = (1, 8, 8)
 """Default image shape ``(C, H, W)`` of the ``synthetic`` data set."""
@@ -229,6 +229,20 @@ class Pipeline:
 
 
 @dataclass(frozen=True)
+class Testbed:
+    """The ``testbed:`` section: the server and one process per sampled client on one host of ``cores``
+    cores, whose compute they share by processor sharing, one core per thread at most; a client's
+    slow-down is a sleep after each computation (:mod:`sim.engine.host`, docs/time-model.md)."""
+
+    cores: int
+    """K, the host's cores (each runs one reference-device second of work per virtual second)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
+            raise ValueError(f"testbed cores is {self.cores!r}; a whole number >= 1 is expected")
+
+
+@dataclass(frozen=True)
 class Training:
     local_epochs: int
     batch_size: int
@@ -270,11 +284,14 @@ class Scenario:
     cost_profile: str | None
     aggregation: AggregationParams
     resolved: dict[str, Any] = field(compare=False, repr=False)
+    """The scenario as a plain mapping with every default filled in (for the manifest)."""
     privacy: Privacy = field(default_factory=Privacy)
     trace: TraceReplay | None = None
     pipeline: Pipeline | None = None
     """Pipelined aggregation, or None (a round ends when the server has the aggregate)."""
-    """The scenario as a plain mapping with every default filled in (for the manifest)."""
+    testbed: Testbed | None = None
+    """The single-host testbed whose shared cores every party computes on, or None (each party has its
+    own processor)."""
     swept: dict[str, Any] = field(default_factory=dict)
     """Values of the sweep keys for this run (``{}`` outside a sweep)."""
     run_id: str = ""
@@ -329,6 +346,11 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         pipeline = _pipeline(r.section("pipeline"), aggregation)
     elif "pipeline" in r.data:
         r.raw("pipeline")  # pipeline: null, as absent
+    testbed = None
+    if r.has("testbed"):  # resolved only when given: a scenario without it keeps its digest
+        testbed = _testbed(r.section("testbed"))
+    elif "testbed" in r.data:
+        r.raw("testbed")  # testbed: null, as absent
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
@@ -352,7 +374,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
                 f"is true: clients leaving silently at {dropout.stage} are missed in step {waits_in}, whose "
                 f"server would wait for them for ever; set timeouts.{waits_in}",
             )
-    r.finish(extra_allowed=("sweep", "pipeline"))
+    r.finish(extra_allowed=("sweep", "pipeline", "testbed"))
     if r.problems:
         raise ScenarioError(r.problems)
     return Scenario(
@@ -377,6 +399,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         privacy=privacy,
         trace=trace,
         pipeline=pipeline,
+        testbed=testbed,
         document=doc,
     )
 
@@ -553,6 +576,14 @@ def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
         )
     r.finish()
     return Pipeline(chunks, bool(_or(dispatch, True)), int(_or(max_chunks, 20)), str(_or(links, "shared")))
+
+
+def _testbed(r: Reader) -> Testbed:
+    if not r.has("cores"):
+        r.fail("cores", "is required in a testbed section: the host's CPU cores, a whole number >= 1")
+    cores = r.integer("cores", 1, lo=1)
+    r.finish()
+    return Testbed(int(_or(cores, 1)))
 
 
 def _or(value: Any, default: Any) -> Any:
