@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sim.costs.model import CostModel, CostModelError
-from sim.costs.profiler import training_grid, training_plan
+from sim.costs.profiler import VALIDATION_SHAPES, training_grid, training_plan
 from sim.dp.planner import model_dimension
 from sim.engine.simulation import Simulation
 from sim.learning.federated import SHAPES, SyntheticData, data_shape
@@ -266,7 +266,9 @@ def test_only_synthetic_takes_a_shape(tmp_path):
 def test_profile_times_every_model_at_every_shape_and_the_asked_ones():
     plan = training_plan([((3, 16, 16), 5), ((3, 32, 32), 10)])
     shapes = [((1, 8, 8), 10), ((1, 28, 28), 62), ((3, 32, 32), 10), ((3, 16, 16), 5)]
-    assert [op for op, *_ in plan] == [train_op(m, s, k) for s, k in shapes for m in MODELS]
-    assert plan[-1] == ("train.vgg19.3x16x16.5", "vgg19", (3, 16, 16), 5, "synthetic 3x16x16, 5 classes")
+    validation = [train_op("linear", s, k) for s, k in VALIDATION_SHAPES]
+    assert [op for op, *_ in plan] == [train_op(m, s, k) for s, k in shapes for m in MODELS] + validation
+    last = len(plan) - len(validation) - 1
+    assert plan[last] == ("train.linear.3x16x16.5", "linear", (3, 16, 16), 5, "synthetic 3x16x16, 5 classes")
     assert training_grid("vgg19", quick=False) == ((10, 20, 40), (5, 10, 20), 3)  # large models: fewer points
     assert training_grid("cnn", quick=False) == ((20, 60, 120, 240), (10, 20, 50), 5)

@@ -162,6 +162,16 @@ def profile_fedavg(clients: Sequence[int], dims: Sequence[int], repeats: int) ->
     }
 
 
+VALIDATION_SHAPES: tuple[tuple[tuple[int, int, int], int], ...] = (
+    ((1, 27, 37), 10),
+    ((1, 99, 101), 10),
+    ((1, 99, 101), 100),
+)
+"""``(input shape, classes)`` of the ``linear`` models of ``scenarios/deploy.yaml`` and
+``benchmarks/validate.py`` (exactly 10^4, 10^5 and 10^6 parameters): profiled too, so that the
+deployment's validation runs on the default profile."""
+
+
 def training_plan(
     shapes: Sequence[tuple[tuple[int, int, int], int]] = (),
 ) -> list[tuple[str, str, tuple[int, int, int], int, str]]:
@@ -173,6 +183,9 @@ def training_plan(
         for model in MODELS:
             op = train_op(model, shape, classes)
             plan.setdefault(op, (op, model, shape, classes, source))
+    for shape, classes in VALIDATION_SHAPES:
+        op = train_op("linear", shape, classes)
+        plan.setdefault(op, (op, "linear", shape, classes, "the deployment's validation grid"))
     return list(plan.values())
 
 

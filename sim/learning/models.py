@@ -5,7 +5,10 @@ and class count.
 as in TensorFlow Federated's EMNIST example, without dropout): conv 3x3 32, ReLU, conv 3x3 64, ReLU,
 max-pool 2, dense 128, ReLU, dense classes. On FEMNIST (1x28x28, 62 classes) it has 1,206,590
 parameters; on digits (1x8x8, 10 classes) 53,002. ``mlp`` is the two-hidden-layer "2NN" of McMahan
-et al. (200 units each).
+et al. (200 units each). ``linear`` is multinomial logistic regression (one dense layer,
+``C*H*W*classes + classes`` parameters): a model whose size is set exactly by the input shape, for timing
+studies and the deployment's validation grid (a 1x27x37 input with 10 classes has exactly 10^4
+parameters, 1x99x101 with 10 classes 10^5, and with 100 classes 10^6).
 
 ``resnet18`` and ``vgg19`` are the CIFAR-10 models of Dordis section 6.4 (the common CIFAR variants,
 e.g. github.com/kuangliu/pytorch-cifar): ResNet-18 with a 3x3 stem conv of 64 channels, no max-pool,
@@ -42,7 +45,7 @@ from torch import nn
 
 from sim.scenario.schema import Model
 
-MODELS = ("cnn", "mlp", "resnet18", "vgg19")
+MODELS = ("cnn", "mlp", "resnet18", "vgg19", "linear")
 
 PARAMS_TRAIN_OP = "train.params"
 """Cost-model operation of an abstract model's local training (``model: {params: N}``): the engine
@@ -131,6 +134,8 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
             nn.ReLU(),
             nn.Linear(200, num_classes),
         )
+    if name == "linear":
+        return nn.Sequential(nn.Flatten(), nn.Linear(c * h * w, num_classes))
     if name == "resnet18":
         return _resnet18(c, num_classes)
     if name == "vgg19":
