@@ -15,6 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 import sim
+from sim.deploy.cli import add_deploy_parsers, cmd_deploy, cmd_validate, cmd_worker
 from sim.errors import InputError
 from sim.scenario import load
 from sim.traces.cli import add_trace_parser, cmd_trace
@@ -113,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", type=Path, metavar="OUT", help="with --pipeline: also write the table per m as CSV")
 
     add_trace_parser(sub)
+    add_deploy_parsers(sub)
     return parser
 
 
@@ -398,6 +400,9 @@ _COMMANDS = {
     "plot": cmd_plot,
     "profile": cmd_profile,
     "trace": cmd_trace,
+    "deploy": cmd_deploy,
+    "worker": cmd_worker,
+    "validate": cmd_validate,
 }
 
 

@@ -11,6 +11,7 @@ import json
 import math
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -67,9 +68,10 @@ class RunSummary:
         }
 
 
-def prepare_output(directory: Path, scenario: Scenario, force: bool = False) -> bool:
+def prepare_output(directory: Path, scenario: Scenario, force: bool = False, driver: str = "simulate") -> bool:
     """Whether ``scenario`` should run into ``directory``; False when it already holds this scenario's
-    complete run. A folder holding anything else is refused unless ``force``; a sweep folder always."""
+    complete run by the same ``driver`` (``simulate`` or ``deploy``). A folder holding anything else is
+    refused unless ``force``; a sweep folder always."""
     if (directory / SWEEP).exists():
         raise ResultsError(f"{directory}: is a sweep folder; give the run another --output")
     if directory.is_file():
@@ -80,6 +82,7 @@ def prepare_output(directory: Path, scenario: Scenario, force: bool = False) -> 
         except ResultsError:
             manifest = {}
         same = manifest.get("scenario_sha256") == scenario_digest(scenario)
+        same = same and manifest.get("driver", "simulate") == driver
         if same and manifest.get("status") == "complete" and not force:
             return False
         if not same and not force:
@@ -91,6 +94,11 @@ def prepare_output(directory: Path, scenario: Scenario, force: bool = False) -> 
     if directory.is_dir() and any(directory.iterdir()) and not force:
         raise ResultsError(f"{directory}: is not empty and holds no dropsim run; use --force or another --output")
     return True
+
+
+def _close(sim: Simulation | None) -> None:
+    if sim is not None:
+        sim.close()
 
 
 def summarize(directory: Path) -> RunSummary:
@@ -114,10 +122,18 @@ def summarize(directory: Path) -> RunSummary:
     )
 
 
-def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> RunSummary:
-    """Simulate ``scenario`` and write its results to ``directory``."""
+def run_scenario(
+    scenario: Scenario,
+    directory: Path,
+    progress: bool = True,
+    engine: Callable[[Scenario], Simulation] = Simulation,
+    driver: str = "simulate",
+) -> RunSummary:
+    """Run ``scenario`` and write its results to ``directory``: simulated, or by another ``engine`` (the
+    socket deployment, ``driver="deploy"``), which the manifest records."""
     started = time.perf_counter()
     manifest: dict[str, Any] = {
+        "driver": driver,
         "run_id": scenario.run_id or scenario.name,
         "scenario_name": scenario.name,
         "seed": scenario.seed,
@@ -140,8 +156,9 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
     epsilon = math.inf
     aborted = 0
     t_end = 0.0
+    sim: Simulation | None = None
     try:
-        sim = Simulation(scenario)
+        sim = engine(scenario)
         writer.manifest.update(
             model_parameters=sim.dim,
             cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
@@ -179,9 +196,11 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
                 writer.manifest.update(stopped=f"after round {rec.round}: {sim.stopped}")
                 break
     except KeyboardInterrupt:
+        _close(sim)
         writer.close("interrupted", wall_seconds=time.perf_counter() - started)
         raise
     except Exception as exc:
+        _close(sim)
         writer.close(
             "failed",
             error=f"{type(exc).__name__}: {exc}",
@@ -189,6 +208,7 @@ def run_scenario(scenario: Scenario, directory: Path, progress: bool = True) -> 
             wall_seconds=time.perf_counter() - started,
         )
         raise
+    _close(sim)
     wall = time.perf_counter() - started
     writer.close("complete", wall_seconds=wall, virtual_seconds=t_end)
     return RunSummary(

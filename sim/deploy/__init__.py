@@ -1,0 +1,1 @@
+"""The real-socket deployment mode: the protocol machines over TCP."""

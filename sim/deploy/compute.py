@@ -1,0 +1,90 @@
+"""A party's processor in the deployment: one operation at a time, its slow-down emulated by sleeping.
+
+Work runs in the party's own thread (the asyncio loop keeps moving bytes meanwhile, as a device's network
+stack does while it computes). An emulated slower device (Zipf slow-down ``f >= 1``, Dordis 6.1) takes
+``f`` times as long: after each operation the party sleeps ``(f - 1)`` times the CPU seconds the operation
+used in its thread, still holding its processor. The simulator's testbed model (``testbed: {cores: K}``)
+charges the same: the operation's work on the host's shared cores, then the idle tail. Waiting
+operations are served in priority order (:data:`SIDE` first, as :class:`sim.engine.gates.Processor`),
+first come first served within a priority.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from sim.engine.gates import SIDE, STAGED
+
+T = TypeVar("T")
+
+__all__ = ["SIDE", "STAGED", "Processor"]
+
+
+def _timed(fn: Callable[[], T]) -> tuple[T | None, BaseException | None, float]:
+    start = time.thread_time()
+    try:
+        return fn(), None, time.thread_time() - start
+    except BaseException as exc:
+        return None, exc, time.thread_time() - start
+
+
+class Processor:
+    """One lane of compute for one party (``slowdown`` >= 1); ``busy_s`` counts the seconds it was held."""
+
+    def __init__(self, name: str, slowdown: float = 1.0) -> None:
+        self.name = name
+        self.slowdown = slowdown
+        self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
+        self.busy_s = 0.0
+        self.cpu_s = 0.0
+        """CPU seconds of the operations themselves (without the slow-down's sleep)."""
+        self._held = False
+        self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
+        self._order = itertools.count()
+
+    async def run(self, fn: Callable[[], T], priority: int = STAGED) -> T:
+        """Run ``fn`` on this processor once it is free; re-raise what it raises."""
+        await self._acquire(priority)
+        start = time.monotonic()
+        try:
+            loop = asyncio.get_running_loop()
+            result, error, cpu = await loop.run_in_executor(self.executor, _timed, fn)
+            self.cpu_s += cpu
+            if self.slowdown > 1:
+                await asyncio.sleep((self.slowdown - 1) * cpu)
+        finally:
+            self.busy_s += time.monotonic() - start
+            self._release()
+        if error is not None:
+            raise error
+        return result  # type: ignore[return-value]
+
+    async def _acquire(self, priority: int) -> None:
+        if not self._held and not self._waiting:
+            self._held = True
+            return
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        heapq.heappush(self._waiting, (priority, next(self._order), future))
+        try:
+            await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                self._release()  # it was handed the processor as it was cancelled
+            raise
+
+    def _release(self) -> None:
+        while self._waiting:
+            _, _, future = heapq.heappop(self._waiting)
+            if not future.done():
+                future.set_result(None)
+                return
+        self._held = False
+
+    def shutdown(self) -> None:
+        self.executor.shutdown(wait=False, cancel_futures=True)

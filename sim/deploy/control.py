@@ -1,0 +1,131 @@
+"""The deployment's own messages, beside the protocol's: configuration, round start and end, reports.
+
+They use the protocol's versioned binary encoding (:mod:`sim.protocol.wire`, types 40-47) and travel in
+the same authenticated frames (:mod:`sim.deploy.framing`) on channel :data:`CONTROL`. A worker is a client
+process that plays one sampled client per round: the server tells it which (:class:`RoundStart`), what the
+testbed asks of it (leave before a step: a planned dropout), and when the round is over
+(:class:`RoundEnd`); the worker answers with its timeline (:class:`ClientReport`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from sim.protocol.wire import BYTES, F64, U32, U64, Message, list_of
+
+CONTROL = 0xFFFF
+"""Frame channel of control messages (protocol instances use channels 0.., one per chunk)."""
+
+NO_RATE = -1.0
+"""``RoundStart.rate`` when the round is accounted at the scenario's planned sampling rate."""
+
+
+def text(value: str) -> bytes:
+    return value.encode("utf-8")
+
+
+@dataclass(frozen=True)
+class Config(Message):
+    """The resolved scenario (JSON), sent to a worker once it has authenticated: every party of the
+    testbed runs the same configuration, as the parties of a real deployment share their protocol's
+    parameters."""
+
+    TYPE: ClassVar[int] = 40
+    FIELDS: ClassVar = (("scenario", BYTES), ("digest", BYTES))
+    scenario: bytes
+    digest: bytes
+
+
+@dataclass(frozen=True)
+class RoundStart(Message):
+    """Round ``round`` starts; the worker plays ``client``. ``drop`` is the dropout stage the testbed
+    makes it leave before (empty: it stays); ``chunks`` the round's protocol instances; ``rate`` the
+    sampling rate the round is accounted at (:data:`NO_RATE`: the planned one)."""
+
+    TYPE: ClassVar[int] = 41
+    FIELDS: ClassVar = (
+        ("round", U32),
+        ("client", U64),
+        ("sampled", list_of(U64)),
+        ("drop", BYTES),
+        ("chunks", U32),
+        ("rate", F64),
+    )
+    round: int
+    client: int
+    sampled: tuple[int, ...]
+    drop: bytes
+    chunks: int
+    rate: float
+
+
+@dataclass(frozen=True)
+class RoundEnd(Message):
+    """Round ``round`` is over (the worker stops whatever it still does for it)."""
+
+    TYPE: ClassVar[int] = 42
+    FIELDS: ClassVar = (("round", U32), ("outcome", BYTES))
+    round: int
+    outcome: bytes
+
+
+@dataclass(frozen=True)
+class ClientReport(Message):
+    """A worker's timeline of a round, in seconds of its monotonic clock (NaN for what it did not do),
+    and the protocol compute it did (busy seconds, slow-down included)."""
+
+    TYPE: ClassVar[int] = 43
+    FIELDS: ClassVar = (
+        ("round", U32),
+        ("download_start", F64),
+        ("download_end", F64),
+        ("train_start", F64),
+        ("train_end", F64),
+        ("compute_s", F64),
+        ("upload_s", F64),
+        ("last_upload_end", F64),
+        ("left_at", F64),
+        ("left", BYTES),
+    )
+    round: int
+    download_start: float
+    download_end: float
+    train_start: float
+    train_end: float
+    compute_s: float
+    upload_s: float
+    """Seconds its uploads took, first byte to last, summed."""
+    last_upload_end: float
+    left_at: float
+    left: bytes
+
+
+@dataclass(frozen=True)
+class Leaving(Message):
+    """A worker leaves the round before closing its connection: ``reason`` is its planned dropout stage
+    or ``aborted: <why>`` (its machine refused a server message)."""
+
+    TYPE: ClassVar[int] = 46
+    FIELDS: ClassVar = (("round", U32), ("reason", BYTES))
+    round: int
+    reason: bytes
+
+
+@dataclass(frozen=True)
+class Clock(Message):
+    """A worker's monotonic clock reading (seconds), sent right after the handshake so the server can
+    place the worker's timeline on its own clock."""
+
+    TYPE: ClassVar[int] = 44
+    FIELDS: ClassVar = (("now", F64),)
+    now: float
+
+
+@dataclass(frozen=True)
+class Shutdown(Message):
+    """The deployment is over: the worker exits."""
+
+    TYPE: ClassVar[int] = 45
+    FIELDS: ClassVar = (("reason", BYTES),)
+    reason: bytes

@@ -1,0 +1,591 @@
+"""The deployment's server: an asyncio TCP server driving the protocol's server machines in wall-clock time.
+
+Workers (:mod:`sim.deploy.worker`) connect and authenticate; each round the server gives each sampled
+client to an idle worker, sends it the round's start and the model, and drives the round's server
+machines exactly as the simulator's engine does (:mod:`sim.engine.round`, :mod:`sim.engine.pipelined`):
+a collection step ends when every client the machine still expects has answered or has gone, or when
+the step's timeout passes; answers after that are discarded. Machine calls and the encoding of their
+messages run on the server's processor (one thread; a pipelined round has a second lane for the work that
+answers clients outside a chunk's aggregation, as the engine's server). Every byte the server sends
+crosses its downlink's token bucket, every byte it reads its uplink's.
+
+Faults are the protocol's business where the protocol defines them, and the connection's otherwise:
+
+- a worker whose connection closes (a killed process, a planned dropout) is gone for the round, which
+  goes on or aborts as the machines say;
+- a frame that is oversized, unauthenticated, replayed or out of order closes that connection, with the
+  reason logged; a message that does not decode, or that the machine refuses (a replayed or out-of-turn
+  protocol message), puts its client out of the round (``rejected: <why>``) and is logged;
+- a connection that does not complete its handshake in time is closed, and a client that stalls
+  mid-round misses the step's deadline (``deploy.step_timeout_s`` where the scenario sets none).
+
+Times are wall-clock seconds since the deployment started, in the simulator's records
+(:class:`~sim.engine.round.RoundRecord`), so the result tables are the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+from sim.deploy import control
+from sim.deploy.compute import SIDE, STAGED, Processor
+from sim.deploy.connection import Connection
+from sim.deploy.framing import Closed, FrameError, server_handshake
+from sim.deploy.identity import party_identity
+from sim.deploy.loopclock import LoopClock
+from sim.deploy.shaping import TokenBucket
+from sim.engine.gates import StageGate
+from sim.engine.round import MBPS, ClientRecord, RoundRecord, revealed
+from sim.learning.trainer import Learner
+from sim.protocol import wire
+from sim.protocol.fedavg import ModelDownload
+from sim.protocol.instances import RoundInstances
+from sim.protocol.machine import Aggregate, Reaction, RemoteProtocolError, ServerMachine
+from sim.protocol.messages import AggregateChunk
+from sim.protocol.private import PrivateRound
+from sim.protocol.wire import ModVector
+from sim.scenario.schema import Scenario
+
+log = logging.getLogger("sim.deploy.server")
+
+SERVER_PARTY = -1
+REPORT_WAIT_S = 5.0
+"""How long the server waits after a round for its workers' timelines (a stalled worker sends none)."""
+
+
+@dataclass
+class Peer:
+    """An authenticated worker connection."""
+
+    index: int
+    conn: Connection
+    offset: float = math.nan
+    """Server monotonic clock minus the worker's (from its :class:`~sim.deploy.control.Clock`)."""
+    round: int = 0
+    """The round it plays in (0: idle)."""
+    client: int = -1
+
+
+@dataclass
+class RoundState:
+    """One round under way."""
+
+    number: int
+    sampled: tuple[int, ...]
+    inboxes: list[asyncio.Queue[tuple[str, int, bytes | str, float]]]
+    clients: dict[int, ClientRecord]
+    peers: dict[int, Peer] = field(default_factory=dict)
+    reports: dict[int, tuple[control.ClientReport, float]] = field(default_factory=dict)
+    gone: list[set[int]] = field(default_factory=list)
+    """Per instance: clients whose leaving it has seen (in order with their messages: a masked input sent
+    before the connection closed still counts)."""
+    late: set[int] = field(default_factory=set)
+    refused: set[int] = field(default_factory=set)
+    left_step: dict[int, str] = field(default_factory=dict)
+    """The step in which each client's connection closed (as first seen)."""
+    leaving: dict[int, str] = field(default_factory=dict)
+    """Why each client that said so left (its planned stage, or ``aborted: <why>``)."""
+    left: set[int] = field(default_factory=set)
+    machines: list[ServerMachine] = field(default_factory=list)
+    """The round's server machines (one per chunk), for observers: ``machines[j].step``."""
+
+
+class DeployServer:
+    """The server of one deployment; :meth:`play` runs a round."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        learner: Learner,
+        secret: bytes,
+        config: control.Config,
+        workers: int,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        max_frame: int = 64 << 20,
+        handshake_timeout: float = 10.0,
+        step_timeout: float = 300.0,
+    ) -> None:
+        self.scenario = scenario
+        self.learner = learner
+        self.signing, _ = party_identity(secret, SERVER_PARTY)
+        self.verification = {j: party_identity(secret, j)[1] for j in range(workers)}
+        self.config = config.encode()
+        self.host, self.port = host, port
+        self.max_frame = max_frame
+        self.handshake_timeout = handshake_timeout
+        self.step_timeout = step_timeout
+        bps = scenario.server.bandwidth_mbps * MBPS
+        self.up = TokenBucket(bps)
+        self.down = TokenBucket(bps)
+        self.peers: dict[int, Peer] = {}
+        self.current: RoundState | None = None
+        self.changed = asyncio.Event()
+        self.t0 = time.monotonic()
+        self._server: asyncio.AbstractServer | None = None
+        self.failed: dict[int, str] = {}
+        """Workers that quit, with why (e.g. they could not build the scenario)."""
+        self.rejected: list[str] = []
+        """Every refused connection, frame or message, with why (also logged)."""
+
+    def now(self) -> float:
+        """Seconds since the deployment started."""
+        return time.monotonic() - self.t0
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._accept, self.host, self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def close(self, reason: str = "the deployment is over") -> None:
+        for peer in list(self.peers.values()):
+            if not peer.conn.closed:
+                peer.conn.send(control.CONTROL, control.Shutdown(reason.encode()).encode())
+        for peer in list(self.peers.values()):
+            await peer.conn.drain_and_close(2.0)
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+
+    def _refuse(self, what: str) -> None:
+        self.rejected.append(what)
+        log.warning("%s", what)
+
+    # -- connections ---------------------------------------------------------------------------------
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        where = writer.get_extra_info("peername")
+        try:
+            party, session = await server_handshake(
+                reader, writer, self.verification.get, self.signing, timeout=self.handshake_timeout
+            )
+        except (FrameError, Closed, ConnectionError) as exc:
+            self._refuse(f"connection from {where} refused: {getattr(exc, 'reason', exc) or 'closed'}")
+            writer.close()
+            return
+        peer = Peer(party, None)  # type: ignore[arg-type]
+        peer.conn = Connection(
+            reader,
+            writer,
+            session,
+            self.max_frame,
+            partial(self._frame, peer),
+            partial(self._closed, peer),
+            self.up,
+        )
+        peer.conn.send_buckets = (self.down,)
+        old = self.peers.get(party)
+        if old is not None and not old.conn.closed:
+            self._refuse(f"worker {party} connected again: its previous connection is closed")
+            old.conn.close()
+        self.peers[party] = peer
+        peer.conn.start()
+        peer.conn.send(control.CONTROL, self.config)
+
+    def _frame(self, peer: Peer, channel: int, payload: bytes, arrived: float) -> None:
+        st = self.current
+        if channel == control.CONTROL:
+            try:
+                message = wire.decode(payload)
+            except wire.WireError as exc:
+                self._refuse(f"worker {peer.index}: malformed control message: {exc}")
+                peer.conn.close(f"malformed control message: {exc}")
+                return
+            if isinstance(message, control.Clock):
+                peer.offset = arrived - message.now
+                self.changed.set()
+            elif isinstance(message, control.Shutdown):
+                self.failed[peer.index] = message.reason.decode(errors="replace")
+                self._refuse(f"worker {peer.index} quit: {self.failed[peer.index]}")
+                self.changed.set()
+            elif isinstance(message, control.Leaving):
+                if st is not None and peer.round == st.number == message.round:
+                    st.leaving[peer.client] = message.reason.decode(errors="replace")
+            elif isinstance(message, control.ClientReport):
+                if st is not None and peer.round == st.number == message.round:
+                    st.reports[peer.client] = (message, peer.offset)
+                    self.changed.set()
+            else:
+                self._refuse(f"worker {peer.index}: unexpected control message {type(message).__name__}")
+                peer.conn.close("unexpected control message")
+            return
+        if st is None or peer.round != st.number:
+            return  # a frame of a round that is over: discarded
+        if channel >= len(st.inboxes):
+            self._refuse(f"client {peer.client}: frame on channel {channel}; the round has {len(st.inboxes)}")
+            peer.conn.close(f"frame on channel {channel}")
+            return
+        st.inboxes[channel].put_nowait(("msg", peer.client, payload, arrived - self.t0))
+
+    def _closed(self, peer: Peer, reason: str) -> None:
+        if reason:
+            who = f"worker {peer.index}" + (f" (client {peer.client})" if peer.round else "")
+            self._refuse(f"{who}: {reason}; connection closed")
+        st = self.current
+        if st is not None and peer.round == st.number:
+            for inbox in st.inboxes:
+                inbox.put_nowait(("gone", peer.client, reason, self.now()))
+        self.changed.set()
+
+    def idle(self) -> list[Peer]:
+        """Connected workers ready for a round (clock received), in index order."""
+        return sorted(
+            (p for p in self.peers.values() if not p.conn.closed and not math.isnan(p.offset) and p.round == 0),
+            key=lambda p: p.index,
+        )
+
+    async def wait_for_workers(self, want: int, live: Callable[[], int], timeout: float) -> list[Peer]:
+        """Up to ``want`` idle workers: waits until as many as are alive (``live()``) are ready, or
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.failed:
+                j, why = next(iter(self.failed.items()))
+                raise WorkerFailedError(f"worker {j} {why}")
+            ready = self.idle()
+            if len(ready) >= min(want, live()) or time.monotonic() >= deadline:
+                return ready[:want]
+            self.changed.clear()
+            # woken by a connection, or after a while to see whether a worker process ended
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), min(0.25, max(0.0, deadline - time.monotonic())))
+
+    # -- a round ---------------------------------------------------------------------------------------
+    async def play(
+        self,
+        number: int,
+        sampled: tuple[int, ...],
+        drops: dict[int, str],
+        private: PrivateRound | None,
+        refused: str,
+        records: dict[int, ClientRecord],
+        chunks: int | None,
+        rate: float | None,
+        live: Callable[[], int],
+        connect_timeout: float,
+    ) -> RoundRecord:
+        # the round starts once its workers are ready (a worker reconnecting after leaving the last round)
+        peers = await self.wait_for_workers(len(sampled), live, connect_timeout)
+        rec = RoundRecord(round=number, t_start=self.now(), sampled=len(sampled), chunks=chunks or 1)
+        sc = self.scenario
+        if refused:
+            rec.t_end, rec.outcome = self.now(), f"aborted: {refused}"
+            rec.clients = [records[c] for c in sampled]
+            return rec
+        inst = RoundInstances(sc.aggregation, sc.seed, number, sampled, self.learner.dim, private, chunks)
+        m = len(inst.servers)
+        st = RoundState(number, sampled, [asyncio.Queue() for _ in range(m)], records, machines=list(inst.servers))
+        st.gone = [set() for _ in range(m)]
+        self.current = st
+        server_cpu = Processor("server")
+        side = Processor("server-side") if chunks is not None else server_cpu
+        try:
+            for c, peer in zip(sampled, peers, strict=False):
+                peer.round, peer.client = number, c
+                st.peers[c] = peer
+            for c in sampled:
+                if c not in st.peers:
+                    for gone in st.gone:
+                        gone.add(c)
+                    records[c].dropped_stage = "offline:connect"
+            rate_cell = control.NO_RATE if rate is None else rate
+            for c, peer in st.peers.items():
+                start = control.RoundStart(number, c, sampled, drops.get(c, "").encode(), chunks or 0, rate_cell)
+                peer.conn.send(control.CONTROL, start.encode())
+            model = await server_cpu.run(lambda: ModelDownload(number, self.learner.params).encode())
+            for c in st.peers:
+                records[c].download_start = self.now()
+                self._send(st, rec, c, 0, model)
+            if chunks is None:
+                await self._serve_single(st, rec, inst.servers[0], server_cpu)
+            else:
+                await self._serve_pipelined(st, rec, inst, server_cpu, side)
+        finally:
+            rec.t_end = self.now()
+            await self._end(st, rec, drops)
+            server_cpu.shutdown()
+            side.shutdown()
+        rec.exposures = [e for e in (revealed(s) for s in inst.servers) if e is not None]
+        rec.exposed = min(rec.exposures) if rec.exposures else None
+        if chunks is None:
+            rec.exposures = []
+        survivors = set(rec.aggregate.survivors) if rec.aggregate is not None else set()
+        self._close_record(
+            st, rec, survivors, drops, server_cpu.busy_s + (side.busy_s if side is not server_cpu else 0)
+        )
+        return rec
+
+    def _send(self, st: RoundState, rec: RoundRecord, c: int, channel: int, payload: bytes) -> None:
+        peer = st.peers.get(c)
+        if peer is None or peer.conn.closed or c in st.late or c in st.refused:
+            return
+        rec.server_bytes_out += len(payload)
+        st.clients[c].bytes_down += len(payload)
+        peer.conn.send(channel, payload)
+
+    async def _react(
+        self,
+        st: RoundState,
+        rec: RoundRecord,
+        reaction_of: Callable[[], Reaction],
+        cpu: Processor,
+        channel: int,
+        priority: int = STAGED,
+    ) -> None:
+        """Run a machine call on ``cpu``, encode its messages there (a broadcast once), and send them."""
+
+        def work() -> list[tuple[int, bytes]]:
+            reaction = reaction_of()
+            frames: dict[int, bytes] = {}
+            out = []
+            for send in reaction.sends:
+                key = id(send.message)
+                if key not in frames:
+                    frames[key] = send.message.encode()
+                out.append((send.to, frames[key]))
+            return out
+
+        for to, payload in await cpu.run(work, priority):
+            self._send(st, rec, to, channel, payload)
+
+    async def _collect(
+        self,
+        st: RoundState,
+        rec: RoundRecord,
+        machine: ServerMachine,
+        channel: int,
+        cpu: Processor,
+        priority: int = STAGED,
+        from_first: bool = False,
+    ) -> None:
+        """Feed ``machine`` the step's answers until it expects nobody, or the step's deadline passes (with
+        ``from_first``: counted from the first answer, as the engine's later chunks)."""
+        step = machine.step
+        timeout = self.scenario.timeouts.get(step, self.step_timeout)
+        deadline = None if from_first else time.monotonic() + timeout
+        inbox = st.inboxes[channel]
+        while True:
+            waiting = machine.expected() - st.gone[channel] - st.late - st.refused
+            if not waiting:
+                return
+            try:
+                if deadline is None:
+                    kind, sender, payload, arrived = await asyncio.wait_for(inbox.get(), self.step_timeout)
+                else:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        raise asyncio.TimeoutError
+                    kind, sender, payload, arrived = await asyncio.wait_for(inbox.get(), remaining)
+            except asyncio.TimeoutError:
+                for c in sorted(waiting):
+                    st.late.add(c)
+                    if not st.clients[c].dropped_stage:
+                        st.clients[c].dropped_stage = f"timeout:{step}"
+                    for other in st.inboxes:
+                        other.put_nowait(("out", c, "", self.now()))
+                return
+            if kind == "gone":
+                st.gone[channel].add(sender)
+                st.left_step.setdefault(sender, step)
+                st.left.add(sender)
+                if math.isnan(st.clients[sender].left_at):
+                    st.clients[sender].left_at = arrived
+                if payload and not st.clients[sender].dropped_stage:
+                    st.clients[sender].dropped_stage = f"rejected: {payload!s}"
+                continue
+            if kind == "out":
+                continue  # put out of the round (late or refused) while another instance waited for it
+            if deadline is None and kind == "msg":
+                deadline = time.monotonic() + timeout
+            assert isinstance(payload, bytes)
+            if sender in st.late or sender in st.refused:
+                continue  # after its deadline, or after one of its messages was refused: discarded
+            # (a message that arrived before its sender's connection closed still counts: a client that
+            # uploads and leaves is in the sum)
+            if sender not in machine.expected():
+                self._reject(st, sender, f"a message it was not asked for in step {step} ({_describe(payload)})")
+                continue
+            record = st.clients[sender]
+            record.bytes_up += len(payload)
+            rec.server_bytes_in += len(payload)
+
+            def receive(sender: int = sender, payload: bytes = payload) -> Reaction:
+                return machine.receive(sender, wire.decode(payload))
+
+            try:
+                await self._react(st, rec, receive, cpu, channel, priority)
+            except wire.WireError as exc:
+                self._reject(st, sender, f"malformed message: {exc}")
+            except RemoteProtocolError as exc:
+                self._reject(st, sender, exc.reason)
+
+    def _reject(self, st: RoundState, c: int, reason: str) -> None:
+        self._refuse(f"round {st.number}: client {c}'s message refused: {reason}")
+        st.refused.add(c)
+        st.clients[c].dropped_stage = f"rejected: {reason}"
+        for inbox in st.inboxes:
+            inbox.put_nowait(("out", c, "", self.now()))
+
+    async def _serve_single(self, st: RoundState, rec: RoundRecord, machine: ServerMachine, cpu: Processor) -> None:
+        await self._react(st, rec, machine.begin, cpu, 0)
+        step_start = rec.t_start
+        while machine.step not in ("done", "aborted"):
+            step = machine.step
+            await self._collect(st, rec, machine, 0, cpu)
+            collected = self.now()
+            await self._react(st, rec, machine.close_step, cpu, 0)
+            final = machine.step in ("done", "aborted")
+            rec.steps.append((step, step_start, collected if final else self.now()))
+            rec.aggregate_start = collected
+            step_start = self.now()
+        rec.outcome = machine.outcome
+        rec.aggregate = machine.aggregate
+
+    async def _serve_pipelined(
+        self, st: RoundState, rec: RoundRecord, inst: RoundInstances, cpu: Processor, side: Processor
+    ) -> None:
+        m = len(inst.servers)
+        gate = StageGate(LoopClock(), "server.cpu", (3,), m)  # type: ignore[arg-type]
+        results: dict[int, Aggregate] = {}
+        chunk_steps: list[tuple[str, float, float]] = []
+        dispatch = self.scenario.pipeline is None or self.scenario.pipeline.dispatch
+
+        async def serve(j: int) -> None:
+            machine = inst.servers[j]
+            lane, priority = side, SIDE
+            await self._react(st, rec, machine.begin, lane, j, priority)
+            start, first = self.now(), True
+            while machine.step not in ("done", "aborted"):
+                step = machine.step
+                await self._collect(st, rec, machine, j, lane, priority, from_first=first and j > 0)
+                first = False
+                if step == "masked_input":
+                    await gate.admit(3, j)  # type: ignore[misc]
+                    lane, priority = cpu, STAGED
+                await self._react(st, rec, machine.close_step, lane, j, priority)
+                chunk_steps.append((step, start, self.now()))
+                start = self.now()
+            if machine.step == "aborted" or machine.aggregate is None:
+                gate.abandon(j)
+                raise _ChunkAbortedError(f"chunk {j}: {machine.outcome.removeprefix('aborted: ')}")
+            aggregate = results[j] = machine.aggregate
+            if dispatch:
+                bits = self.scenario.aggregation.bits if inst.private is None else inst.private.bits
+                message = AggregateChunk(st.number, j, ModVector(bits, aggregate.vector))
+                payload = await cpu.run(message.encode)
+                gate.release(3, j)
+                for c in aggregate.survivors:
+                    if c not in st.left:
+                        self._send(st, rec, c, j, payload)
+            else:
+                gate.release(3, j)
+
+        tasks = [asyncio.create_task(serve(j)) for j in range(m)]
+        try:
+            await asyncio.gather(*tasks)
+        except _ChunkAbortedError as exc:
+            rec.outcome = f"aborted: {exc}"
+            rec.steps = _step_spans(chunk_steps)
+            return
+        finally:
+            for task in tasks:
+                task.cancel()
+        rec.aggregate_start = self.now()
+        rec.aggregate = await cpu.run(lambda: inst.combine([results[j] for j in range(m)]))
+        rec.outcome = "ok"
+        rec.steps = _step_spans(chunk_steps)
+
+    async def _end(self, st: RoundState, rec: RoundRecord, drops: dict[int, str]) -> None:
+        """Tell the round's workers it is over, collect their reports, free them."""
+        outcome = (rec.outcome or "aborted").encode()
+        for peer in st.peers.values():
+            if not peer.conn.closed:
+                peer.conn.send(control.CONTROL, control.RoundEnd(st.number, outcome).encode())
+        deadline = time.monotonic() + REPORT_WAIT_S
+        while time.monotonic() < deadline:
+            if all(c in st.reports or p.conn.closed for c, p in st.peers.items()):
+                break
+            self.changed.clear()
+            try:
+                await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:
+                break
+        for c, peer in st.peers.items():
+            peer.round, peer.client = 0, -1
+            if c in st.late or st.clients[c].dropped_stage.startswith("rejected"):
+                peer.conn.close()  # a stalled or misbehaving connection starts afresh
+        self.current = None
+        for c, (report, offset) in st.reports.items():
+            record = st.clients[c]
+
+            def place(t: float, offset: float = offset) -> float:
+                """A time of the worker's clock on the server's."""
+                return t + offset - self.t0
+
+            record.download_end = place(report.download_end)
+            record.train_start = place(report.train_start)
+            record.train_end = place(report.train_end)
+            record.compute_s = report.compute_s
+            record.upload_s = report.upload_s
+            record.last_upload_end = place(report.last_upload_end)
+            if report.left:  # a silent leaver: it stopped answering, and says so now
+                st.leaving[c] = report.left.decode(errors="replace")
+                record.left_at = place(report.left_at)
+
+    def _close_record(
+        self, st: RoundState, rec: RoundRecord, survivors: set[int], drops: dict[int, str], busy: float
+    ) -> None:
+        rec.survivors = len(survivors)
+        rec.dropped_planned = len(drops)
+        rec.server_compute_s = busy
+        for c in st.sampled:
+            record = st.clients[c]
+            if c in st.leaving:  # it said why (its planned stage, or that it refused the server)
+                record.dropped_stage = st.leaving[c]
+            elif c in st.left and not record.dropped_stage:  # its connection closed: killed, crashed, cut
+                record.dropped_stage = f"offline:{st.left_step.get(c, 'download')}"
+            if c not in survivors and not record.dropped_stage:
+                record.dropped_stage = "not aggregated"
+            rec.clients.append(record)
+        rec.timed_out = sum(1 for c in rec.clients if c.dropped_stage.startswith("timeout:"))
+        length = rec.t_end - rec.t_start
+        if length > 0:
+            cpu = [(r.compute_s + _finite(r.train_end - r.train_start)) / length for r in rec.clients]
+            rec.utilisation = {
+                "client_cpu": sum(cpu) / len(cpu) if cpu else math.nan,
+                "server_cpu": busy / length,
+            }
+
+
+class WorkerFailedError(Exception):
+    """The deployment cannot go on (a worker cannot run the scenario)."""
+
+
+class _ChunkAbortedError(Exception):
+    """A pipelined round's chunk aborted (so does the round)."""
+
+
+def _step_spans(chunk_steps: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """Each server step from its first chunk's start to its last chunk's end."""
+    spans: dict[str, tuple[float, float]] = {}
+    for step, start, end in chunk_steps:
+        a, b = spans.get(step, (start, end))
+        spans[step] = (min(a, start), max(b, end))
+    return [(step, a, b) for step, (a, b) in spans.items()]
+
+
+def _describe(payload: bytes) -> str:
+    """The message type of a payload, or why it is not a message (for logs)."""
+    try:
+        return type(wire.decode(payload)).__name__
+    except wire.WireError as exc:
+        return f"malformed: {exc}"
+
+
+def _finite(x: float) -> float:
+    return x if math.isfinite(x) else 0.0

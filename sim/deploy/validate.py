@@ -1,0 +1,136 @@
+"""``dropsim validate``: the same scenario simulated and deployed, stage by stage.
+
+The scenario runs twice with the same seed: in the simulator under the testbed model (``testbed: {cores:
+K}``, K the host's cores: every party's compute shares them, a slow client sleeps its slow-down off; see
+docs/time-model.md) and over real sockets on this host (:mod:`sim.deploy`). Both write the usual tables;
+this compares them per round and stage (the round, the model download, local training, each server step,
+the aggregation) as simulated seconds, measured seconds and the relative error (simulated - measured) /
+measured, and checks that every round's model is bit-identical (``model_sha256``). It writes
+``validation.csv`` (per round and stage), ``summary.csv`` (per stage) and the figure
+``validation.png``/``.pdf``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.results.read import read_run_table
+
+STAGES = ("round_time", "download_s", "train_s", "aggregate_s")
+"""Columns of rounds.csv compared besides each server step's ``time_<step>``."""
+
+
+@dataclass
+class Validation:
+    """The comparison of one scenario's simulated and deployed runs."""
+
+    per_round: pd.DataFrame
+    """round, stage, simulated, measured, error."""
+    summary: pd.DataFrame
+    """stage, simulated (mean s), measured (mean s), error of the means, median and worst per-round error."""
+    identical: bool
+    """Whether every round's model_sha256 is the same in both."""
+    rounds: int
+
+
+def stage_columns(rounds: pd.DataFrame) -> list[str]:
+    steps = [c for c in rounds.columns if c.startswith("time_")]
+    return [c for c in (*STAGES[:3], *steps, STAGES[3]) if c in rounds.columns]
+
+
+def compare(simulated: Path, deployed: Path, skip_first: bool = False) -> Validation:
+    """Compare the run folders ``simulated`` and ``deployed`` (``skip_first``: leave round 1 out of the
+    errors, a warm-up)."""
+    sim = read_run_table(simulated, "rounds").set_index("round")
+    dep = read_run_table(deployed, "rounds").set_index("round")
+    common = sim.index.intersection(dep.index)
+    identical = bool(len(common)) and bool((sim.loc[common, "model_sha256"] == dep.loc[common, "model_sha256"]).all())
+    rows: list[dict[str, Any]] = []
+    for column in stage_columns(sim):
+        if column not in dep.columns:
+            continue
+        for r in common:
+            if skip_first and r == common[0] and len(common) > 1:
+                continue
+            s, m = float(sim.loc[r, column]), float(dep.loc[r, column])
+            if math.isnan(s) and math.isnan(m):
+                continue
+            rows.append(
+                {
+                    "round": int(r),
+                    "stage": _stage_name(column),
+                    "simulated_s": s,
+                    "measured_s": m,
+                    "error": relative_error(s, m),
+                }
+            )
+    per_round = pd.DataFrame(rows, columns=["round", "stage", "simulated_s", "measured_s", "error"])
+    summary_rows = []
+    for stage, group in per_round.groupby("stage", sort=False):
+        s, m = group["simulated_s"].mean(), group["measured_s"].mean()
+        errors = group["error"].abs()
+        summary_rows.append(
+            {
+                "stage": stage,
+                "simulated_s": s,
+                "measured_s": m,
+                "error": relative_error(s, m),
+                "median_abs_error": float(errors.median()),
+                "worst_abs_error": float(errors.max()),
+                "rounds": len(group),
+            }
+        )
+    summary = pd.DataFrame(summary_rows)
+    return Validation(per_round, summary, identical, len(common))
+
+
+def relative_error(simulated: float, measured: float) -> float:
+    """(simulated - measured) / measured; NaN where either is missing or the measurement is 0."""
+    if not (math.isfinite(simulated) and math.isfinite(measured)) or measured == 0:
+        return math.nan
+    return (simulated - measured) / measured
+
+
+def _stage_name(column: str) -> str:
+    if column.startswith("time_"):
+        return "step." + column.removeprefix("time_")
+    return {"round_time": "round", "download_s": "download", "train_s": "train", "aggregate_s": "aggregate"}[column]
+
+
+def testbed_overrides(cores: int | None = None) -> list[str]:
+    """``--set`` overrides that make the simulator model this host's testbed."""
+    return [f"testbed={{cores: {cores or os.cpu_count() or 1}}}", "server.speed=1"]
+
+
+def plot(validation: Validation, out: Path, title: str) -> list[Path]:
+    """Simulated against measured seconds per stage, with the relative error on each pair (PNG and PDF)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    summary = validation.summary
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(summary) + 2), 4))
+    x = range(len(summary))
+    width = 0.4
+    ax.bar([i - width / 2 for i in x], summary["simulated_s"], width, label="simulated (testbed model)")
+    ax.bar([i + width / 2 for i in x], summary["measured_s"], width, label="measured (sockets)")
+    for i, (s, m, e) in enumerate(zip(summary["simulated_s"], summary["measured_s"], summary["error"], strict=True)):
+        if math.isfinite(e):
+            ax.annotate(f"{e:+.0%}", (i, max(s, m)), ha="center", va="bottom", fontsize=8)
+    ax.set_xticks(list(x), list(summary["stage"]), rotation=30, ha="right")
+    ax.set_ylabel("mean time per round (s)")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    paths = [out / "validation.png", out / "validation.pdf"]
+    for path in paths:
+        fig.savefig(path)
+    plt.close(fig)
+    return paths

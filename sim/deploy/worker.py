@@ -1,0 +1,498 @@
+"""A client worker: one OS process that plays one sampled client per round over its own TCP connection.
+
+The worker connects to the server, authenticates (:func:`sim.deploy.framing.client_handshake`), sends its
+clock and receives the resolved scenario (:class:`~sim.deploy.control.Config`), from which it builds
+what every client of the scenario shares: the population's device profiles, the federated data, the
+model and the privacy plan. Then, round after round, the server tells it which client to play
+(:class:`~sim.deploy.control.RoundStart`). It fetches the model, trains it for real (torch, one thread),
+and runs that client's protocol machines (:class:`sim.protocol.instances.RoundInstances`, built from the
+seed exactly as the simulator builds them), sending the machines' messages in frames, through token
+buckets at the client's bandwidth, and computing on one processor slowed down by the client's Zipf
+factor (:mod:`sim.deploy.compute`). A pipelined round runs one machine per chunk, with the client's CPU
+and link taking one chunk's stage at a time (:class:`sim.engine.gates.StageGate`, Hyades appendix F).
+
+A planned dropout leaves before its step: the worker closes its connection (the server sees the close at
+once) and connects again for the next round; with ``dropout.silent`` it just stops answering. A server
+message its machine refuses makes it abort and close the connection. Then it reports its timeline
+(:class:`~sim.deploy.control.ClientReport`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from sim.deploy import control
+from sim.deploy.compute import SIDE, STAGED, Processor
+from sim.deploy.connection import Connection
+from sim.deploy.framing import Closed, FrameError, client_handshake
+from sim.deploy.identity import party_identity
+from sim.deploy.loopclock import LoopClock
+from sim.deploy.shaping import TokenBucket
+from sim.engine.gates import StageGate
+from sim.engine.population import Population
+from sim.engine.privacy import PrivacyLedger, nominal_sampling
+from sim.engine.round import MBPS
+from sim.learning.federated import load_federated
+from sim.learning.trainer import Learner
+from sim.protocol import wire
+from sim.protocol.fedavg import ModelDownload
+from sim.protocol.instances import RoundInstances
+from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError
+from sim.protocol.messages import AggregateChunk, MaskedInput
+from sim.protocol.private import PrivateRound
+from sim.protocol.registry import fixed_point
+from sim.runner import scenario_digest
+from sim.scenario.grid import Grid
+from sim.scenario.schema import Scenario
+from sim.scenario.source import as_plain, parse_text
+
+log = logging.getLogger("sim.deploy.worker")
+
+SERVER_PARTY = -1
+
+
+class LeftError(Exception):
+    """The client left the round (a planned dropout, or it refused the server)."""
+
+
+@dataclass
+class Timeline:
+    """What the worker did in a round, in seconds of its monotonic clock."""
+
+    download_start: float = math.nan
+    download_end: float = math.nan
+    train_start: float = math.nan
+    train_end: float = math.nan
+    upload_s: float = 0.0
+    last_upload_end: float = math.nan
+    left: str = ""
+    left_at: float = math.nan
+
+    def report(self, round: int, compute_s: float) -> control.ClientReport:
+        return control.ClientReport(
+            round,
+            self.download_start,
+            self.download_end,
+            self.train_start,
+            self.train_end,
+            compute_s,
+            self.upload_s,
+            self.last_upload_end,
+            self.left_at,
+            self.left.encode(),
+        )
+
+    def sent(self, future: asyncio.Future[tuple[float, float]]) -> None:
+        """Count an upload once written."""
+        if future.cancelled() or future.exception() is not None:
+            return
+        start, end = future.result()
+        self.upload_s += end - start
+        self.last_upload_end = end
+
+
+class Shared:
+    """What every client of the scenario shares, built once per configuration."""
+
+    def __init__(self, scenario: Scenario) -> None:
+        sc = self.scenario = scenario
+        self.population = Population.build(sc.population, sc.clients, sc.seed)
+        self.data = load_federated(sc.data, sc.population, sc.seed)
+        assert sc.model.name is not None  # the deployment needs a real model (checked by the server)
+        self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed)
+        self.privacy: PrivacyLedger | None = None
+        if sc.privacy.enabled:
+            q, nominal = nominal_sampling(sc)
+            self.privacy = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, nominal, self.learner.dim, sc.seed)
+
+    def warm_up(self) -> None:
+        """Train once and throw the result away: torch's first backward pass allocates and dispatches for
+        far longer than later ones, a start-up cost no round should carry."""
+        params = self.learner.params.copy()
+        self.learner.local_update(0, 0)
+        self.learner.params = params
+
+    def private(self, start: control.RoundStart) -> PrivateRound | None:
+        if self.privacy is None:
+            return None
+        rate = None if start.rate == control.NO_RATE else start.rate
+        return self.privacy.round(start.round, len(start.sampled), rate)[1]
+
+
+@dataclass
+class Play:
+    """One round as one client: its connection, machines and resources."""
+
+    start: control.RoundStart
+    shared: Shared
+    conn: Connection
+    inbox: dict[int, asyncio.Queue[bytes]]
+    cpu: Processor
+    up: TokenBucket
+    timeline: Timeline = field(default_factory=Timeline)
+    machines: dict[int, ClientMachine] = field(default_factory=dict)
+    trained_busy: float = 0.0
+    """Busy seconds of the processor up to the end of training (not protocol compute)."""
+    decoded: dict[int, np.ndarray] = field(default_factory=dict)
+    """Pipelined: each chunk's sum, centred (stage 5)."""
+    unsent: set[int] = field(default_factory=set)
+    """Pipelined: chunks whose masked input is not written yet."""
+    all_sent: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def sent(self, j: int) -> None:
+        self.unsent.discard(j)
+        if not self.unsent:
+            self.all_sent.set()
+
+
+class Worker:
+    """Worker ``index`` of a deployment whose server listens at ``host:port``."""
+
+    def __init__(
+        self, host: str, port: int, index: int, secret: bytes, max_frame: int, connect_timeout: float = 30.0
+    ) -> None:
+        self.host, self.port, self.index = host, port, index
+        self.signing, _ = party_identity(secret, index)
+        _, self.server_key = party_identity(secret, SERVER_PARTY)
+        self.max_frame = max_frame
+        self.connect_timeout = connect_timeout
+        self.shared: Shared | None = None
+        self.digest = b""
+
+    async def run(self) -> None:
+        """Serve the deployment until the server says it is over (or cannot be reached)."""
+        while True:
+            try:
+                reader, writer = await self._connect()
+            except (OSError, FrameError, asyncio.TimeoutError) as exc:
+                log.error("worker %d: cannot reach the server at %s:%d: %s", self.index, self.host, self.port, exc)
+                raise SystemExit(2) from exc
+            if await self._session(reader, writer) == "shutdown":
+                return
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        deadline = time.monotonic() + self.connect_timeout
+        delay = 0.05
+        while True:
+            try:
+                return await asyncio.open_connection(self.host, self.port)
+            except OSError:
+                if time.monotonic() + delay > deadline:
+                    raise
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
+        """One connection: handshake, configuration, rounds; ``"shutdown"`` or ``"reconnect"``."""
+        session = await client_handshake(reader, writer, self.index, self.signing, self.server_key)
+        controls: asyncio.Queue[bytes | None] = asyncio.Queue()
+        inbox: dict[int, asyncio.Queue[bytes]] = {}
+
+        def on_frame(channel: int, payload: bytes, _arrived: float) -> None:
+            if channel == control.CONTROL:
+                controls.put_nowait(payload)
+            else:
+                inbox.setdefault(channel, asyncio.Queue()).put_nowait(payload)
+
+        conn = Connection(reader, writer, session, self.max_frame, on_frame, lambda _r: controls.put_nowait(None))
+        conn.start()
+        while True:
+            payload = await controls.get()
+            if payload is None:
+                return "reconnect"
+            message = wire.decode(payload)
+            if isinstance(message, control.Config):
+                try:
+                    await asyncio.get_running_loop().run_in_executor(None, self._configure, message)
+                except Exception as exc:
+                    reason = f"cannot run the server's scenario: {type(exc).__name__}: {exc}"
+                    log.error("worker %d: %s", self.index, reason)
+                    conn.send(control.CONTROL, control.Shutdown(reason.encode()).encode())
+                    await conn.drain_and_close()
+                    raise SystemExit(2) from exc
+                conn.send(control.CONTROL, control.Clock(time.monotonic()).encode())  # configured: ready
+            elif isinstance(message, control.Shutdown):
+                await conn.drain_and_close()
+                return "shutdown"
+            elif isinstance(message, control.RoundStart):
+                inbox.clear()
+                if await self._round(message, conn, controls, inbox) == "left":
+                    return "reconnect"
+
+    def _configure(self, config: control.Config) -> None:
+        if self.shared is not None and config.digest == self.digest:
+            return
+        scenario = read_config(config)
+        torch.set_num_threads(1)
+        shared = Shared(scenario)
+        shared.warm_up()
+        self.shared, self.digest = shared, config.digest
+
+    async def _round(
+        self,
+        start: control.RoundStart,
+        conn: Connection,
+        controls: asyncio.Queue[bytes | None],
+        inbox: dict[int, asyncio.Queue[bytes]],
+    ) -> str:
+        """Play ``start.client`` until the server ends the round; ``"left"`` if the connection closed."""
+        assert self.shared is not None, "a round before the configuration"
+        shared, c = self.shared, start.client
+        mbps = float(shared.population.bandwidth_mbps[c])
+        up = TokenBucket(mbps * MBPS)
+        conn.send_buckets = (up,)
+        conn.recv_bucket = TokenBucket(mbps * MBPS)
+        cpu = Processor(f"client{c}", float(shared.population.slowdown[c]))
+        play = Play(start, shared, conn, inbox, cpu, up)
+        task = asyncio.create_task(self._play(play))
+        outcome = "stay"
+        while True:
+            payload = await controls.get()
+            if payload is None:
+                outcome = "left"
+                break
+            message = wire.decode(payload)
+            if isinstance(message, control.RoundEnd) and message.round == start.round:
+                break
+        if not task.done():
+            task.cancel()
+        try:
+            await task
+        except (asyncio.CancelledError, LeftError, Closed):
+            pass
+        except Exception:
+            log.exception("worker %d: round %d as client %d failed", self.index, start.round, c)
+        cpu.shutdown()
+        if outcome == "stay":
+            conn.send(control.CONTROL, play.timeline.report(start.round, cpu.busy_s - play.trained_busy).encode())
+        return outcome
+
+    # -- the client's part of a round ----------------------------------------------------------------
+    async def _play(self, p: Play) -> None:
+        sc, start = p.shared.scenario, p.start
+        c = start.client
+        stages = sc.aggregation.dropout_stages()
+        leave_before = stages.get(start.drop.decode()) if start.drop else None
+        try:
+            if leave_before == "":
+                self._leave(p, start.drop.decode())
+            p.timeline.download_start = time.monotonic()
+            payload = await self._receive(p, 0)
+            model = await p.cpu.run(lambda: wire.decode(payload))
+            if not isinstance(model, ModelDownload) or model.round != start.round:
+                raise LeftError(f"aborted: expected the round's model, got {type(model).__name__}")
+            p.timeline.download_end = p.timeline.train_start = time.monotonic()
+            learner = p.shared.learner
+            params = np.asarray(model.params, dtype=np.float32)
+
+            def train() -> tuple[np.ndarray, float]:
+                learner.params = params
+                return learner.local_update(c, start.round)
+
+            update, weight = await p.cpu.run(train)
+            p.timeline.train_end = time.monotonic()
+            p.trained_busy = p.cpu.busy_s
+            instances = RoundInstances(
+                sc.aggregation,
+                sc.seed,
+                start.round,
+                tuple(int(x) for x in start.sampled),
+                learner.dim,
+                p.shared.private(start),
+                chunks=start.chunks if start.chunks > 0 else None,
+            )
+            if instances.pipelined:
+                await self._pipelined(p, instances, update, weight, leave_before)
+            else:
+                await self._single(p, instances, update, weight, leave_before)
+        except LeftError as exc:
+            p.timeline.left, p.timeline.left_at = str(exc), time.monotonic()
+            if not sc.dropout.silent or str(exc).startswith("aborted"):
+                # say why, then close: the server sees the close at once
+                p.conn.send(control.CONTROL, control.Leaving(start.round, str(exc).encode()).encode())
+                await p.conn.drain_and_close()
+            raise
+
+    def _leave(self, p: Play, why: str) -> None:
+        raise LeftError(why)
+
+    async def _receive(self, p: Play, channel: int) -> bytes:
+        return await p.inbox.setdefault(channel, asyncio.Queue()).get()
+
+    async def _react(self, p: Play, channel: int, call: Any, priority: int = STAGED) -> Reaction:
+        """Run a machine call and encode its messages on the CPU; returns the reaction (frames sent)."""
+
+        def work() -> tuple[Reaction, list[bytes]]:
+            reaction = call()
+            return reaction, [send.message.encode() for send in reaction.sends]
+
+        try:
+            reaction, frames = await p.cpu.run(work, priority)
+        except RemoteProtocolError as exc:
+            raise LeftError(f"aborted: {exc.reason}") from exc
+        for frame in frames:
+            p.conn.send(channel, frame).add_done_callback(p.timeline.sent)
+        return reaction
+
+    async def _single(
+        self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, leave_before: str | None
+    ) -> None:
+        c = p.start.client
+        machine = p.machines[0] = inst.client(c)
+        if leave_before == machine.first_step:
+            self._leave(p, p.start.drop.decode())
+        await self._react(p, 0, lambda: machine.start(update, weight))
+        while True:
+            payload = await self._receive(p, 0)
+            message = await p.cpu.run(lambda payload=payload: wire.decode(payload))  # type: ignore[misc]
+            if leave_before and machine.stage_of(message) == leave_before:
+                self._leave(p, p.start.drop.decode())
+            await self._react(p, 0, lambda message=message: machine.receive(message))
+
+    async def _pipelined(
+        self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, leave_before: str | None
+    ) -> None:
+        c, m = p.start.client, len(inst.slots)
+        sc = p.shared.scenario
+        if leave_before == "advertise_keys":
+            self._leave(p, p.start.drop.decode())
+        encoded = await p.cpu.run(lambda: inst.encode(c, update))
+        assert isinstance(encoded, np.ndarray)
+        p.unsent = set(range(m))
+        clock = LoopClock()
+        dispatch = sc.pipeline is None or sc.pipeline.dispatch
+        cpu_gate = StageGate(clock, f"client{c}.cpu", (1, 5) if dispatch else (1,), m)  # type: ignore[arg-type]
+        link_gate = StageGate(clock, f"client{c}.link", (2,), m)  # type: ignore[arg-type]
+        tasks = [
+            asyncio.create_task(
+                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, leave_before, cpu_gate, link_gate)
+            )
+            for j, slot in enumerate(inst.slots)
+        ]
+        try:
+            done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+            for task in done:
+                task.result()
+            if dispatch:
+                await p.cpu.run(lambda: self._finish_decode(p, inst))
+        finally:
+            for task in tasks:
+                task.cancel()
+
+    async def _chunk(
+        self,
+        p: Play,
+        inst: RoundInstances,
+        j: int,
+        piece: np.ndarray,
+        weight: float,
+        leave_before: str | None,
+        cpu_gate: StageGate,
+        link_gate: StageGate,
+    ) -> None:
+        """Chunk ``j``'s instance: stages 1 (mask) and 2 (upload), its answers in stage 3, then 5 (decode)."""
+        c = p.start.client
+        machine = p.machines[j] = inst.client(c, j)
+        await cpu_gate.admit(1, j)  # type: ignore[misc]
+        await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate)
+        while True:
+            payload = await self._receive(p, j)
+            staged = (1, j) not in cpu_gate.done
+            priority = STAGED if staged else SIDE
+            message = await p.cpu.run(lambda payload=payload: wire.decode(payload), priority)  # type: ignore[misc]
+            if isinstance(message, AggregateChunk):
+                await cpu_gate.admit(5, j)  # type: ignore[misc]
+                await p.cpu.run(lambda message=message: self._decode_chunk(p, inst, j, message))  # type: ignore[misc]
+                cpu_gate.release(5, j)
+                return
+            if leave_before and machine.stage_of(message) == leave_before:
+                if leave_before in after_upload(p.shared.scenario):
+                    await p.all_sent.wait()  # as the simulator: every masked input goes out before it leaves
+                self._leave(p, p.start.drop.decode())
+            call = lambda message=message: machine.receive(message)  # noqa: E731
+            await self._chunk_react(p, j, call, priority, cpu_gate, link_gate)
+
+    async def _chunk_react(
+        self, p: Play, j: int, call: Any, priority: int, cpu_gate: StageGate, link_gate: StageGate
+    ) -> None:
+        def work() -> tuple[Reaction, list[bytes]]:
+            reaction = call()
+            return reaction, [send.message.encode() for send in reaction.sends]
+
+        try:
+            reaction, frames = await p.cpu.run(work, priority)
+        except RemoteProtocolError as exc:
+            raise LeftError(f"aborted: {exc.reason}") from exc
+        for send, frame in zip(reaction.sends, frames, strict=True):
+            if isinstance(send.message, MaskedInput):
+                cpu_gate.release(1, j)  # stage 1 ends with the masked input computed
+                await link_gate.admit(2, j)  # type: ignore[misc]
+                sent = p.conn.send(j, frame)
+                sent.add_done_callback(lambda _f: link_gate.release(2, j))
+                sent.add_done_callback(lambda _f: p.sent(j))
+            else:
+                sent = p.conn.send(j, frame)
+            sent.add_done_callback(p.timeline.sent)
+
+    @staticmethod
+    def _decode_chunk(p: Play, inst: RoundInstances, j: int, message: AggregateChunk) -> None:
+        """Stage 5: the client decodes chunk ``j``'s sum as far as one chunk allows: the fixed-point mean,
+        or (DSkellam) the centred integers, whose inverse rotation needs every chunk (:meth:`_finish_decode`)."""
+        values = np.asarray(message.total.values)
+        if inst.private is None:
+            p.decoded[j] = fixed_point(inst.aggregation, len(inst.sampled)).decode_mean(values, 1)
+            return
+        total = values.astype(np.int64)
+        half = np.int64(1) << np.int64(message.total.bits - 1)
+        p.decoded[j] = (total + half) % (half * 2) - half
+
+    @staticmethod
+    def _finish_decode(p: Play, inst: RoundInstances) -> None:
+        """DSkellam: the inverse rotation of the whole sum once every chunk's is in."""
+        if inst.private is None or len(p.decoded) != len(inst.slots):
+            return
+        total = np.concatenate([p.decoded[j] for j in range(len(inst.slots))])
+        inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
+
+
+def after_upload(scenario: Scenario) -> frozenset[str]:
+    """Steps before which a planned dropout has uploaded every chunk's masked input (as
+    :attr:`sim.engine.pipelined.PipelinedRound.after_upload`)."""
+    steps = scenario.aggregation.steps()
+    return frozenset(steps[steps.index("masked_input") + 1 :]) if "masked_input" in steps else frozenset()
+
+
+def worker_main(host: str, port: int, index: int, secret: bytes, max_frame: int) -> None:
+    """Entry point of a worker process (``dropsim worker``)."""
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    asyncio.run(Worker(host, port, index, secret, max_frame).run())
+
+
+def config_message(scenario: Scenario) -> control.Config:
+    """The configuration a worker receives: the scenario document as written (sweep values and ``--set``
+    overrides applied), as JSON, and the digest of the resolved scenario it must read back to."""
+    assert scenario.document is not None, "a scenario read from a document"
+    text = json.dumps({"file": scenario.document.name, "scenario": as_plain(scenario.document.data)}, default=str)
+    return control.Config(text.encode(), scenario_digest(scenario).encode())
+
+
+def read_config(config: control.Config) -> Scenario:
+    """The scenario of a :class:`~sim.deploy.control.Config`; it must resolve to the server's digest."""
+    try:
+        sent = json.loads(config.scenario)
+        name, data = str(sent["file"]), sent["scenario"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"the server's configuration is not a scenario: {exc}") from None
+    scenario = Grid.from_document(parse_text(json.dumps(data), name)).base()
+    if scenario_digest(scenario).encode() != config.digest:
+        raise ValueError("the scenario read from the server's configuration differs from the server's (versions?)")
+    return scenario

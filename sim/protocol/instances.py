@@ -1,0 +1,122 @@
+"""The protocol instances of one round, built as every driver builds them from the scenario seed.
+
+A round of ``chunks`` instances (1 when it is not pipelined; Dordis section 4) has one server machine per
+instance and, for each sampled client, one client machine per instance. Every party derives its key
+material from the scenario seed (``KEYS`` stream, per round, client and chunk), the round's SecAgg+ graph
+from the ``GRAPH`` stream, and the malicious variant's long-term identities from the ``IDENTITY`` stream,
+so the SimPy engine and the socket deployment build bit-identical machines; the deployment's client
+processes build only their own client's. A pipelined client encodes its whole update once (DSkellam's
+clipping and rotation need all of it) and gives each instance its slice of the encoding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from sim.crypto import signatures
+from sim.crypto.randomness import SeededRandom
+from sim.protocol import wire
+from sim.protocol.machine import Aggregate, ClientMachine, ServerMachine, Work
+from sim.protocol.private import PrivateRound
+from sim.protocol.registry import AggregationParams, ChunkSlot, ClientFactory, chunk_slots, fixed_point, round_machines
+from sim.protocol.suite import RealSuite, SizedSuite
+from sim.protocol.wire import Blank, Opaque, Vector
+from sim.seeds import Stream, generator, int_seed, seed_bytes
+
+
+@dataclass
+class RoundInstances:
+    """The machines of round ``number`` over ``sampled`` (``full``: real payloads, else timing fidelity)."""
+
+    aggregation: AggregationParams
+    seed: int
+    number: int
+    sampled: tuple[int, ...]
+    dim: int
+    private: PrivateRound | None = None
+    chunks: int | None = None
+    """Pipelined: the number of protocol instances (None: one unpipelined instance)."""
+    full: bool = True
+    servers: list[ServerMachine] = field(default_factory=list)
+    factories: list[ClientFactory] = field(default_factory=list)
+    slots: tuple[ChunkSlot, ...] = ()
+    """Pipelined: each instance's slice of the encoded update."""
+    signing: dict[int, wire.Data] = field(default_factory=dict)
+    """Long-term signing keys of the sampled clients (malicious variant)."""
+
+    def __post_init__(self) -> None:
+        suite = RealSuite() if self.full else SizedSuite()
+        verification = self._identities()
+        graph_seed = int_seed(self.seed, Stream.GRAPH, self.number)
+        common = (self.aggregation, self.number, self.sampled, self.dim, suite, graph_seed, verification)
+        if self.chunks is None:
+            server, factory = round_machines(*common, private=self.private)
+            self.servers, self.factories = [server], [factory]
+            return
+        length = self.private.length if self.private is not None else self.dim
+        self.slots = chunk_slots(length, self.chunks)
+        for slot in self.slots:
+            server, factory = round_machines(*common, private=self.private, chunk=slot)
+            self.servers.append(server)
+            self.factories.append(factory)
+
+    def _identities(self) -> dict[int, wire.Data]:
+        """Verification keys of the sampled clients (malicious variant; signing keys go to ``signing``)."""
+        verification: dict[int, wire.Data] = {}
+        if self.aggregation.malicious:
+            for c in self.sampled:
+                if self.full:
+                    self.signing[c], verification[c] = signatures.generate(
+                        SeededRandom(seed_bytes(self.seed, Stream.IDENTITY, c))
+                    )
+                else:
+                    self.signing[c], verification[c] = Opaque(32), Opaque(32)
+        return verification
+
+    @property
+    def pipelined(self) -> bool:
+        return self.chunks is not None
+
+    def client(self, c: int, chunk: int | None = None) -> ClientMachine:
+        """Client ``c``'s machine (of instance ``chunk`` in a pipelined round)."""
+        if chunk is None:
+            keys = SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c))
+            encoding = generator(self.seed, Stream.ENCODING, self.number, c) if self.full else None
+            return self.factories[0](c, keys, encoding, self.signing.get(c))
+        keys = SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c, chunk))
+        return self.factories[chunk](c, keys, None, self.signing.get(c))
+
+    def encode(self, c: int, update: Vector) -> Vector:
+        """Pipelined: client ``c``'s whole update encoded (fixed point mod 2^bits, or DSkellam before noise)."""
+        if not self.full:
+            return Blank(self.slots[-1].stop, np.uint32)
+        assert isinstance(update, np.ndarray)
+        rng = generator(self.seed, Stream.ENCODING, self.number, c)
+        if self.private is None:
+            return fixed_point(self.aggregation, len(self.sampled)).encode(update, rng)
+        return self.private.encoding.encode(update, self.private.rotation_seed, rng)
+
+    def combine(self, aggregates: list[Aggregate]) -> Aggregate:
+        """Pipelined: the round's aggregate from every instance's sum (each chunk's mean over its own
+        survivors); the round's survivors are those in every chunk's sum."""
+        survivors = set(aggregates[0].survivors).intersection(*(a.survivors for a in aggregates[1:]))
+        vector: Vector = Blank(self.dim, np.float32)
+        if self.full:
+            counts = [len(a.survivors) for a in aggregates]
+            total = np.concatenate([np.asarray(a.vector) for a in aggregates])
+            per_value: int | np.ndarray = counts[0]
+            if len(set(counts)) > 1:
+                per_value = np.repeat(np.asarray(counts, dtype=np.float64), [slot.length for slot in self.slots])
+            if self.private is None:
+                vector = fixed_point(self.aggregation, len(self.sampled)).decode_mean(total, per_value)
+            else:
+                vector = self.private.decode_mean(total, per_value)
+        return Aggregate(vector, tuple(sorted(survivors)), float(len(survivors)))
+
+    def combine_work(self) -> list[Work]:
+        """Work of :meth:`combine` (the server's decoding of the concatenated sums)."""
+        if self.private is None:
+            return [Work("decode.fixed_point", {"elements": self.dim})]
+        return list(self.private.decode_work())

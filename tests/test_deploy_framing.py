@@ -1,0 +1,496 @@
+"""The deployment mode's record layer and link shaping, over real loopback sockets where it matters.
+
+Every socket test runs in ``asyncio.run`` under a few-second ``wait_for``; timing checks of the token
+bucket are deliberately tolerant (they check that shaping happens, not the scheduler's precision), and
+its arithmetic is checked exactly in fake time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import pytest
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim.crypto import agreement, signatures
+from sim.crypto.randomness import SeededRandom
+from sim.deploy import framing
+from sim.deploy.framing import (
+    DEFAULT_MAX_FRAME,
+    OVERHEAD,
+    Closed,
+    FrameError,
+    Session,
+    client_handshake,
+    identity,
+    read_frame,
+    send_frame,
+    server_handshake,
+)
+from sim.deploy.shaping import TokenBucket, seconds_for
+
+T = TypeVar("T")
+SEED = 2024
+SERVER_SEED, SERVER_PUBLIC = identity(SEED, -1)
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+def run(coroutine: Coroutine[Any, Any, T], timeout: float = 5.0) -> T:
+    return asyncio.run(asyncio.wait_for(coroutine, timeout))
+
+
+@asynccontextmanager
+async def connection() -> AsyncIterator[tuple[Streams, Streams]]:
+    """``(client end, server end)`` of one TCP connection on 127.0.0.1."""
+    accepted: asyncio.Queue[Streams] = asyncio.Queue()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await accepted.put((reader, writer))
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    client = await asyncio.open_connection("127.0.0.1", port)
+    served = await accepted.get()
+    try:
+        yield client, served
+    finally:
+        for _, writer in (client, served):
+            writer.close()
+        server.close()
+        await server.wait_closed()
+
+
+def verification_of(*parties: int) -> Callable[[int], bytes | None]:
+    keys = {party: identity(SEED, party)[1] for party in parties}
+    return keys.get
+
+
+async def handshake(client: Streams, served: Streams, party: int = 0) -> tuple[Session, Session]:
+    """``(client session, server session)`` after a successful handshake of worker ``party``."""
+    signing, _ = identity(SEED, party)
+    client_session, (seen, server_session) = await asyncio.gather(
+        client_handshake(*client, party, signing, SERVER_PUBLIC),
+        server_handshake(*served, verification_of(party), SERVER_SEED),
+    )
+    assert seen == party
+    return client_session, server_session
+
+
+def session_pair() -> tuple[Session, Session]:
+    return Session(bytes(range(16)), bytes(range(16, 32))), Session(bytes(range(16, 32)), bytes(range(16)))
+
+
+def reader_of(data: bytes, eof: bool = True) -> asyncio.StreamReader:
+    """A stream holding ``data`` (call inside the event loop)."""
+    reader = asyncio.StreamReader()
+    reader.feed_data(data)
+    if eof:
+        reader.feed_eof()
+    return reader
+
+
+def body(frame: bytes) -> bytes:
+    return frame[4:]
+
+
+# -- the record layer over a real connection ---------------------------------------------------------
+
+
+def test_frames_round_trip_both_ways_on_four_channels():
+    payloads = [b"", b"x", bytes(range(256)) * 300, b"\x00" * 70_000, b"last"]
+
+    async def scenario() -> None:
+        async with connection() as (client, served):
+            client_session, server_session = await handshake(client, served, party=3)
+            for i, payload in enumerate(payloads):
+                await send_frame(client[1], client_session.seal(i % 4, payload))
+                assert server_session.open(await read_frame(served[0])) == (i % 4, payload)
+                await send_frame(served[1], server_session.seal(3 - i % 4, payload[::-1]))
+                assert client_session.open(await read_frame(client[0])) == (3 - i % 4, payload[::-1])
+            assert (client_session.sent, client_session.received) == (5, 5)
+            assert (server_session.sent, server_session.received) == (5, 5)
+
+    run(scenario())
+
+
+def test_session_keys_follow_the_specified_derivation():
+    # Replays both sides' randomness to derive c2s and s2c independently, with cryptography's raw X25519
+    # and a 16-byte HKDF, and checks that sessions built from them talk to the handshake's sessions.
+    client_seed, server_seed = bytes(32), bytes([1]) * 32
+
+    async def scenario() -> tuple[Session, Session]:
+        async with connection() as (client, served):
+            signing, _ = identity(SEED, 0)
+            client_session, (_, server_session) = await asyncio.gather(
+                client_handshake(*client, 0, signing, SERVER_PUBLIC, rng=SeededRandom(client_seed)),
+                server_handshake(*served, verification_of(0), SERVER_SEED, rng=SeededRandom(server_seed)),
+            )
+            return client_session, server_session
+
+    client_session, server_session = run(scenario())
+    client_rng, server_rng = SeededRandom(client_seed), SeededRandom(server_seed)
+    eph_c, nonce_c = client_rng.bytes(32), client_rng.bytes(32)
+    eph_s, nonce_s = server_rng.bytes(32), server_rng.bytes(32)
+    shared = X25519PrivateKey.from_private_bytes(eph_c).exchange(
+        X25519PublicKey.from_public_bytes(agreement.public_of(eph_s))
+    )
+    c2s = agreement.hkdf(shared, b"dropsim-deploy-1 c2s" + nonce_c + nonce_s, 16)
+    s2c = agreement.hkdf(shared, b"dropsim-deploy-1 s2c" + nonce_c + nonce_s, 16)
+    assert server_session.open(body(Session(c2s, s2c).seal(1, b"up"))) == (1, b"up")
+    assert Session(c2s, s2c).open(body(server_session.seal(2, b"down"))) == (2, b"down")
+    assert Session(s2c, c2s).open(body(client_session.seal(0, b"c"))) == (0, b"c")
+
+
+# -- seal and open ---------------------------------------------------------------------------------
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**16 - 1), st.binary(max_size=300)), max_size=12))
+def test_open_inverts_seal_in_order(frames):
+    sender, receiver = session_pair()
+    for count, (channel, payload) in enumerate(frames, start=1):
+        frame = sender.seal(channel, payload)
+        assert len(frame) == OVERHEAD + len(payload)
+        assert int.from_bytes(frame[:4], "big") == len(frame) - 4
+        assert receiver.open(body(frame)) == (channel, payload)
+        assert sender.sent == receiver.received == count
+
+
+def test_each_direction_has_its_own_key():
+    client, server = session_pair()
+    with pytest.raises(FrameError, match="bad tag"):
+        client.open(body(Session(bytes(range(16)), bytes(16)).seal(0, b"reflected")))
+    assert server.open(body(client.seal(0, b"ok"))) == (0, b"ok")
+
+
+def expected_tamper_error(position: int) -> str:
+    """What opening a frame with byte ``position`` (of the body, kind at 0) flipped reports."""
+    if position == 0:
+        return "unexpected frame kind"
+    if 3 <= position < 11:
+        return "out-of-order frame"
+    return "unauthenticated frame: bad tag on seq 0"
+
+
+@pytest.mark.parametrize("flip", [0x01, 0x80])
+def test_tampering_any_byte_is_detected_and_does_not_advance(flip):
+    sender, receiver = session_pair()
+    frame = body(sender.seal(2, b"the model update"))
+    for position in range(len(frame)):
+        tampered = bytearray(frame)
+        tampered[position] ^= flip
+        with pytest.raises(FrameError, match=expected_tamper_error(position)):
+            receiver.open(bytes(tampered))
+        assert receiver.received == 0
+    assert receiver.open(frame) == (2, b"the model update")
+
+
+def test_tampering_the_length_prefix_is_detected():
+    frame = session_pair()[0].seal(0, b"x" * 40)
+
+    async def read_tampered(position: int) -> None:
+        tampered = bytearray(frame)
+        tampered[position] ^= 0x01
+        session = session_pair()[1]
+        session.open(await read_frame(reader_of(bytes(tampered))))
+
+    for position in range(4):
+        with pytest.raises((FrameError, Closed)):
+            run(read_tampered(position))
+
+
+def test_a_replayed_frame_is_rejected():
+    sender, receiver = session_pair()
+    frames = [body(sender.seal(0, bytes([i]))) for i in range(3)]
+    receiver.open(frames[0])
+    receiver.open(frames[1])
+    with pytest.raises(FrameError) as caught:
+        receiver.open(frames[0])
+    assert caught.value.reason == "replayed frame: seq 0, already received up to 1"
+    assert str(caught.value) == caught.value.reason
+    assert receiver.open(frames[2]) == (0, b"\x02")
+
+
+def test_a_skipped_frame_is_rejected():
+    sender, receiver = session_pair()
+    frames = [body(sender.seal(1, bytes([i]))) for i in range(3)]
+    receiver.open(frames[0])
+    with pytest.raises(FrameError) as caught:
+        receiver.open(frames[2])
+    assert caught.value.reason == "out-of-order frame: seq 2, expected 1"
+    assert receiver.open(frames[1]) == (1, b"\x01")
+
+
+def test_session_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="send_key must be 16 bytes"):
+        Session(bytes(32), bytes(16))
+    with pytest.raises(ValueError, match="channel must be in 0..65535"):
+        session_pair()[0].seal(2**16, b"")
+    with pytest.raises(FrameError, match="shorter than the 27 bytes"):
+        session_pair()[1].open(bytes(26))
+
+
+# -- reading frames ----------------------------------------------------------------------------------
+
+
+def test_a_giant_length_prefix_is_refused_before_the_body_arrives():
+    async def scenario() -> None:
+        # No body and no EOF: a reader that waited for the body would hang until the timeout.
+        await read_frame(reader_of(b"\xff\xff\xff\xff" + b"abc", eof=False))
+
+    with pytest.raises(FrameError) as caught:
+        run(scenario(), timeout=2.0)
+    assert caught.value.reason == f"frame of {2**32 - 1} bytes exceeds the limit of {DEFAULT_MAX_FRAME} bytes"
+
+
+def test_a_frame_shorter_than_header_and_tag_is_refused():
+    async def scenario() -> bytes:
+        return await read_frame(reader_of((26).to_bytes(4, "big") + bytes(26)))
+
+    with pytest.raises(FrameError, match="frame of 26 bytes is shorter than the 27 bytes of header and tag"):
+        run(scenario())
+
+
+def test_eof_mid_frame_and_between_frames_is_closed():
+    frame = session_pair()[0].seal(0, b"payload")
+
+    async def scenario(cut: int) -> bytes:
+        async with connection() as (client, served):
+            client[1].write(frame[:cut])
+            await client[1].drain()
+            client[1].close()
+            return await read_frame(served[0])
+
+    for cut in (0, 2, 4, 10, len(frame) - 1):
+        with pytest.raises(Closed):
+            run(scenario(cut))
+    assert run(scenario(len(frame))) == body(frame)
+
+
+# -- the handshake -----------------------------------------------------------------------------------
+
+
+async def serve_one(send: Callable[[Streams], Awaitable[None]], timeout: float = 30.0) -> tuple[int, Session]:
+    """Run server_handshake against a client that does ``send``."""
+    async with connection() as (client, served):
+        await send(client)
+        return await server_handshake(*served, verification_of(0, 1), SERVER_SEED, timeout=timeout)
+
+
+def test_garbage_as_the_first_frame_is_refused():
+    async def http(client: Streams) -> None:
+        client[1].write(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+
+    with pytest.raises(FrameError, match=r"frame of 1195725856 bytes exceeds the limit of 4096 bytes"):
+        run(serve_one(http))
+
+
+def test_a_data_frame_as_the_first_frame_is_refused():
+    async def data(client: Streams) -> None:
+        client[1].write(session_pair()[0].seal(0, b"hello?"))
+
+    with pytest.raises(FrameError, match="expected a handshake, got a frame of kind 1"):
+        run(serve_one(data))
+
+
+def test_a_hello_without_the_magic_is_refused():
+    async def wrong_magic(client: Streams) -> None:
+        payload = b"dropsim-deploy-0" + bytes(4 + 32 + 32 + 64)
+        client[1].write(framing._hello_frame(payload))
+
+    with pytest.raises(FrameError, match="expected a handshake, got a HELLO without the magic"):
+        run(serve_one(wrong_magic))
+
+
+def test_a_signed_low_order_ephemeral_key_is_refused():
+    async def zero_key(client: Streams) -> None:
+        hello = (0).to_bytes(4, "big") + bytes(32) + bytes(32)
+        signature = signatures.sign(identity(SEED, 0)[0], b"dropsim-deploy-1 client" + hello)
+        client[1].write(framing._hello_frame(b"dropsim-deploy-1" + hello + signature))
+
+    with pytest.raises(FrameError, match="ephemeral key is invalid"):
+        run(serve_one(zero_key))
+
+
+def test_a_client_signing_with_the_wrong_key_fails_authentication():
+    async def scenario() -> None:
+        async with connection() as (client, served):
+            impostor, _ = identity(SEED, 1)
+            client_side = asyncio.ensure_future(client_handshake(*client, 0, impostor, SERVER_PUBLIC))
+            try:
+                await server_handshake(*served, verification_of(0, 1), SERVER_SEED)
+            finally:
+                served[1].close()
+                with pytest.raises(Closed):
+                    await client_side
+
+    with pytest.raises(FrameError) as caught:
+        run(scenario())
+    assert caught.value.reason == "party 0 failed authentication"
+
+
+def test_an_unknown_party_is_refused():
+    async def scenario() -> None:
+        async with connection() as (client, served):
+            signing, _ = identity(SEED, 7)
+            client_side = asyncio.ensure_future(client_handshake(*client, 7, signing, SERVER_PUBLIC))
+            try:
+                await server_handshake(*served, verification_of(0, 1), SERVER_SEED)
+            finally:
+                client_side.cancel()
+
+    with pytest.raises(FrameError) as caught:
+        run(scenario())
+    assert caught.value.reason == "unknown party 7"
+
+
+def test_a_server_with_the_wrong_key_fails_authentication():
+    async def scenario() -> None:
+        async with connection() as (client, served):
+            impostor, _ = identity(SEED, 5)
+            server_side = asyncio.ensure_future(server_handshake(*served, verification_of(0), impostor))
+            try:
+                await client_handshake(*client, 0, identity(SEED, 0)[0], SERVER_PUBLIC)
+            finally:
+                await server_side
+
+    with pytest.raises(FrameError, match="^server failed authentication$"):
+        run(scenario())
+
+
+def test_a_silent_client_cannot_hold_the_server():
+    async def silent(client: Streams) -> None:
+        pass
+
+    start = time.monotonic()
+    with pytest.raises(FrameError) as caught:
+        run(serve_one(silent, timeout=0.3))
+    assert caught.value.reason == "handshake timed out after 0.3 s"
+    assert 0.25 < time.monotonic() - start < 2.0
+
+
+def test_identities_are_distinct_deterministic_and_valid():
+    keys = [identity(SEED, party) for party in (-1, 0, 1)]
+    assert len({public for _, public in keys}) == 3
+    assert identity(SEED, 0) == keys[1]
+    assert identity(SEED + 1, 0) != keys[1]
+    for signing, public in keys:
+        assert signatures.verify(public, b"m", signatures.sign(signing, b"m"))
+    with pytest.raises(ValueError, match="party must be -1"):
+        identity(SEED, -2)
+
+
+# -- shaping -----------------------------------------------------------------------------------------
+
+
+class FakeTime:
+    """A clock that only the bucket's sleeps advance; records every sleep."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.sleeps: list[float] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+def test_bucket_arithmetic_with_debt_in_fake_time():
+    # 8000 bit/s is 1000 bytes/s; every number below is exact in binary floating point.
+    fake = FakeTime()
+    bucket = TokenBucket(8000, burst_bytes=1000, clock=fake.clock, sleep=fake.sleep)
+
+    async def scenario() -> None:
+        await bucket.take(1000)  # the full burst: no wait
+        assert fake.sleeps == [] and bucket.tokens == 0
+        await bucket.take(3000)  # larger than the burst: waits for a full bucket (1 s), then owes 2000 bytes
+        assert fake.sleeps == [1.0] and bucket.tokens == -2000
+        await bucket.take(500)  # waits off the debt and its own 500 bytes: 2.5 s
+        assert fake.sleeps == [1.0, 2.5] and bucket.tokens == 0
+        fake.now += 100.0  # an idle link refills only up to its burst
+        assert bucket.tokens == 1000
+        await bucket.take(0)
+        assert fake.sleeps == [1.0, 2.5]
+
+    run(scenario())
+    # 4500 bytes, of which the first 1000 were the initial burst, took 3.5 s at 1000 bytes/s.
+    assert fake.now - 100.0 == seconds_for(4500 - 1000, 8000)
+
+
+def test_bucket_credits_oversleeping_to_the_next_taker():
+    fake = FakeTime()
+    bucket = TokenBucket(8000, burst_bytes=1000, clock=fake.clock, sleep=fake.sleep)
+
+    async def scenario() -> None:
+        await bucket.take(1000)
+        await bucket.take(500)  # sleeps 0.5 s
+        fake.now += 0.25  # the scheduler woke it late: 250 bytes accrued meanwhile
+        await bucket.take(250)
+        assert fake.sleeps == [0.5]
+
+    run(scenario())
+
+
+def test_bucket_rejects_bad_arguments():
+    with pytest.raises(ValueError, match="rate_bps must be a positive"):
+        TokenBucket(0)
+    with pytest.raises(ValueError, match="burst_bytes must be at least 1"):
+        TokenBucket(1e6, burst_bytes=0)
+
+
+async def send_through(client: Streams, served: Streams, nbytes: int, buckets: list[TokenBucket]) -> float:
+    """Seconds to send a frame of ``nbytes`` payload through ``buckets`` and read it on the other end."""
+    sender, receiver = session_pair()
+    start = time.monotonic()
+    reading = asyncio.ensure_future(read_frame(served[0]))
+    await send_frame(client[1], sender.seal(0, bytes(nbytes)), buckets)
+    assert receiver.open(await reading) == (0, bytes(nbytes))
+    return time.monotonic() - start
+
+
+def test_sending_through_an_8_mbps_bucket_takes_about_0_2_s():
+    async def scenario() -> float:
+        async with connection() as (client, served):
+            return await send_through(client, served, 200_000, [TokenBucket(8e6, burst_bytes=8192)])
+
+    # (200 031 - 8192) bytes at 1e6 bytes/s = 0.19 s
+    assert 0.15 < run(scenario()) < 0.5
+
+
+def test_reading_through_an_8_mbps_bucket_throttles_the_sender():
+    async def scenario() -> float:
+        async with connection() as (client, served):
+            sender, receiver = session_pair()
+            bucket = TokenBucket(8e6, burst_bytes=8192)
+            start = time.monotonic()
+            reading = asyncio.ensure_future(read_frame(served[0], bucket=bucket))
+            await send_frame(client[1], sender.seal(0, bytes(200_000)))
+            assert receiver.open(await reading) == (0, bytes(200_000))
+            return time.monotonic() - start
+
+    assert 0.15 < run(scenario()) < 0.5
+
+
+def test_two_senders_sharing_a_bucket_both_finish_near_the_combined_time():
+    # 200 kB each at 2e6 bytes/s: alone 0.1 s, together 0.2 s; interleaved piece by piece, both end late.
+    async def scenario() -> list[float]:
+        shared = TokenBucket(16e6, burst_bytes=8192)
+        async with connection() as (client_a, served_a), connection() as (client_b, served_b):
+            return list(
+                await asyncio.gather(
+                    send_through(client_a, served_a, 200_000, [shared]),
+                    send_through(client_b, served_b, 200_000, [shared]),
+                )
+            )
+
+    finished = run(scenario())
+    assert all(0.15 < seconds < 0.6 for seconds in finished), finished
