@@ -43,8 +43,6 @@ class Stream(enum.IntEnum):
     """The public SecAgg+ communication graph of each round."""
     ROTATION = 13
     """The public seed of each round's randomised Hadamard rotation (DSkellam)."""
-    DEPLOY = 14
-    """Long-term keys of the deployment testbed's server and client workers."""
 
 
 def seed_sequence(seed: int, stream: Stream, *context: int) -> np.random.SeedSequence:

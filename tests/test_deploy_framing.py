@@ -28,16 +28,16 @@ from sim.deploy.framing import (
     FrameError,
     Session,
     client_handshake,
-    identity,
     read_frame,
     send_frame,
     server_handshake,
 )
+from sim.deploy.identity import party_identity, read_secret, write_secret
 from sim.deploy.shaping import TokenBucket, seconds_for
 
 T = TypeVar("T")
-SEED = 2024
-SERVER_SEED, SERVER_PUBLIC = identity(SEED, -1)
+SECRET = bytes(range(32))
+SERVER_SEED, SERVER_PUBLIC = party_identity(SECRET, -1)
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
@@ -67,13 +67,13 @@ async def connection() -> AsyncIterator[tuple[Streams, Streams]]:
 
 
 def verification_of(*parties: int) -> Callable[[int], bytes | None]:
-    keys = {party: identity(SEED, party)[1] for party in parties}
+    keys = {party: party_identity(SECRET, party)[1] for party in parties}
     return keys.get
 
 
 async def handshake(client: Streams, served: Streams, party: int = 0) -> tuple[Session, Session]:
     """``(client session, server session)`` after a successful handshake of worker ``party``."""
-    signing, _ = identity(SEED, party)
+    signing, _ = party_identity(SECRET, party)
     client_session, (seen, server_session) = await asyncio.gather(
         client_handshake(*client, party, signing, SERVER_PUBLIC),
         server_handshake(*served, verification_of(party), SERVER_SEED),
@@ -126,7 +126,7 @@ def test_session_keys_follow_the_specified_derivation():
 
     async def scenario() -> tuple[Session, Session]:
         async with connection() as (client, served):
-            signing, _ = identity(SEED, 0)
+            signing, _ = party_identity(SECRET, 0)
             client_session, (_, server_session) = await asyncio.gather(
                 client_handshake(*client, 0, signing, SERVER_PUBLIC, rng=SeededRandom(client_seed)),
                 server_handshake(*served, verification_of(0), SERVER_SEED, rng=SeededRandom(server_seed)),
@@ -311,7 +311,7 @@ def test_a_hello_without_the_magic_is_refused():
 def test_a_signed_low_order_ephemeral_key_is_refused():
     async def zero_key(client: Streams) -> None:
         hello = (0).to_bytes(4, "big") + bytes(32) + bytes(32)
-        signature = signatures.sign(identity(SEED, 0)[0], b"dropsim-deploy-1 client" + hello)
+        signature = signatures.sign(party_identity(SECRET, 0)[0], b"dropsim-deploy-1 client" + hello)
         client[1].write(framing._hello_frame(b"dropsim-deploy-1" + hello + signature))
 
     with pytest.raises(FrameError, match="ephemeral key is invalid"):
@@ -321,7 +321,7 @@ def test_a_signed_low_order_ephemeral_key_is_refused():
 def test_a_client_signing_with_the_wrong_key_fails_authentication():
     async def scenario() -> None:
         async with connection() as (client, served):
-            impostor, _ = identity(SEED, 1)
+            impostor, _ = party_identity(SECRET, 1)
             client_side = asyncio.ensure_future(client_handshake(*client, 0, impostor, SERVER_PUBLIC))
             try:
                 await server_handshake(*served, verification_of(0, 1), SERVER_SEED)
@@ -338,7 +338,7 @@ def test_a_client_signing_with_the_wrong_key_fails_authentication():
 def test_an_unknown_party_is_refused():
     async def scenario() -> None:
         async with connection() as (client, served):
-            signing, _ = identity(SEED, 7)
+            signing, _ = party_identity(SECRET, 7)
             client_side = asyncio.ensure_future(client_handshake(*client, 7, signing, SERVER_PUBLIC))
             try:
                 await server_handshake(*served, verification_of(0, 1), SERVER_SEED)
@@ -353,10 +353,10 @@ def test_an_unknown_party_is_refused():
 def test_a_server_with_the_wrong_key_fails_authentication():
     async def scenario() -> None:
         async with connection() as (client, served):
-            impostor, _ = identity(SEED, 5)
+            impostor, _ = party_identity(SECRET, 5)
             server_side = asyncio.ensure_future(server_handshake(*served, verification_of(0), impostor))
             try:
-                await client_handshake(*client, 0, identity(SEED, 0)[0], SERVER_PUBLIC)
+                await client_handshake(*client, 0, party_identity(SECRET, 0)[0], SERVER_PUBLIC)
             finally:
                 await server_side
 
@@ -376,14 +376,14 @@ def test_a_silent_client_cannot_hold_the_server():
 
 
 def test_identities_are_distinct_deterministic_and_valid():
-    keys = [identity(SEED, party) for party in (-1, 0, 1)]
+    keys = [party_identity(SECRET, party) for party in (-1, 0, 1)]
     assert len({public for _, public in keys}) == 3
-    assert identity(SEED, 0) == keys[1]
-    assert identity(SEED + 1, 0) != keys[1]
+    assert party_identity(SECRET, 0) == keys[1]
+    assert party_identity(bytes(32), 0) != keys[1]
     for signing, public in keys:
         assert signatures.verify(public, b"m", signatures.sign(signing, b"m"))
     with pytest.raises(ValueError, match="party must be -1"):
-        identity(SEED, -2)
+        party_identity(SECRET, -2)
 
 
 # -- shaping -----------------------------------------------------------------------------------------
@@ -494,3 +494,16 @@ def test_two_senders_sharing_a_bucket_both_finish_near_the_combined_time():
 
     finished = run(scenario())
     assert all(0.15 < seconds < 0.6 for seconds in finished), finished
+
+
+def test_a_secret_file_round_trips_and_bad_ones_are_named(tmp_path):
+    path = tmp_path / "testbed.key"
+    write_secret(path, SECRET)
+    assert read_secret(path) == SECRET
+    assert path.stat().st_mode & 0o777 == 0o600
+    path.write_text("zz")
+    with pytest.raises(ValueError, match="testbed.key: not a deployment secret"):
+        read_secret(path)
+    path.write_text("00" * 16)
+    with pytest.raises(ValueError, match="is 32 bytes"):
+        read_secret(path)

@@ -12,8 +12,8 @@ X25519 key and a 32-byte nonce in a HELLO frame (kind 2, tag of zeros), signed w
 key; the server's signature covers the whole transcript. Both sides derive
 ``hkdf(X25519(eph_c, eph_s), "dropsim-deploy-1 c2s|s2c" | nonce_c | nonce_s, 16)``.
 
-The testbed derives every party's long-term key pair from the scenario seed (:func:`identity`): its
-stand-in for a PKI, since every party holds the scenario file. A real deployment provisions keys instead.
+The testbed derives every party's long-term key pair from a deployment secret
+(:func:`sim.deploy.identity.party_identity`): its stand-in for a PKI. A real deployment provisions keys.
 Any :class:`FrameError` or :class:`Closed` ends the connection; its owner closes the socket.
 """
 
@@ -28,9 +28,8 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from sim.crypto import agreement, signatures
-from sim.crypto.randomness import RandomSource, SeededRandom, SystemRandom
+from sim.crypto.randomness import RandomSource, SystemRandom
 from sim.deploy.shaping import TokenBucket
-from sim.seeds import Stream, seed_bytes
 
 T = TypeVar("T")
 
@@ -187,16 +186,6 @@ class Session:
             raise FrameError(f"unauthenticated frame: bad tag on seq {seq}") from None
         self.received += 1
         return channel, body[_HEADER.size : -TAG_BYTES]
-
-
-def identity(seed: int, party: int) -> tuple[bytes, bytes]:
-    """The testbed's long-term Ed25519 key pair ``(signing seed, verification key)`` of ``party``.
-
-    Party -1 is the server, workers are 0, 1, ...; derived from scenario ``seed`` (the ``DEPLOY`` stream).
-    """
-    if party < -1:
-        raise ValueError(f"party must be -1 (the server) or a worker index 0, 1, ..., not {party}")
-    return signatures.generate(SeededRandom(seed_bytes(seed, Stream.DEPLOY, party + 1)))
 
 
 def _hello_frame(payload: bytes) -> bytes:

@@ -415,7 +415,7 @@ class Worker:
                 cpu_gate.release(5, j)
                 return
             if leave_before and machine.stage_of(message) == leave_before:
-                if leave_before in after_upload(p.shared.scenario):
+                if leave_before in p.shared.scenario.aggregation.after_upload():
                     await p.all_sent.wait()  # as the simulator: every masked input goes out before it leaves
                 self._leave(p, p.start.drop.decode())
             call = lambda message=message: machine.receive(message)  # noqa: E731
@@ -462,13 +462,6 @@ class Worker:
             return
         total = np.concatenate([p.decoded[j] for j in range(len(inst.slots))])
         inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
-
-
-def after_upload(scenario: Scenario) -> frozenset[str]:
-    """Steps before which a planned dropout has uploaded every chunk's masked input (as
-    :attr:`sim.engine.pipelined.PipelinedRound.after_upload`)."""
-    steps = scenario.aggregation.steps()
-    return frozenset(steps[steps.index("masked_input") + 1 :]) if "masked_input" in steps else frozenset()
 
 
 def worker_main(host: str, port: int, index: int, secret: bytes, max_frame: int) -> None:

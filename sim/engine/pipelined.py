@@ -38,7 +38,6 @@ from typing import Any
 import numpy as np
 import simpy
 
-from sim.crypto.randomness import SeededRandom
 from sim.engine.gates import SIDE, STAGED, Processor, StageGate
 from sim.engine.round import ClientRecord, Round, RoundSetup, _frame_size, revealed
 from sim.protocol.machine import (
@@ -55,12 +54,8 @@ from sim.protocol.private import PrivateRound
 from sim.protocol.registry import (
     ChunkSlot,
     ClientFactory,
-    chunk_slots,
-    fixed_point,
-    round_machines,
 )
 from sim.protocol.wire import Blank, Message, ModVector, Vector
-from sim.seeds import Stream, generator, int_seed, seed_bytes
 
 STAGE_NAMES = {1: "chunk.mask", 2: "chunk.upload", 3: "chunk.aggregate", 4: "chunk.dispatch", 5: "chunk.decode"}
 """Names of Dordis Table 1's stages in the stages table."""
@@ -117,10 +112,7 @@ class PipelinedRound(Round):
         self.encode_spans: list[tuple[float, float]] = []
         self.update_span: tuple[float, float] | None = None
         self.chunk_steps: list[tuple[str, float, float]] = []
-        steps = setup.aggregation.steps()
-        self.after_upload = (
-            frozenset(steps[steps.index("masked_input") + 1 :]) if "masked_input" in steps else frozenset()
-        )
+        self.after_upload = setup.aggregation.after_upload()
         """Steps before which a planned dropout has uploaded every chunk's masked input (a pipelined client
         reaches the first chunk's unmasking while later chunks may still be uploading)."""
         self.unsent = {c: set(range(m)) for c in self.sampled}
@@ -129,25 +121,9 @@ class PipelinedRound(Round):
         """Client -> fires when ``unsent[c]`` is empty."""
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
-        s = self.s
-        length = self.private.length if self.private is not None else s.dim
-        self.slots = chunk_slots(length, self.m)
-        suite, verification = self._suite(), self._identities()
-        graph_seed = int_seed(s.seed, Stream.GRAPH, self.number)
-        for slot in self.slots:
-            server, factory = round_machines(
-                s.aggregation,
-                self.number,
-                self.sampled,
-                s.dim,
-                suite,
-                graph_seed,
-                verification,
-                private=self.private,
-                chunk=slot,
-            )
-            self.servers.append(server)
-            self.factories.append(factory)
+        self.instances = inst = self._instances(self.m)
+        self.signing = inst.signing
+        self.slots, self.servers, self.factories = inst.slots, inst.servers, inst.factories
         return self.servers[0], self.factories[0]
 
     # -- server -----------------------------------------------------------------------------------
@@ -246,24 +222,11 @@ class PipelinedRound(Round):
         """The server decodes the concatenated sums (each chunk's mean over its own survivors) and updates
         the model."""
         start = self.env.now
-        aggregates = [self.results[j] for j in range(self.m)]
-        survivors = set(aggregates[0].survivors).intersection(*(a.survivors for a in aggregates[1:]))
-        private, s = self.private, self.s
-        work = [Work("decode.fixed_point", {"elements": s.dim})] if private is None else list(private.decode_work())
-        yield from self._server_compute(work, STAGED)
-        vector: Vector = Blank(s.dim, np.float32)
-        if self.full:
-            counts = [len(a.survivors) for a in aggregates]
-            total = np.concatenate([np.asarray(a.vector) for a in aggregates])
-            per_value: int | np.ndarray = counts[0]
-            if len(set(counts)) > 1:
-                per_value = np.repeat(np.asarray(counts, dtype=np.float64), [slot.length for slot in self.slots])
-            if private is None:
-                vector = fixed_point(s.aggregation, len(self.sampled)).decode_mean(total, per_value)
-            else:
-                vector = private.decode_mean(total, per_value)
+        assert self.instances is not None
+        yield from self._server_compute(self.instances.combine_work(), STAGED)
+        aggregate = self.instances.combine([self.results[j] for j in range(self.m)])
         self.update_span = (start, self.env.now)
-        return Aggregate(vector, tuple(sorted(survivors)), float(len(survivors)))
+        return aggregate
 
     def _missed(self, c: int) -> None:
         # As in an unpipelined round, a client that missed a deadline is out of the round from then on:
@@ -323,13 +286,8 @@ class PipelinedRound(Round):
 
     def _encode(self, c: int, update: Vector) -> Vector:
         """The client's whole update encoded (fixed point mod 2^bits, or DSkellam before noise)."""
-        if not self.full:
-            return Blank(self.slots[-1].stop, np.uint32)
-        assert isinstance(update, np.ndarray)
-        rng = generator(self.s.seed, Stream.ENCODING, self.number, c)
-        if self.private is None:
-            return fixed_point(self.s.aggregation, len(self.sampled)).encode(update, rng)
-        return self.private.encoding.encode(update, self.private.rotation_seed, rng)
+        assert self.instances is not None
+        return self.instances.encode(c, update)
 
     def _encode_work(self) -> list[Work]:
         if self.private is None:
@@ -343,8 +301,8 @@ class PipelinedRound(Round):
     def _client_chunk(self, c: int, slot: ChunkSlot, x: Vector, weight: float) -> Generator[simpy.Event, Any, None]:
         """Client ``c``'s instance of chunk ``slot``: stages 1 and 2, its answers in stage 3, then stage 5."""
         j = slot.index
-        keys = SeededRandom(seed_bytes(self.s.seed, Stream.KEYS, self.number, c, j))
-        machine = self.chunk_machines[(c, j)] = self.factories[j](c, keys, None, self.signing.get(c))
+        assert self.instances is not None
+        machine = self.chunk_machines[(c, j)] = self.instances.client(c, j)
         cpu = self.cpu_gate[c]
         leave_before = self.leave_before.get(c)
         try:

@@ -31,8 +31,6 @@ import numpy as np
 import simpy
 
 from sim.costs.model import CostModel
-from sim.crypto import signatures
-from sim.crypto.randomness import SeededRandom
 from sim.engine.gates import STAGED, BusyMeter
 from sim.engine.host import SharedCores
 from sim.engine.network import Flow, Link, Network
@@ -40,6 +38,7 @@ from sim.engine.population import Population
 from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
+from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import (
     SERVER,
     Aggregate,
@@ -51,10 +50,8 @@ from sim.protocol.machine import (
     Work,
 )
 from sim.protocol.private import PrivateRound
-from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory, round_machines
-from sim.protocol.suite import RealSuite, SizedSuite
-from sim.protocol.wire import Blank, Message, Opaque
-from sim.seeds import Stream, generator, int_seed, seed_bytes
+from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory
+from sim.protocol.wire import Blank, Message
 
 MBPS = 1e6
 """Bits per second in one Mbps."""
@@ -236,6 +233,7 @@ class Round:
             )
         self.signing: dict[int, wire.Data] = {}
         """Long-term signing keys of the sampled clients (malicious variant)."""
+        self.instances: RoundInstances | None = None
         self.machine: ServerMachine | None = None
         self.client_factory: ClientFactory | None = None
         self.setup_error = setup_error
@@ -247,35 +245,14 @@ class Round:
                 self.setup_error = str(exc)
 
     def _machines(self) -> tuple[ServerMachine, ClientFactory]:
+        self.instances = self._instances(None)
+        self.signing = self.instances.signing
+        return self.instances.servers[0], self.instances.factories[0]
+
+    def _instances(self, chunks: int | None) -> RoundInstances:
+        """The round's protocol machines, as every driver builds them from the seed."""
         s = self.s
-        graph_seed = int_seed(s.seed, Stream.GRAPH, self.number)
-        return round_machines(
-            s.aggregation,
-            self.number,
-            self.sampled,
-            s.dim,
-            self._suite(),
-            graph_seed,
-            self._identities(),
-            private=self.private,
-        )
-
-    def _suite(self) -> RealSuite | SizedSuite:
-        return RealSuite() if self.full else SizedSuite()
-
-    def _identities(self) -> dict[int, wire.Data]:
-        """Long-term verification keys of the sampled clients (malicious variant; their signing keys go to
-        ``self.signing``)."""
-        verification: dict[int, wire.Data] = {}
-        if self.s.aggregation.malicious:
-            for c in self.sampled:
-                if self.full:
-                    self.signing[c], verification[c] = signatures.generate(
-                        SeededRandom(seed_bytes(self.s.seed, Stream.IDENTITY, c))
-                    )
-                else:
-                    self.signing[c], verification[c] = Opaque(32), Opaque(32)
-        return verification
+        return RoundInstances(s.aggregation, s.seed, self.number, self.sampled, s.dim, self.private, chunks, self.full)
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
@@ -523,11 +500,8 @@ class Round:
         return self._model
 
     def _client_machine(self, c: int) -> ClientMachine:
-        s = self.s
-        assert self.client_factory is not None
-        keys = SeededRandom(seed_bytes(s.seed, Stream.KEYS, self.number, c))
-        encoding = generator(s.seed, Stream.ENCODING, self.number, c) if self.full else None
-        return self.client_factory(c, keys, encoding, self.signing.get(c))
+        assert self.instances is not None
+        return self.instances.client(c)
 
     def _client_compute(
         self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0

@@ -112,6 +112,12 @@ class AggregationParams:
             if (s != "consistency_check" or self.malicious) and (s != "noise_removal" or self.strategy in REMOVING)
         )
 
+    def after_upload(self) -> frozenset[str]:
+        """Steps after the masked inputs are in: a pipelined client dropping before one of them has uploaded
+        every chunk's masked input first (see docs/pipeline.md, "Dropout across chunks")."""
+        steps = self.steps()
+        return frozenset(steps[steps.index("masked_input") + 1 :]) if "masked_input" in steps else frozenset()
+
     def dropout_stages(self) -> dict[str, str]:
         """``dropout.stage`` values allowed with this privacy strategy -> the client step they precede."""
         stages = self.spec.dropout_stages
