@@ -10,6 +10,7 @@ f w of the per-party model.
 from __future__ import annotations
 
 import itertools
+import json
 from collections.abc import Generator
 from fractions import Fraction
 from pathlib import Path
@@ -20,7 +21,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.costs.model import DEFAULT_PROFILE, CostModel
 from sim.engine.host import SharedCores
+from sim.engine.round import CALL_OP, TRANSPORT_OPS
 from sim.engine.simulation import Simulation
 from sim.learning.trainer import local_batches
 from sim.scenario import ScenarioError, load, schema
@@ -263,10 +266,21 @@ def _records(tmp_path: Path, *overrides: str, text: str = ROUND) -> list[Any]:
     return records
 
 
+def _free_transport(tmp_path: Path) -> str:
+    """``costs.profile=...`` of the default profile without the testbed's socket and hand-over costs."""
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    for op in (*TRANSPORT_OPS, CALL_OP):
+        doc["operations"][op] = {"coef": {}, "r2": 1.0, "points": 0}
+    path = tmp_path / "free-transport.json"
+    path.write_text(json.dumps(doc))
+    return f"costs.profile={path}"
+
+
 @pytest.mark.parametrize("pipeline", [(), ("pipeline.chunks=3",)], ids=["secagg", "pipelined"])
 def test_enough_cores_give_the_times_of_a_processor_per_party(tmp_path: Path, pipeline: tuple[str, ...]) -> None:
-    alone = _records(tmp_path, *pipeline)
-    hosted = _records(tmp_path, *pipeline, "testbed.cores=1000")
+    # without the testbed's own costs (sockets, hand-over to the compute thread), which only it has
+    alone = _records(tmp_path, *pipeline, _free_transport(tmp_path))
+    hosted = _records(tmp_path, *pipeline, "testbed.cores=1000", _free_transport(tmp_path))
     assert all(r.outcome == "ok" for r in alone + hosted)
     for a, h in zip(alone, hosted, strict=True):
         assert h.t_end - h.t_start == pytest.approx(a.t_end - a.t_start, rel=1e-9)
@@ -274,6 +288,22 @@ def test_enough_cores_give_the_times_of_a_processor_per_party(tmp_path: Path, pi
         for ca, ch in zip(a.clients, h.clients, strict=True):
             assert ch.train_end == pytest.approx(ca.train_end, rel=1e-9)
             assert ch.compute_s == pytest.approx(ca.compute_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("pipeline", [(), ("pipeline.chunks=3",)], ids=["secagg", "pipelined"])
+def test_the_sockets_cost_cpu_on_the_testbed(tmp_path: Path, pipeline: tuple[str, ...]) -> None:
+    # each message's framing and copying at both ends is a job on the cores while it flows, and every
+    # computation is handed to a compute thread: more time, bounded by what those costs add up to
+    free = _records(tmp_path, *pipeline, "testbed.cores=1000", _free_transport(tmp_path))
+    paid = _records(tmp_path, *pipeline, "testbed.cores=1000")
+    costs = CostModel.load()
+    for f, p in zip(free, paid, strict=True):
+        assert p.outcome == f.outcome == "ok"
+        moved = p.server_bytes_in + p.server_bytes_out
+        messages = 4 * len(p.clients) * 20  # generous: every message of every step, both ways
+        bound = sum(costs.seconds(op, {"bytes": moved}) for op in TRANSPORT_OPS)
+        bound += messages * (costs.seconds(TRANSPORT_OPS[0], {"bytes": 0}) + costs.seconds(CALL_OP, {}))
+        assert f.t_end - f.t_start < p.t_end - p.t_start < f.t_end - f.t_start + bound
 
 
 @pytest.mark.parametrize("pipeline", [(), ("pipeline.chunks=3",)], ids=["secagg", "pipelined"])
@@ -307,7 +337,8 @@ fidelity: timing
 @pytest.mark.parametrize(("slowdown", "factor"), [(1, 2), (2, 3)])
 def test_two_clients_training_at_once_on_one_core(tmp_path: Path, slowdown: int, factor: int) -> None:
     """Two equal clients download together, then train together: on one core each training job of c
-    reference seconds runs at 1/2 and takes 2 c, then the client sleeps (f - 1) c."""
+    reference seconds (its hand-over to the compute thread included) runs at 1/2 and takes 2 c, then the
+    client sleeps (f - 1) c."""
     path = tmp_path / "two.yaml"
     path.write_text(TWO.replace("SLOW", str(slowdown)))
     sim = Simulation(load(path, ["testbed.cores=1"]).base())
@@ -319,6 +350,7 @@ def test_two_clients_training_at_once_on_one_core(tmp_path: Path, slowdown: int,
         {"samples": samples * s.local_epochs, "batches": local_batches(samples, s.batch_size, s.local_epochs)},
     )
     assert cost > 0 and rec.outcome == "ok"
+    cost += s.call_s  # handed to the client's compute thread, as every computation on the testbed
     for c in rec.clients:
         assert c.samples == samples
         assert c.train_start == rec.clients[0].train_start

@@ -38,6 +38,7 @@ import torch
 
 from sim.costs.micro import BENCHMARKS
 from sim.costs.model import FORMAT
+from sim.costs.transport import TRANSPORT
 from sim.learning.federated import SHAPES, FederatedData
 from sim.learning.models import MODELS, train_op
 from sim.learning.trainer import Learner, local_batches
@@ -211,7 +212,7 @@ def run_profile(
             (2, 8) if quick else (2, 5, 10, 20), (1_000, 10_000) if quick else (10_000, 100_000, 1_000_000), repeats
         )
     )
-    for bench in BENCHMARKS:
+    for bench in (*BENCHMARKS, *TRANSPORT):
         say(bench.op)
         rows, seconds = [], []
         for point in bench.points(quick):

@@ -41,7 +41,7 @@ from sim.engine.gates import StageGate
 from sim.engine.population import Population
 from sim.engine.privacy import PrivacyLedger, nominal_sampling
 from sim.engine.round import MBPS
-from sim.learning.federated import load_federated
+from sim.learning.federated import FederatedData, load_federated
 from sim.learning.trainer import Learner
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
@@ -100,13 +100,38 @@ class Timeline:
         self.last_upload_end = end
 
 
+LOCAL_DATA_BYTES = 512 << 20
+"""Up to this much, a worker materialises every client's local data before the first round."""
+
+
+class LocalData(FederatedData):
+    """Every client's data held in memory, as a device holds its own before a round: procedural data
+    (``synthetic``) is otherwise drawn at each call, which the simulator's training cost does not include."""
+
+    def __init__(self, data: FederatedData, population: int) -> None:
+        self.data = data
+        self.input_shape, self.num_classes = data.input_shape, data.num_classes
+        self.held = {c: data.client_data(c) for c in range(population)}
+
+    def num_samples(self, client: int) -> int:
+        return self.data.num_samples(client)
+
+    def client_data(self, client: int) -> tuple[np.ndarray, np.ndarray]:
+        return self.held[client]
+
+    def test_data(self) -> tuple[np.ndarray, np.ndarray]:
+        return self.data.test_data()
+
+
 class Shared:
     """What every client of the scenario shares, built once per configuration."""
 
     def __init__(self, scenario: Scenario) -> None:
         sc = self.scenario = scenario
         self.population = Population.build(sc.population, sc.clients, sc.seed)
-        self.data = load_federated(sc.data, sc.population, sc.seed)
+        data = load_federated(sc.data, sc.population, sc.seed)
+        size = sum(data.num_samples(c) for c in range(sc.population)) * 4 * int(np.prod(data.input_shape))
+        self.data = LocalData(data, sc.population) if size <= LOCAL_DATA_BYTES else data
         assert sc.model.name is not None  # the deployment needs a real model (checked by the server)
         self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed)
         self.privacy: PrivacyLedger | None = None

@@ -253,6 +253,8 @@ class PipelinedRound(Round):
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         if seconds > 0:
             host = self.s.host
+            if host is not None:
+                seconds += self.s.call_s
             hold = None if host is None else (lambda: host.compute(seconds))
             yield from self.server_cpu.run(seconds, priority, self._charge_server, hold)
 
@@ -379,6 +381,8 @@ class PipelinedRound(Round):
     ) -> Generator[simpy.Event, Any, None]:
         rec, host = self.clients[c], self.s.host
         reference = self.s.costs.work_seconds(work) + extra
+        if reference > 0 and host is not None:
+            reference += self.s.call_s
         seconds = reference * rec.slowdown
         if seconds > 0:
             hold = None if host is None else (lambda: host.compute(reference, rec.slowdown))

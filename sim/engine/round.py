@@ -53,6 +53,13 @@ from sim.protocol.private import PrivateRound
 from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory
 from sim.protocol.wire import Blank, Message
 
+TRANSPORT_OPS = ("deploy.send", "deploy.receive")
+"""Cost-model operations of the testbed's sockets per message (:mod:`sim.costs.transport`): the sender's
+framing and writing, the receiver's reading and checking, each a job on the host's cores while the bytes
+flow."""
+CALL_OP = "deploy.call"
+"""Cost-model operation of handing one computation to a party's compute thread on the testbed."""
+
 MBPS = 1e6
 """Bits per second in one Mbps."""
 
@@ -161,6 +168,9 @@ class RoundSetup:
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
     host: SharedCores | None = None
+    call_s: float = 0.0
+    """On a testbed: reference seconds of handing a computation to a party's compute thread
+    (:data:`CALL_OP`), added to every compute charge."""
     """The testbed's cores, shared by every party's compute (scenario ``testbed``), or None: each party
     has its own processor."""
 
@@ -391,6 +401,7 @@ class Round:
                 self.record.server_compute_s += seconds
                 yield self.env.timeout(seconds)
                 return
+            seconds += self.s.call_s
             start = self.env.now
             try:
                 yield from host.compute(seconds)
@@ -457,7 +468,7 @@ class Round:
         if s.host is None:
             yield env.timeout(train_seconds)
         else:
-            yield from s.host.compute(train_cost, rec.slowdown)
+            yield from s.host.compute(train_cost + s.call_s, rec.slowdown)
         rec.train_end = env.now
         return update, weight
 
@@ -509,6 +520,8 @@ class Round:
         """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
         rec, host = self.clients[c], self.s.host
         reference = self.s.costs.work_seconds(work) + extra
+        if reference > 0 and host is not None:
+            reference += self.s.call_s
         seconds = reference * rec.slowdown
         if seconds > 0:
             start = self.env.now
@@ -612,10 +625,18 @@ class Round:
         meters = (self.link_meters[client], self.server_link)
         for meter in meters:
             meter.start()
+        host, jobs = self.s.host, []
+        if host is not None:  # the testbed's sockets: framing and copying at both ends, while it flows
+            jobs = [host.start(self.s.costs.seconds(op, {"bytes": nbytes})) for op in TRANSPORT_OPS]
         try:
             yield flow.done
+            for job in jobs:
+                yield job.done
         except simpy.Interrupt:
             self.s.network.cancel(flow)  # the sender or receiver left: the link is free again
+            for job in jobs:
+                assert host is not None
+                host.cancel(job)
             raise
         finally:
             for meter in meters:

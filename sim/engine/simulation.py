@@ -25,7 +25,7 @@ from sim.engine.network import Link, Network
 from sim.engine.pipelined import PipelinedRound
 from sim.engine.population import Population
 from sim.engine.privacy import PrivacyLedger, RoundPrivacy, nominal_sampling
-from sim.engine.round import MBPS, PipelineParams, Round, RoundRecord, RoundSetup
+from sim.engine.round import CALL_OP, MBPS, TRANSPORT_OPS, PipelineParams, Round, RoundRecord, RoundSetup
 from sim.engine.sampling import sample_clients
 from sim.learning.federated import load_federated
 from sim.learning.models import model_train_op, update_dimension
@@ -105,6 +105,10 @@ class Simulation:
             latency_s=sc.server.latency_ms / 1000,
             host=SharedCores(self.env, sc.testbed.cores) if sc.testbed is not None else None,
         )
+        if sc.testbed is not None:  # the testbed's own costs: fail now, not mid-run, if the profile lacks them
+            for op in TRANSPORT_OPS:
+                self.costs.seconds(op, {"bytes": 1.0})
+            self.setup.call_s = self.costs.seconds(CALL_OP, {})
         self.chunk_plan: ChunkPlan | None = None
         """How ``pipeline.chunks: auto`` chose (None otherwise)."""
         if sc.pipeline is not None:
