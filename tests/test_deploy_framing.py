@@ -404,38 +404,55 @@ class FakeTime:
         self.now += seconds
 
 
-def test_bucket_arithmetic_with_debt_in_fake_time():
+def test_bucket_arithmetic_in_fake_time():
     # 8000 bit/s is 1000 bytes/s; every number below is exact in binary floating point.
     fake = FakeTime()
-    bucket = TokenBucket(8000, burst_bytes=1000, clock=fake.clock, sleep=fake.sleep)
+    bucket = TokenBucket(8000, clock=fake.clock, sleep=fake.sleep, slack_s=0)
 
     async def scenario() -> None:
-        await bucket.take(1000)  # the full burst: no wait
-        assert fake.sleeps == [] and bucket.tokens == 0
-        await bucket.take(3000)  # larger than the burst: waits for a full bucket (1 s), then owes 2000 bytes
-        assert fake.sleeps == [1.0] and bucket.tokens == -2000
-        await bucket.take(500)  # waits off the debt and its own 500 bytes: 2.5 s
-        assert fake.sleeps == [1.0, 2.5] and bucket.tokens == 0
-        fake.now += 100.0  # an idle link refills only up to its burst
-        assert bucket.tokens == 1000
+        await bucket.take(1000)  # a fluid link: 1000 bytes take 1 s, from the start
+        await bucket.take(3000)
+        await bucket.take(500)
+        assert fake.sleeps == [1.0, 3.0, 0.5]
+        fake.now += 100.0  # an idle link keeps no credit
+        await bucket.take(250)
+        assert fake.sleeps == [1.0, 3.0, 0.5, 0.25]
         await bucket.take(0)
-        assert fake.sleeps == [1.0, 2.5]
+        assert fake.sleeps == [1.0, 3.0, 0.5, 0.25]
 
     run(scenario())
-    # 4500 bytes, of which the first 1000 were the initial burst, took 3.5 s at 1000 bytes/s.
-    assert fake.now - 100.0 == seconds_for(4500 - 1000, 8000)
+    assert fake.now == 100.0 + seconds_for(4750, 8000)
 
 
-def test_bucket_credits_oversleeping_to_the_next_taker():
+def test_concurrent_takers_queue_in_call_order():
     fake = FakeTime()
-    bucket = TokenBucket(8000, burst_bytes=1000, clock=fake.clock, sleep=fake.sleep)
+    bucket = TokenBucket(8000, clock=fake.clock, sleep=fake.sleep, slack_s=0)
+    # reservations are made at call time, before any wait: the second waits for the first's bytes too
+    assert bucket.reserve(1000) == 1.0
+    assert bucket.reserve(500) == 1.5
+    assert bucket.busy_until == 1.5
+
+
+def test_a_burst_lets_an_idle_link_pass_bytes_at_once():
+    fake = FakeTime()
+    bucket = TokenBucket(8000, burst_bytes=1000, clock=fake.clock, sleep=fake.sleep, slack_s=0)
+    assert bucket.reserve(1000) == 0.0  # the burst, at once
+    assert bucket.reserve(500) == 0.5
+    fake.now += 10.0
+    assert bucket.reserve(1500) == 0.5  # idle again: 1000 of credit
+
+
+def test_bucket_credits_a_late_wake_up_to_the_next_taker():
+    fake = FakeTime()
+    bucket = TokenBucket(8000, clock=fake.clock, sleep=fake.sleep, slack_s=0.25)
 
     async def scenario() -> None:
-        await bucket.take(1000)
-        await bucket.take(500)  # sleeps 0.5 s
-        fake.now += 0.25  # the scheduler woke it late: 250 bytes accrued meanwhile
+        await bucket.take(500)  # the first 250 bytes' worth is the idle link's slack: sleeps 0.25 s
+        fake.now += 0.125  # the scheduler woke it 0.125 s late: the next piece makes up for it
         await bucket.take(250)
-        assert fake.sleeps == [0.5]
+        fake.now += 1.0  # idle for long: only the slack is credited
+        await bucket.take(500)
+        assert fake.sleeps == [0.25, 0.125, 0.25]
 
     run(scenario())
 
@@ -443,8 +460,8 @@ def test_bucket_credits_oversleeping_to_the_next_taker():
 def test_bucket_rejects_bad_arguments():
     with pytest.raises(ValueError, match="rate_bps must be a positive"):
         TokenBucket(0)
-    with pytest.raises(ValueError, match="burst_bytes must be at least 1"):
-        TokenBucket(1e6, burst_bytes=0)
+    with pytest.raises(ValueError, match="burst_bytes must be at least 0"):
+        TokenBucket(1e6, burst_bytes=-1)
 
 
 async def send_through(client: Streams, served: Streams, nbytes: int, buckets: list[TokenBucket]) -> float:
@@ -460,9 +477,9 @@ async def send_through(client: Streams, served: Streams, nbytes: int, buckets: l
 def test_sending_through_an_8_mbps_bucket_takes_about_0_2_s():
     async def scenario() -> float:
         async with connection() as (client, served):
-            return await send_through(client, served, 200_000, [TokenBucket(8e6, burst_bytes=8192)])
+            return await send_through(client, served, 200_000, [TokenBucket(8e6)])
 
-    # (200 031 - 8192) bytes at 1e6 bytes/s = 0.19 s
+    # 200 031 bytes at 1e6 bytes/s = 0.2 s
     assert 0.15 < run(scenario()) < 0.5
 
 
@@ -470,7 +487,7 @@ def test_reading_through_an_8_mbps_bucket_throttles_the_sender():
     async def scenario() -> float:
         async with connection() as (client, served):
             sender, receiver = session_pair()
-            bucket = TokenBucket(8e6, burst_bytes=8192)
+            bucket = TokenBucket(8e6)
             start = time.monotonic()
             reading = asyncio.ensure_future(read_frame(served[0], bucket=bucket))
             await send_frame(client[1], sender.seal(0, bytes(200_000)))
@@ -483,7 +500,7 @@ def test_reading_through_an_8_mbps_bucket_throttles_the_sender():
 def test_two_senders_sharing_a_bucket_both_finish_near_the_combined_time():
     # 200 kB each at 2e6 bytes/s: alone 0.1 s, together 0.2 s; interleaved piece by piece, both end late.
     async def scenario() -> list[float]:
-        shared = TokenBucket(16e6, burst_bytes=8192)
+        shared = TokenBucket(16e6)
         async with connection() as (client_a, served_a), connection() as (client_b, served_b):
             return list(
                 await asyncio.gather(

@@ -58,6 +58,8 @@ from sim.scenario.source import as_plain, parse_text
 log = logging.getLogger("sim.deploy.worker")
 
 SERVER_PARTY = -1
+UNSHAPED_BPS = 1e15
+"""A link's rate before the worker knows its round's client (only the configuration crosses it)."""
 
 
 class LeftError(Exception):
@@ -219,22 +221,34 @@ class Worker:
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """One connection: handshake, configuration, rounds; ``"shutdown"`` or ``"reconnect"``."""
         session = await client_handshake(reader, writer, self.index, self.signing, self.server_key)
-        controls: asyncio.Queue[bytes | None] = asyncio.Queue()
+        controls: asyncio.Queue[wire.Message | None] = asyncio.Queue()
         inbox: dict[int, asyncio.Queue[bytes]] = {}
+        # the links' rates are the client's of each round, set as its start is read (before the frames after it)
+        up, down = TokenBucket(UNSHAPED_BPS), TokenBucket(UNSHAPED_BPS)
 
         def on_frame(channel: int, payload: bytes, _arrived: float) -> None:
-            if channel == control.CONTROL:
-                controls.put_nowait(payload)
-            else:
+            if channel != control.CONTROL:
                 inbox.setdefault(channel, asyncio.Queue()).put_nowait(payload)
+                return
+            try:
+                message = wire.decode(payload)
+            except wire.WireError as exc:
+                conn.close(f"malformed control message from the server: {exc}")
+                return
+            if isinstance(message, control.RoundStart) and self.shared is not None:
+                inbox.clear()  # in order with the frames: the round's own frames go to a fresh inbox
+                mbps = float(self.shared.population.bandwidth_mbps[message.client])
+                up.retune(mbps * MBPS)
+                down.retune(mbps * MBPS)
+            controls.put_nowait(message)
 
         conn = Connection(reader, writer, session, self.max_frame, on_frame, lambda _r: controls.put_nowait(None))
+        conn.send_buckets, conn.recv_bucket = (up,), down
         conn.start()
         while True:
-            payload = await controls.get()
-            if payload is None:
+            message = await controls.get()
+            if message is None:
                 return "reconnect"
-            message = wire.decode(payload)
             if isinstance(message, control.Config):
                 try:
                     await asyncio.get_running_loop().run_in_executor(None, self._configure, message)
@@ -248,10 +262,10 @@ class Worker:
             elif isinstance(message, control.Shutdown):
                 await conn.drain_and_close()
                 return "shutdown"
-            elif isinstance(message, control.RoundStart):
-                inbox.clear()
-                if await self._round(message, conn, controls, inbox) == "left":
-                    return "reconnect"
+            elif isinstance(message, control.RoundStart) and (
+                await self._round(message, conn, controls, inbox, up) == "left"
+            ):
+                return "reconnect"
 
     def _configure(self, config: control.Config) -> None:
         if self.shared is not None and config.digest == self.digest:
@@ -266,26 +280,22 @@ class Worker:
         self,
         start: control.RoundStart,
         conn: Connection,
-        controls: asyncio.Queue[bytes | None],
+        controls: asyncio.Queue[wire.Message | None],
         inbox: dict[int, asyncio.Queue[bytes]],
+        up: TokenBucket,
     ) -> str:
         """Play ``start.client`` until the server ends the round; ``"left"`` if the connection closed."""
         assert self.shared is not None, "a round before the configuration"
         shared, c = self.shared, start.client
-        mbps = float(shared.population.bandwidth_mbps[c])
-        up = TokenBucket(mbps * MBPS)
-        conn.send_buckets = (up,)
-        conn.recv_bucket = TokenBucket(mbps * MBPS)
         cpu = Processor(f"client{c}", float(shared.population.slowdown[c]))
         play = Play(start, shared, conn, inbox, cpu, up)
         task = asyncio.create_task(self._play(play))
         outcome = "stay"
         while True:
-            payload = await controls.get()
-            if payload is None:
+            message = await controls.get()
+            if message is None:
                 outcome = "left"
                 break
-            message = wire.decode(payload)
             if isinstance(message, control.RoundEnd) and message.round == start.round:
                 break
         if not task.done():
