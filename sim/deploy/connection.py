@@ -71,6 +71,8 @@ class Connection:
                 body = await read_frame(self.reader, self.max_frame, self.recv_bucket)
                 channel, payload = self.session.open(body)
                 self.on_frame(channel, payload, time.monotonic())
+                if self.closed:  # the owner closed it on that frame: what the peer sent after is not read
+                    return
         except FrameError as exc:
             reason = exc.reason
         except (Closed, ConnectionError, asyncio.IncompleteReadError):

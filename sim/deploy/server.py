@@ -193,8 +193,7 @@ class DeployServer:
             try:
                 message = wire.decode(payload)
             except wire.WireError as exc:
-                self._refuse(f"worker {peer.index}: malformed control message: {exc}")
-                peer.conn.close(f"malformed control message: {exc}")
+                peer.conn.close(f"malformed control message: {exc}")  # logged as the connection closes
                 return
             if isinstance(message, control.Clock):
                 peer.offset = arrived - message.now
@@ -211,14 +210,12 @@ class DeployServer:
                     st.reports[peer.client] = (message, peer.offset)
                     self.changed.set()
             else:
-                self._refuse(f"worker {peer.index}: unexpected control message {type(message).__name__}")
-                peer.conn.close("unexpected control message")
+                peer.conn.close(f"unexpected control message {type(message).__name__}")
             return
         if st is None or peer.round != st.number:
             return  # a frame of a round that is over: discarded
         if channel >= len(st.inboxes):
-            self._refuse(f"client {peer.client}: frame on channel {channel}; the round has {len(st.inboxes)}")
-            peer.conn.close(f"frame on channel {channel}")
+            peer.conn.close(f"frame on channel {channel}; the round has {len(st.inboxes)}")
             return
         st.inboxes[channel].put_nowait(("msg", peer.client, payload, arrived - self.t0))
 
@@ -508,7 +505,8 @@ class DeployServer:
                 peer.conn.send(control.CONTROL, control.RoundEnd(st.number, outcome).encode())
         deadline = time.monotonic() + REPORT_WAIT_S
         while time.monotonic() < deadline:
-            if all(c in st.reports or p.conn.closed for c, p in st.peers.items()):
+            # a late or refused client's connection is closed below: its timeline is not waited for
+            if all(c in st.reports or p.conn.closed or c in st.late or c in st.refused for c, p in st.peers.items()):
                 break
             self.changed.clear()
             try:
