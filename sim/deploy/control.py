@@ -123,6 +123,16 @@ class Clock(Message):
 
 
 @dataclass(frozen=True)
+class Decoded(Message):
+    """A pipelined round's client has decoded every chunk's sum (Dordis Table 1, stage 5): its part of the
+    round is over. The round ends when every survivor has said so."""
+
+    TYPE: ClassVar[int] = 47
+    FIELDS: ClassVar = (("round", U32),)
+    round: int
+
+
+@dataclass(frozen=True)
 class Shutdown(Message):
     """The deployment is over: the worker exits."""
 

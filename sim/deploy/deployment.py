@@ -20,6 +20,7 @@ from typing import IO
 
 import numpy as np
 
+from sim.deploy.compute import interleave_threads
 from sim.deploy.identity import SECRET_ENV, new_secret
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
@@ -99,6 +100,8 @@ class Deployment(Simulation):
         super().__init__(scenario)
         assert self.learner is not None
         self.secret = opts.secret or new_secret()
+        self._switch = sys.getswitchinterval()
+        interleave_threads()  # the server's loop and compute threads, as the workers'
         self.loop = asyncio.new_event_loop()
         self.server = DeployServer(
             scenario,
@@ -200,5 +203,6 @@ class Deployment(Simulation):
                     process.kill()
                     process.wait()
             self.loop.close()
+            sys.setswitchinterval(self._switch)
             if self._log is not None:
                 self._log.close()

@@ -90,6 +90,8 @@ class RoundState:
     refused: set[int] = field(default_factory=set)
     left_step: dict[int, str] = field(default_factory=dict)
     """The step in which each client's connection closed (as first seen)."""
+    decoded: set[int] = field(default_factory=set)
+    """Pipelined: clients that have decoded every chunk's sum."""
     leaving: dict[int, str] = field(default_factory=dict)
     """Why each client that said so left (its planned stage, or ``aborted: <why>``)."""
     left: set[int] = field(default_factory=set)
@@ -202,6 +204,10 @@ class DeployServer:
                 self.failed[peer.index] = message.reason.decode(errors="replace")
                 self._refuse(f"worker {peer.index} quit: {self.failed[peer.index]}")
                 self.changed.set()
+            elif isinstance(message, control.Decoded):
+                if st is not None and peer.round == st.number == message.round:
+                    st.decoded.add(peer.client)
+                    self.changed.set()
             elif isinstance(message, control.Leaving):
                 if st is not None and peer.round == st.number == message.round:
                     st.leaving[peer.client] = message.reason.decode(errors="replace")
@@ -494,6 +500,15 @@ class DeployServer:
                 task.cancel()
         rec.aggregate_start = self.now()
         rec.aggregate = await cpu.run(lambda: inst.combine([results[j] for j in range(m)]))
+        if dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
+            deadline = time.monotonic() + self.step_timeout
+            survivors = set(rec.aggregate.survivors)
+            while time.monotonic() < deadline:
+                if all(c in st.decoded or c in st.left or st.peers[c].conn.closed for c in survivors if c in st.peers):
+                    break
+                self.changed.clear()
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
         rec.outcome = "ok"
         rec.steps = _step_spans(chunk_steps)
 

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from sim.deploy import control
-from sim.deploy.compute import SIDE, STAGED, Processor
+from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import party_identity
@@ -419,6 +419,7 @@ class Worker:
                 task.result()
             if dispatch:
                 await p.cpu.run(lambda: self._finish_decode(p, inst))
+                p.conn.send(control.CONTROL, control.Decoded(p.start.round).encode())
         finally:
             for task in tasks:
                 task.cancel()
@@ -502,6 +503,7 @@ class Worker:
 def worker_main(host: str, port: int, index: int, secret: bytes, max_frame: int) -> None:
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    interleave_threads()
     asyncio.run(Worker(host, port, index, secret, max_frame).run())
 
 
