@@ -55,10 +55,17 @@ def overrides(clients: int, params: int, dropout: float, chunks: int) -> list[st
 
 
 def measure(
-    clients: int, params: int, dropout: float, chunks: int, rounds: int, skip_first: bool, folder: Path
+    clients: int,
+    params: int,
+    dropout: float,
+    chunks: int,
+    rounds: int,
+    skip_first: bool,
+    folder: Path,
+    extra: list[str] | None = None,
 ) -> tuple[dict[str, object], pd.DataFrame]:
-    """One grid point: simulate, deploy, compare."""
-    point = [*overrides(clients, params, dropout, chunks), f"rounds={rounds}", *testbed_overrides()]
+    """One grid point: simulate, deploy, compare (``extra``: more ``--set`` overrides)."""
+    point = [*overrides(clients, params, dropout, chunks), f"rounds={rounds}", *testbed_overrides(), *(extra or [])]
     scenario = load(SCENARIO, point, output=str(folder / "out")).base()
     simulated, deployed = folder / "simulated", folder / "deployed"
     run_scenario(scenario, simulated, progress=False)
@@ -91,6 +98,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", nargs="+", type=int, default=[1, 3])
     parser.add_argument("--rounds", type=int, default=3, help="rounds per point (default 3)")
     parser.add_argument("--skip-first", action="store_true", help="leave round 1 out of the errors")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY.PATH=VALUE",
+        help="override a scenario key at every point, e.g. --set costs.profile=now.json",
+    )
     parser.add_argument("--csv", type=Path, default=Path("validate.csv"), help="table per point (validate.csv)")
     parser.add_argument(
         "--stages-csv", type=Path, default=Path("validate_stages.csv"), help="table per point and stage"
@@ -108,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
                     for chunks in args.chunks:
                         print(f"clients {clients} params {p:g} dropout {dropout:g} chunks {chunks}", file=sys.stderr)
                         folder = Path(tmp) / f"c{clients}_p{p}_d{dropout}_m{chunks}"
-                        row, stage = measure(clients, p, dropout, chunks, args.rounds, args.skip_first, folder)
+                        row, stage = measure(
+                            clients, p, dropout, chunks, args.rounds, args.skip_first, folder, args.overrides
+                        )
                         rows.append(row)
                         stages.append(stage)
                         pd.DataFrame(rows).to_csv(args.csv, index=False)  # kept as the grid goes
