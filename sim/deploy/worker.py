@@ -102,7 +102,7 @@ class Timeline:
         self.last_upload_end = end
 
 
-LOCAL_DATA_BYTES = 512 << 20
+LOCAL_DATA_BYTES = 128 << 20
 """Up to this much, a worker materialises every client's local data before the first round."""
 
 
