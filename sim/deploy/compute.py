@@ -54,8 +54,6 @@ class Processor:
         self.slowdown = slowdown
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.busy_s = 0.0
-        self.cpu_s = 0.0
-        """CPU seconds of the operations themselves (without the slow-down's sleep)."""
         self._held = False
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
@@ -67,7 +65,6 @@ class Processor:
         try:
             loop = asyncio.get_running_loop()
             result, error, cpu = await loop.run_in_executor(self.executor, _timed, fn)
-            self.cpu_s += cpu
             if self.slowdown > 1:
                 await asyncio.sleep((self.slowdown - 1) * cpu)
         finally:

@@ -21,10 +21,6 @@ NO_RATE = -1.0
 """``RoundStart.rate`` when the round is accounted at the scenario's planned sampling rate."""
 
 
-def text(value: str) -> bytes:
-    return value.encode("utf-8")
-
-
 @dataclass(frozen=True)
 class Config(Message):
     """The resolved scenario (JSON), sent to a worker once it has authenticated: every party of the

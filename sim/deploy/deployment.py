@@ -162,6 +162,7 @@ class Deployment(Simulation):
         refused: str,
         offline: dict[int, float],
     ) -> RoundRecord:
+        """Play round ``r`` over the sockets (``offline`` is empty: trace replay is not deployed)."""
         pop = self.population
         chosen = tuple(int(c) for c in sampled)
         records = {

@@ -363,17 +363,23 @@ class Worker:
     async def _receive(self, p: Play, channel: int) -> bytes:
         return await p.inbox.setdefault(channel, asyncio.Queue()).get()
 
-    async def _react(self, p: Play, channel: int, call: Any, priority: int = STAGED) -> Reaction:
-        """Run a machine call and encode its messages on the CPU; returns the reaction (frames sent)."""
+    @staticmethod
+    async def _compute(p: Play, call: Any, priority: int) -> tuple[Reaction, list[bytes]]:
+        """Run a machine call and encode its messages on the client's processor; a server message the
+        machine refuses makes the client abort (:class:`LeftError`)."""
 
         def work() -> tuple[Reaction, list[bytes]]:
             reaction = call()
             return reaction, [send.message.encode() for send in reaction.sends]
 
         try:
-            reaction, frames = await p.cpu.run(work, priority)
+            return await p.cpu.run(work, priority)
         except RemoteProtocolError as exc:
             raise LeftError(f"aborted: {exc.reason}") from exc
+
+    async def _react(self, p: Play, channel: int, call: Any, priority: int = STAGED) -> Reaction:
+        """Run a machine call, then send its messages on ``channel``; returns the reaction."""
+        reaction, frames = await self._compute(p, call, priority)
         for frame in frames:
             p.conn.send(channel, frame).add_done_callback(p.timeline.sent)
         return reaction
@@ -460,14 +466,7 @@ class Worker:
     async def _chunk_react(
         self, p: Play, j: int, call: Any, priority: int, cpu_gate: StageGate, link_gate: StageGate
     ) -> None:
-        def work() -> tuple[Reaction, list[bytes]]:
-            reaction = call()
-            return reaction, [send.message.encode() for send in reaction.sends]
-
-        try:
-            reaction, frames = await p.cpu.run(work, priority)
-        except RemoteProtocolError as exc:
-            raise LeftError(f"aborted: {exc.reason}") from exc
+        reaction, frames = await self._compute(p, call, priority)
         for send, frame in zip(reaction.sends, frames, strict=True):
             if isinstance(send.message, MaskedInput):
                 cpu_gate.release(1, j)  # stage 1 ends with the masked input computed
