@@ -42,7 +42,8 @@ from sim.deploy.identity import party_identity
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.shaping import TokenBucket
 from sim.engine.gates import StageGate
-from sim.engine.round import MBPS, ClientRecord, RoundRecord, revealed
+from sim.engine.pipelined import step_spans
+from sim.engine.round import MBPS, ClientRecord, RoundRecord, client_cpu_share, revealed
 from sim.learning.trainer import Learner
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
@@ -493,7 +494,7 @@ class DeployServer:
             await asyncio.gather(*tasks)
         except _ChunkAbortedError as exc:
             rec.outcome = f"aborted: {exc}"
-            rec.steps = _step_spans(chunk_steps)
+            rec.steps = step_spans(chunk_steps)
             return
         finally:
             for task in tasks:
@@ -510,7 +511,7 @@ class DeployServer:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
         rec.outcome = "ok"
-        rec.steps = _step_spans(chunk_steps)
+        rec.steps = step_spans(chunk_steps)
 
     async def _end(self, st: RoundState, rec: RoundRecord, drops: dict[int, str]) -> None:
         """Tell the round's workers it is over, collect their reports, free them."""
@@ -568,9 +569,8 @@ class DeployServer:
         rec.timed_out = sum(1 for c in rec.clients if c.dropped_stage.startswith("timeout:"))
         length = rec.t_end - rec.t_start
         if length > 0:
-            cpu = [(r.compute_s + _finite(r.train_end - r.train_start)) / length for r in rec.clients]
             rec.utilisation = {
-                "client_cpu": sum(cpu) / len(cpu) if cpu else math.nan,
+                "client_cpu": client_cpu_share(rec.clients, length),
                 "server_cpu": busy / length,
             }
 
@@ -583,22 +583,9 @@ class _ChunkAbortedError(Exception):
     """A pipelined round's chunk aborted (so does the round)."""
 
 
-def _step_spans(chunk_steps: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
-    """Each server step from its first chunk's start to its last chunk's end."""
-    spans: dict[str, tuple[float, float]] = {}
-    for step, start, end in chunk_steps:
-        a, b = spans.get(step, (start, end))
-        spans[step] = (min(a, start), max(b, end))
-    return [(step, a, b) for step, (a, b) in spans.items()]
-
-
 def _describe(payload: bytes) -> str:
     """The message type of a payload, or why it is not a message (for logs)."""
     try:
         return type(wire.decode(payload)).__name__
     except wire.WireError as exc:
         return f"malformed: {exc}"
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 0.0

@@ -157,7 +157,7 @@ class PipelinedRound(Round):
         rec.aggregate = aggregate
         rec.exposures = [e for e in (revealed(server) for server in self.servers) if e is not None]
         rec.exposed = min(rec.exposures) if rec.exposures else None
-        rec.steps = self._step_spans()
+        rec.steps = step_spans(self.chunk_steps)
         rec.spans = self._stage_spans()
         self._close_record(set(aggregate.survivors) if aggregate is not None else set())
         return rec
@@ -454,16 +454,6 @@ class PipelinedRound(Round):
         return protocol_done and not waiting
 
     # -- records ----------------------------------------------------------------------------------
-    def _step_spans(self) -> list[tuple[str, float, float]]:
-        """Each server step from its first chunk's start to its last chunk's end."""
-        spans: dict[str, tuple[float, float]] = {}
-        for step, start, end in self.chunk_steps:
-            if step in spans:
-                a, b = spans[step]
-                spans[step] = (min(a, start), max(b, end))
-            else:
-                spans[step] = (start, end)
-        return [(step, a, b) for step, (a, b) in spans.items()]
 
     def _resource(self, stage: int) -> str:
         if self.duplex and stage in (2, 4):
@@ -507,3 +497,13 @@ class PipelinedRound(Round):
         if self.update_span is not None:
             rows.append(("update", "server.cpu", None, None, *self.update_span, 1))
         return rows
+
+
+def step_spans(chunk_steps: list[tuple[str, float, float]]) -> list[tuple[str, float, float]]:
+    """Each server step of a pipelined round from its first chunk's start to its last chunk's end, given
+    every chunk's ``(step, start, end)``."""
+    spans: dict[str, tuple[float, float]] = {}
+    for step, start, end in chunk_steps:
+        a, b = spans.get(step, (start, end))
+        spans[step] = (min(a, start), max(b, end))
+    return [(step, a, b) for step, (a, b) in spans.items()]

@@ -313,11 +313,9 @@ class Round:
             rec.clients.append(record)
         length = rec.t_end - rec.t_start
         if length > 0:
-            records = [self.clients[c] for c in self.sampled]
-            cpu = [(r.compute_s + _finite(r.train_end - r.train_start)) / length for r in records]
             links = [self.link_meters[c].total() / length for c in self.sampled]
             rec.utilisation = {
-                "client_cpu": sum(cpu) / len(cpu) if cpu else math.nan,
+                "client_cpu": client_cpu_share([self.clients[c] for c in self.sampled], length),
                 "client_link": sum(links) / len(links) if links else math.nan,
                 "server_cpu": self._server_busy() / length,
                 "server_link": self.server_link.total() / length,
@@ -680,6 +678,13 @@ def revealed(server: ServerMachine) -> int | None:
         return len(server.aggregate.survivors)
     exposed = getattr(server, "exposed", None)
     return int(exposed) if exposed is not None else None
+
+
+def client_cpu_share(records: list[ClientRecord], length: float) -> float:
+    """Mean fraction of a round of ``length`` seconds the clients' CPUs were busy (training and protocol
+    compute); NaN without clients."""
+    cpu = [(r.compute_s + _finite(r.train_end - r.train_start)) / length for r in records]
+    return sum(cpu) / len(cpu) if cpu else math.nan
 
 
 def _finite(x: float) -> float:
