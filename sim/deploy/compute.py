@@ -18,7 +18,9 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TypeVar
+from typing import Any, TypeVar
+
+from threadpoolctl import threadpool_limits
 
 from sim.engine.gates import SIDE, STAGED
 
@@ -35,7 +37,24 @@ def interleave_threads() -> None:
     sys.setswitchinterval(SWITCH_INTERVAL_S)
 
 
-__all__ = ["SIDE", "STAGED", "Processor"]
+ONE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+"""Environment of a deployment's worker processes: numerical libraries start with one thread."""
+
+
+def one_thread_math() -> Any:
+    """Limit this process's BLAS and OpenMP pools (numpy's OpenBLAS, torch's OpenMP) to one thread, until
+    the returned limits are restored (``restore_original_limits()``).
+
+    A party's computation is one thread, as the testbed model charges it. A second BLAS thread would not
+    be a second core: with every core busy with other parties, OpenBLAS's helper thread waits for a time
+    slice while the caller spins for it. Measured on the 2-core host: a client's first SecAgg step (a
+    fixed-point encoding of 10^5 values, whose clipping norm goes through BLAS, and two key pairs) took
+    1.6 ms of its thread's CPU alone and 5.1 ms beside one busy process; with one BLAS thread, 1.1 and
+    1.5 ms."""
+    return threadpool_limits(limits=1)
+
+
+__all__ = ["ONE_THREAD_ENV", "SIDE", "STAGED", "Processor", "one_thread_math"]
 
 
 def _timed(fn: Callable[[], T]) -> tuple[T | None, BaseException | None, float]:
@@ -47,13 +66,15 @@ def _timed(fn: Callable[[], T]) -> tuple[T | None, BaseException | None, float]:
 
 
 class Processor:
-    """One lane of compute for one party (``slowdown`` >= 1); ``busy_s`` counts the seconds it was held."""
+    """One lane of compute for one party (``slowdown`` >= 1); ``busy_s`` counts the seconds it was held,
+    ``cpu_s`` the CPU seconds its operations took in its thread (without the slow-down's sleep)."""
 
     def __init__(self, name: str, slowdown: float = 1.0) -> None:
         self.name = name
         self.slowdown = slowdown
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.busy_s = 0.0
+        self.cpu_s = 0.0
         self._held = False
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
@@ -65,6 +86,7 @@ class Processor:
         try:
             loop = asyncio.get_running_loop()
             result, error, cpu = await loop.run_in_executor(self.executor, _timed, fn)
+            self.cpu_s += cpu
             if self.slowdown > 1:
                 await asyncio.sleep((self.slowdown - 1) * cpu)
         finally:

@@ -20,7 +20,7 @@ from typing import IO
 
 import numpy as np
 
-from sim.deploy.compute import interleave_threads
+from sim.deploy.compute import ONE_THREAD_ENV, interleave_threads, one_thread_math
 from sim.deploy.identity import SECRET_ENV, new_secret
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
@@ -102,6 +102,7 @@ class Deployment(Simulation):
         self.secret = opts.secret or new_secret()
         self._switch = sys.getswitchinterval()
         interleave_threads()  # the server's loop and compute threads, as the workers'
+        self._math = one_thread_math()  # the server's computations are one thread each, as the workers'
         self.loop = asyncio.new_event_loop()
         self.server = DeployServer(
             scenario,
@@ -126,7 +127,7 @@ class Deployment(Simulation):
         return self.server.host, self.server.port
 
     def _spawn(self) -> None:
-        env = {**os.environ, SECRET_ENV: self.secret.hex()}
+        env = {**os.environ, **ONE_THREAD_ENV, SECRET_ENV: self.secret.hex()}
         out: IO[bytes] | None = None
         if self.options.log_dir is not None:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
@@ -205,5 +206,6 @@ class Deployment(Simulation):
                     process.wait()
             self.loop.close()
             sys.setswitchinterval(self._switch)
+            self._math.restore_original_limits()
             if self._log is not None:
                 self._log.close()

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from sim.deploy import control
-from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads
+from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads, one_thread_math
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import party_identity
@@ -503,6 +503,7 @@ def worker_main(host: str, port: int, index: int, secret: bytes, max_frame: int)
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     interleave_threads()
+    one_thread_math()
     asyncio.run(Worker(host, port, index, secret, max_frame).run())
 
 
