@@ -54,6 +54,31 @@ def overrides(clients: int, params: int, dropout: float, chunks: int) -> list[st
     return point
 
 
+def run_point(point: list[str], folder: Path, scales: dict[str, float]) -> tuple[Path, dict[str, Path], float]:
+    """Deploy the scenario of ``point`` once and simulate it under each testbed ``cpu_scale`` of ``scales``;
+    the deployed folder, the simulated folders by name and the deployment's wall seconds."""
+    scenario = load(SCENARIO, point, output=str(folder / "out")).base()
+    deployed = folder / "deployed"
+    start = time.perf_counter()
+    options = DeployOptions(log_dir=deployed)
+    run_scenario(scenario, deployed, progress=False, engine=partial(Deployment, options=options), driver="deploy")
+    wall = time.perf_counter() - start
+    simulated = {}
+    for name, scale in scales.items():
+        scaled = load(SCENARIO, [*point, f"testbed.cpu_scale={scale}"], output=str(folder / "out")).base()
+        simulated[name] = folder / f"simulated-{name}"
+        run_scenario(scaled, simulated[name], progress=False)
+    return deployed, simulated, wall
+
+
+def calibrate(rounds: int, folder: Path, extra: list[str]) -> float:
+    """This host's ``testbed.cpu_scale``, measured apart from the grid: the shipped scenario (5 clients,
+    10^5 parameters, dropout 0.2) with another seed, its first round left out."""
+    point = [f"rounds={rounds + 1}", "seed=2", *testbed_overrides(), *extra]
+    deployed, simulated, _ = run_point(point, folder, {"profile": 1.0})
+    return compare(simulated["profile"], deployed, skip_first=True).cpu_scale
+
+
 def measure(
     clients: int,
     params: int,
@@ -62,32 +87,27 @@ def measure(
     rounds: int,
     skip_first: bool,
     folder: Path,
+    cpu_scale: float,
     extra: list[str] | None = None,
 ) -> tuple[dict[str, object], pd.DataFrame]:
-    """One grid point: simulate, deploy, compare (``extra``: more ``--set`` overrides)."""
+    """One grid point: deploy, then simulate with the profile as is and with ``cpu_scale``; compare."""
     point = [*overrides(clients, params, dropout, chunks), f"rounds={rounds}", *testbed_overrides(), *(extra or [])]
-    scenario = load(SCENARIO, point, output=str(folder / "out")).base()
-    simulated, deployed = folder / "simulated", folder / "deployed"
-    run_scenario(scenario, simulated, progress=False)
-    start = time.perf_counter()
-    options = DeployOptions(log_dir=deployed)
-    run_scenario(scenario, deployed, progress=False, engine=partial(Deployment, options=options), driver="deploy")
-    wall = time.perf_counter() - start
-    validation = compare(simulated, deployed, skip_first=skip_first)
-    summary = validation.summary.set_index("stage")
-    row: dict[str, object] = {
-        "clients": clients,
-        "params": params,
-        "dropout": dropout,
-        "chunks": chunks,
-        "simulated_s": summary.at["round", "simulated_s"],
-        "measured_s": summary.at["round", "measured_s"],
-        "error": summary.at["round", "error"],
-        "identical": validation.identical,
-        "deploy_wall_s": wall,
-    }
-    stages = validation.summary.assign(clients=clients, params=params, dropout=dropout, chunks=chunks)
-    return row, stages
+    deployed, simulated, wall = run_point(point, folder, {"profile": 1.0, "calibrated": cpu_scale})
+    row: dict[str, object] = {"clients": clients, "params": params, "dropout": dropout, "chunks": chunks}
+    stages = []
+    for name, run in simulated.items():
+        validation = compare(run, deployed, skip_first=skip_first)
+        summary = validation.summary.set_index("stage")
+        suffix = "" if name == "calibrated" else f"_{name}"
+        row[f"simulated_s{suffix}"] = summary.at["round", "simulated_s"]
+        row["measured_s"] = summary.at["round", "measured_s"]
+        row[f"error{suffix}"] = summary.at["round", "error"]
+        row[f"identical{suffix}"] = validation.identical
+        row[f"cpu_scale{suffix}"] = validation.cpu_scale
+        point_columns = {"clients": clients, "params": params, "dropout": dropout, "chunks": chunks}
+        stages.append(validation.summary.assign(model=name, **point_columns))
+    row["deploy_wall_s"] = wall
+    return row, pd.concat(stages)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -98,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", nargs="+", type=int, default=[1, 3])
     parser.add_argument("--rounds", type=int, default=3, help="rounds per point (default 3)")
     parser.add_argument("--skip-first", action="store_true", help="leave round 1 out of the errors")
+    parser.add_argument(
+        "--cpu-scale",
+        type=float,
+        metavar="S",
+        help="testbed.cpu_scale of the calibrated simulation (default: measured first, by a calibration run)",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
@@ -117,6 +143,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--params {unknown}: the grid's models have {', '.join(f'{p:g}' for p in SHAPES)} parameters")
     rows, stages = [], []
     with TemporaryDirectory() as tmp:
+        scale = args.cpu_scale
+        if scale is None:
+            print("calibrating: 5 clients, 10^5 parameters, seed 2", file=sys.stderr)
+            scale = calibrate(args.rounds, Path(tmp) / "calibration", args.overrides)
+        print(f"testbed.cpu_scale {scale:.3f}", file=sys.stderr)
         for clients in args.clients:
             for p in params:
                 for dropout in args.dropouts:
@@ -124,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
                         print(f"clients {clients} params {p:g} dropout {dropout:g} chunks {chunks}", file=sys.stderr)
                         folder = Path(tmp) / f"c{clients}_p{p}_d{dropout}_m{chunks}"
                         row, stage = measure(
-                            clients, p, dropout, chunks, args.rounds, args.skip_first, folder, args.overrides
+                            clients, p, dropout, chunks, args.rounds, args.skip_first, folder, scale, args.overrides
                         )
                         rows.append(row)
                         stages.append(stage)
@@ -132,13 +163,15 @@ def main(argv: list[str] | None = None) -> int:
                         pd.concat(stages).to_csv(args.stages_csv, index=False)
     table = pd.DataFrame(rows)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    errors = table["error"].abs()
-    print(
-        f"\nround time, |simulated - measured| / measured over {len(table)} points: "
-        f"median {errors.median():.1%}, worst {errors.max():.1%} "
-        f"({table.loc[errors.idxmax(), ['clients', 'params', 'dropout', 'chunks']].to_dict()})"
-    )
-    print(f"models bit-identical at every point: {bool(table['identical'].all())}")
+    for suffix, model in (("_profile", "the profile as is (cpu_scale 1)"), ("", f"cpu_scale {scale:.3g}")):
+        errors = table[f"error{suffix}"].abs()
+        print(
+            f"\nround time under {model}, |simulated - measured| / measured over {len(table)} points: "
+            f"median {errors.median():.1%}, worst {errors.max():.1%} "
+            f"({table.loc[errors.idxmax(), ['clients', 'params', 'dropout', 'chunks']].to_dict()})"
+        )
+    same = bool(table["identical"].all() and table["identical_profile"].all())
+    print(f"models bit-identical at every point: {same}")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; tables: {args.csv}")
     return 0
 

@@ -319,6 +319,37 @@ def test_one_core_makes_the_round_longer(tmp_path: Path, pipeline: tuple[str, ..
         assert sum(c.train_end - c.train_start for c in o.clients) > sum(c.train_end - c.train_start for c in m.clients)
 
 
+@pytest.mark.parametrize("pipeline", [(), ("pipeline.chunks=3",)], ids=["secagg", "pipelined"])
+def test_cpu_scale_multiplies_every_profiled_cost_not_the_sockets(tmp_path: Path, pipeline: tuple[str, ...]) -> None:
+    one = _records(tmp_path, *pipeline, "testbed.cores=2")
+    two = _records(tmp_path, *pipeline, "testbed.cores=2", "testbed.cpu_scale=2")
+    for a, b in zip(one, two, strict=True):
+        assert a.outcome == b.outcome == "ok"
+        assert a.server_cpu_s > 0 and b.server_cpu_s == pytest.approx(2 * a.server_cpu_s, rel=1e-12)
+        for ca, cb in zip(a.clients, b.clients, strict=True):
+            assert ca.cpu_s > 0 and cb.cpu_s == pytest.approx(2 * ca.cpu_s, rel=1e-12)
+        assert b.t_end - b.t_start > a.t_end - a.t_start
+    # the sockets' and hand-overs' costs are the testbed's own, measured on it: only the profile is scaled
+    path = tmp_path / "testbed.yaml"
+    scaled = Simulation(load(path, [*pipeline, "testbed.cores=2", "testbed.cpu_scale=2"]).base())
+    plain = Simulation(load(path, [*pipeline, "testbed.cores=2"]).base())
+    for op, cost in plain.costs.operations.items():
+        factor = 1 if op in (*TRANSPORT_OPS, CALL_OP) else 2
+        assert scaled.costs.operations[op].coef == {k: factor * c for k, c in cost.coef.items()}
+    assert scaled.costs.interference_s == 2 * plain.costs.interference_s
+
+
+def test_cpu_s_counts_the_reference_seconds_charged(tmp_path: Path) -> None:
+    # training's cost plus every protocol computation's, without slow-down or the hand-over (call_s)
+    records = _records(tmp_path, "testbed.cores=1000", _free_transport(tmp_path))
+    alone = _records(tmp_path, _free_transport(tmp_path))
+    for h, a in zip(records, alone, strict=True):
+        for ch, ca in zip(h.clients, a.clients, strict=True):
+            assert ch.cpu_s == pytest.approx(ca.cpu_s, rel=1e-12)
+            # without a testbed, each computation takes its reference seconds times the slow-down
+            assert ca.compute_s + (ca.train_end - ca.train_start) == pytest.approx(ca.slowdown * ca.cpu_s, rel=1e-9)
+
+
 TWO = """
 name: two
 seed: 1
@@ -380,7 +411,9 @@ def test_testbed_reads_cores_and_is_resolved_only_when_given(tmp_path: Path) -> 
     path.write_text(BASE + "testbed: {cores: 4}\n")
     scenario = load(path).base()
     assert scenario.testbed == schema.Testbed(4)
-    assert scenario.resolved["testbed"] == {"cores": 4}
+    assert scenario.resolved["testbed"] == {"cores": 4, "cpu_scale": 1.0}
+    path.write_text(BASE + "testbed: {cores: 2, cpu_scale: 2.5}\n")
+    assert load(path).base().testbed == schema.Testbed(2, 2.5)
     for absent in ("", "testbed: null\n", "testbed:\n"):
         path.write_text(BASE + absent)
         scenario = load(path).base()
@@ -395,6 +428,8 @@ def test_testbed_reads_cores_and_is_resolved_only_when_given(tmp_path: Path) -> 
         ("testbed: {cores: true}", "testbed.cores: is True; a whole number >= 1 is expected"),
         ("testbed: {core: 2}", "testbed.core: is not a known key; did you mean 'testbed.cores'?"),
         ("testbed: {}", "testbed.cores: is required in a testbed section"),
+        ("testbed: {cores: 2, cpu_scale: 0}", "testbed.cpu_scale: is 0, out of range; allowed: a number > 0"),
+        ("testbed: {cores: 2, cpu_scale: fast}", "testbed.cpu_scale: is 'fast'; a number > 0 is expected"),
         ("testbed: 4", "testbed: is 4; a mapping of keys to values is expected here"),
         ("testbd: {cores: 2}", "testbd: is not a known key; did you mean 'testbed'?"),
     ],

@@ -124,6 +124,15 @@ class CostModel:
     def has(self, op: str) -> bool:
         return op in self.operations
 
+    def scaled(self, factor: float, keep: tuple[str, ...] = ()) -> CostModel:
+        """This profile with every operation's cost, and the pipeline interference, times ``factor``, except
+        the operations named in ``keep``."""
+        ops = {
+            op: cost if op in keep else LinearCost({k: c * factor for k, c in cost.coef.items()})
+            for op, cost in self.operations.items()
+        }
+        return CostModel(ops, self.machine, self.source, self.interference_s * factor)
+
     def seconds(self, op: str, size: Mapping[str, float]) -> float:
         """Reference-device seconds of ``op`` at ``size``."""
         cost = self.operations.get(op)

@@ -10,6 +10,7 @@ The parsers are added to the main one by :func:`add_deploy_parsers`.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -46,6 +47,12 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         "--output", metavar="DIR", help="folder for both runs and the comparison (default: results/validate-NAME)"
     )
     p.add_argument("--cores", type=int, metavar="K", help="cores the testbed model shares (default: this host's)")
+    p.add_argument(
+        "--cpu-scale",
+        type=float,
+        metavar="S",
+        help="testbed.cpu_scale: a deployed party's CPU seconds per profiled second (default: the scenario's, or 1)",
+    )
     p.add_argument("--skip-first", action="store_true", help="leave round 1 (a warm-up) out of the errors")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_network_options(p)
@@ -179,7 +186,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from sim.runner import run_scenario
     from sim.scenario import load
 
-    grid = load(args.file, [*args.overrides, *testbed_overrides(args.cores)])
+    grid = load(args.file, [*testbed_overrides(args.cores, args.cpu_scale), *args.overrides])
     scenario = grid.base()
     check_all([scenario])
     check_deployable(scenario)
@@ -187,8 +194,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if out.exists() and any(out.iterdir()) and not (out / "summary.csv").exists() and not (out / "simulated").exists():
         raise InputError(f"{out}: is not empty and holds no validation; choose another --output")
     simulated, deployed = out / "simulated", out / "deployed"
-    cores = scenario.testbed.cores if scenario.testbed is not None else "?"
-    print(f"simulating {scenario.name} under the testbed model ({cores} cores)")
+    testbed = scenario.testbed
+    assert testbed is not None  # set by testbed_overrides
+    model = f"{testbed.cores} cores, cpu_scale {testbed.cpu_scale:g}"
+    print(f"simulating {scenario.name} under the testbed model ({model})")
     run_scenario(replace(scenario, output=str(simulated)), simulated, progress=not args.quiet)
     print(f"deploying {scenario.name} on this host")
     options = deploy_options(args, deployed)
@@ -210,5 +219,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     same = "identical" if validation.identical else "DIFFERENT"
     print(f"models after every round: {same} (model_sha256, {validation.rounds} rounds)")
+    if math.isfinite(validation.cpu_scale):
+        print(
+            f"CPU: the deployed computations took {validation.cpu_scale / testbed.cpu_scale:.3g} times the simulated "
+            f"CPU seconds; this host's testbed.cpu_scale is {validation.cpu_scale:.3g} (--cpu-scale, docs/deploy.md)"
+        )
     print(f"results: {out}/ (summary.csv, validation.csv, validation.png/.pdf, simulated/, deployed/)")
     return 0 if validation.identical else 1

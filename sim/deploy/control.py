@@ -69,7 +69,8 @@ class RoundEnd(Message):
 @dataclass(frozen=True)
 class ClientReport(Message):
     """A worker's timeline of a round, in seconds of its monotonic clock (NaN for what it did not do),
-    and the protocol compute it did (busy seconds, slow-down included)."""
+    the protocol compute it did (busy seconds, slow-down included) and the CPU seconds of all its
+    computations, training included (its compute thread's, without the slow-down)."""
 
     TYPE: ClassVar[int] = 43
     FIELDS: ClassVar = (
@@ -79,6 +80,7 @@ class ClientReport(Message):
         ("train_start", F64),
         ("train_end", F64),
         ("compute_s", F64),
+        ("cpu_s", F64),
         ("upload_s", F64),
         ("last_upload_end", F64),
         ("left_at", F64),
@@ -90,6 +92,7 @@ class ClientReport(Message):
     train_start: float
     train_end: float
     compute_s: float
+    cpu_s: float
     upload_s: float
     """Seconds its uploads took, first byte to last, summed."""
     last_upload_end: float

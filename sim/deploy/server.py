@@ -319,6 +319,7 @@ class DeployServer:
         if chunks is None:
             rec.exposures = []
         survivors = set(rec.aggregate.survivors) if rec.aggregate is not None else set()
+        rec.server_cpu_s = server_cpu.cpu_s + (side.cpu_s if side is not server_cpu else 0.0)
         self._close_record(
             st, rec, survivors, drops, server_cpu.busy_s + (side.busy_s if side is not server_cpu else 0)
         )
@@ -545,6 +546,7 @@ class DeployServer:
             record.train_start = place(report.train_start)
             record.train_end = place(report.train_end)
             record.compute_s = report.compute_s
+            record.cpu_s = report.cpu_s
             record.upload_s = report.upload_s
             record.last_upload_end = place(report.last_upload_end)
             if report.left:  # a silent leaver: it stopped answering, and says so now

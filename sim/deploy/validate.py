@@ -8,6 +8,11 @@ the aggregation) as simulated seconds, measured seconds and the relative error (
 measured, and checks that every round's model is bit-identical (``model_sha256``). It writes
 ``validation.csv`` (per round and stage), ``summary.csv`` (per stage) and the figure
 ``validation.png``/``.pdf``.
+
+It also compares the CPU seconds of every party's computations per round (the ``cpu`` row: the cost
+profile's as charged by the simulator, against the compute threads' CPU time measured in the deployment).
+Their ratio times the simulation's ``testbed.cpu_scale`` is this host's scale (:attr:`Validation.cpu_scale`),
+to be simulated with (docs/deploy.md, "Calibrating the testbed model").
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from typing import Any
 
 import pandas as pd
 
-from sim.results.read import read_run_table
+from sim.results.read import read_manifest, read_run_table
 
 STAGES = ("round_time", "download_s", "train_s", "aggregate_s")
 """Columns of rounds.csv compared besides each server step's ``time_<step>``."""
@@ -37,6 +42,9 @@ class Validation:
     identical: bool
     """Whether every round's model_sha256 is the same in both."""
     rounds: int
+    cpu_scale: float
+    """The ``testbed.cpu_scale`` that would have charged the deployment's CPU seconds: the simulated run's
+    scale times measured / simulated CPU seconds over the rounds compared (NaN without CPU columns)."""
 
 
 def stage_columns(rounds: pd.DataFrame) -> list[str]:
@@ -70,6 +78,13 @@ def compare(simulated: Path, deployed: Path, skip_first: bool = False) -> Valida
                     "error": relative_error(s, m),
                 }
             )
+    compared = [r for r in common if not (skip_first and r == common[0] and len(common) > 1)]
+    sim_cpu, dep_cpu = cpu_seconds(simulated), cpu_seconds(deployed)
+    for r in compared:
+        if r in sim_cpu.index and r in dep_cpu.index:
+            s, m = float(sim_cpu[r]), float(dep_cpu[r])
+            error = relative_error(s, m)
+            rows.append({"round": int(r), "stage": "cpu", "simulated_s": s, "measured_s": m, "error": error})
     per_round = pd.DataFrame(rows, columns=["round", "stage", "simulated_s", "measured_s", "error"])
     summary_rows = []
     for stage, group in per_round.groupby("stage", sort=False):
@@ -87,7 +102,28 @@ def compare(simulated: Path, deployed: Path, skip_first: bool = False) -> Valida
             }
         )
     summary = pd.DataFrame(summary_rows)
-    return Validation(per_round, summary, identical, len(common))
+    cpu = per_round[per_round["stage"] == "cpu"]
+    scale = math.nan
+    if len(cpu) and cpu["simulated_s"].sum() > 0:
+        scale = simulated_scale(simulated) * float(cpu["measured_s"].sum() / cpu["simulated_s"].sum())
+    return Validation(per_round, summary, identical, len(common), scale)
+
+
+def cpu_seconds(run: Path) -> pd.Series:
+    """Per round, the CPU seconds of every party's computations (the clients' ``cpu_s`` and the server's
+    ``server_cpu_s``); empty for tables written before those columns."""
+    rounds = read_run_table(run, "rounds")
+    clients = read_run_table(run, "clients")
+    if "server_cpu_s" not in rounds.columns or "cpu_s" not in clients.columns:
+        return pd.Series(dtype=float)
+    total = rounds.set_index("round")["server_cpu_s"].astype(float)
+    return total.add(clients.groupby("round")["cpu_s"].sum(), fill_value=0.0)
+
+
+def simulated_scale(run: Path) -> float:
+    """The ``testbed.cpu_scale`` a run was simulated with (1 if none)."""
+    testbed = read_manifest(run).get("scenario", {}).get("testbed") or {}
+    return float(testbed.get("cpu_scale", 1.0))
 
 
 def relative_error(simulated: float, measured: float) -> float:
@@ -103,9 +139,11 @@ def _stage_name(column: str) -> str:
     return {"round_time": "round", "download_s": "download", "train_s": "train", "aggregate_s": "aggregate"}[column]
 
 
-def testbed_overrides(cores: int | None = None) -> list[str]:
-    """``--set`` overrides that make the simulator model this host's testbed."""
-    return [f"testbed={{cores: {cores or os.cpu_count() or 1}}}", "server.speed=1"]
+def testbed_overrides(cores: int | None = None, cpu_scale: float | None = None) -> list[str]:
+    """``--set`` overrides that make the simulator model this host's testbed (``cpu_scale``: None keeps the
+    scenario's ``testbed.cpu_scale``, or 1)."""
+    sets = [f"testbed.cores={cores or os.cpu_count() or 1}", "server.speed=1"]
+    return sets if cpu_scale is None else [*sets, f"testbed.cpu_scale={cpu_scale}"]
 
 
 def plot(validation: Validation, out: Path, title: str) -> list[Path]:

@@ -79,7 +79,7 @@ class Timeline:
     left: str = ""
     left_at: float = math.nan
 
-    def report(self, round: int, compute_s: float) -> control.ClientReport:
+    def report(self, round: int, compute_s: float, cpu_s: float) -> control.ClientReport:
         return control.ClientReport(
             round,
             self.download_start,
@@ -87,6 +87,7 @@ class Timeline:
             self.train_start,
             self.train_end,
             compute_s,
+            cpu_s,
             self.upload_s,
             self.last_upload_end,
             self.left_at,
@@ -308,7 +309,8 @@ class Worker:
             log.exception("worker %d: round %d as client %d failed", self.index, start.round, c)
         cpu.shutdown()
         if outcome == "stay":
-            conn.send(control.CONTROL, play.timeline.report(start.round, cpu.busy_s - play.trained_busy).encode())
+            report = play.timeline.report(start.round, cpu.busy_s - play.trained_busy, cpu.cpu_s)
+            conn.send(control.CONTROL, report.encode())
         return outcome
 
     # -- the client's part of a round ----------------------------------------------------------------

@@ -251,6 +251,7 @@ class PipelinedRound(Round):
         self, work: list[Work] | tuple[Work, ...], priority: int = STAGED
     ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
+        self.record.server_cpu_s += seconds
         if seconds > 0:
             host = self.s.host
             if host is not None:
@@ -381,6 +382,7 @@ class PipelinedRound(Round):
     ) -> Generator[simpy.Event, Any, None]:
         rec, host = self.clients[c], self.s.host
         reference = self.s.costs.work_seconds(work) + extra
+        rec.cpu_s += reference
         if reference > 0 and host is not None:
             reference += self.s.call_s
         seconds = reference * rec.slowdown

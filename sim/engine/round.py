@@ -82,6 +82,10 @@ class ClientRecord:
     """Total time of this client's transfers to the server."""
     compute_s: float = 0.0
     """Total protocol compute time charged to this client (besides training)."""
+    cpu_s: float = 0.0
+    """CPU seconds of all its computations, training included, without its slow-down: simulated, the
+    reference-device seconds charged (the cost profile's, as each computation starts); deployed, the CPU
+    time of the worker's compute thread."""
     bytes_down: int = 0
     bytes_up: int = 0
     dropped_stage: str = ""
@@ -114,6 +118,8 @@ class RoundRecord:
     server_bytes_in: int = 0
     server_bytes_out: int = 0
     server_compute_s: float = 0.0
+    server_cpu_s: float = 0.0
+    """CPU seconds of the server's computations (:attr:`ClientRecord.cpu_s`'s counterpart)."""
     aggregate: Aggregate | None = None
     exposed: int | None = None
     """Survivors whose noisy sum the server unmasked, even if the round then aborted (XNoise's noise
@@ -393,6 +399,7 @@ class Round:
         self, work: list[Work] | tuple[Work, ...], priority: int = STAGED
     ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
+        self.record.server_cpu_s += seconds
         if seconds > 0:
             host = self.s.host
             if host is None:
@@ -458,6 +465,7 @@ class Round:
             },
         )
         train_seconds = rec.slowdown * train_cost
+        rec.cpu_s += train_cost
         update: wire.Vector
         if s.learner is not None:
             update, weight = s.learner.local_update(c, self.number)
@@ -518,6 +526,7 @@ class Round:
         """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
         rec, host = self.clients[c], self.s.host
         reference = self.s.costs.work_seconds(work) + extra
+        rec.cpu_s += reference
         if reference > 0 and host is not None:
             reference += self.s.call_s
         seconds = reference * rec.slowdown

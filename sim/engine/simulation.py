@@ -81,6 +81,8 @@ class Simulation:
             rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
             self.costs = CostModel({**self.costs.operations, op: rate}, self.costs.machine, self.costs.source)
         self.costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
+        if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
+            self.costs = self.costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))
         self.env = simpy.Environment()
         self.network = Network(self.env)
         bps = sc.server.bandwidth_mbps * MBPS

@@ -236,10 +236,17 @@ class Testbed:
 
     cores: int
     """K, the host's cores (each runs one reference-device second of work per virtual second)."""
+    cpu_scale: float = 1.0
+    """CPU seconds a deployed party's operation takes per second the cost profile gives it: the profile
+    times each operation back to back, warm; a party computes one now and then, between messages, beside
+    other processes (``dropsim validate`` measures it; docs/deploy.md). It scales every profiled cost,
+    not the testbed's own socket costs (``deploy.*``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
             raise ValueError(f"testbed cores is {self.cores!r}; a whole number >= 1 is expected")
+        if not (math.isfinite(self.cpu_scale) and self.cpu_scale > 0):
+            raise ValueError(f"testbed cpu_scale is {self.cpu_scale!r}; a number > 0 is expected")
 
 
 @dataclass(frozen=True)
@@ -582,8 +589,9 @@ def _testbed(r: Reader) -> Testbed:
     if not r.has("cores"):
         r.fail("cores", "is required in a testbed section: the host's CPU cores, a whole number >= 1")
     cores = r.integer("cores", 1, lo=1)
+    cpu_scale = r.number("cpu_scale", 1.0, lo=0, lo_open=True)
     r.finish()
-    return Testbed(int(_or(cores, 1)))
+    return Testbed(int(_or(cores, 1)), float(_or(cpu_scale, 1.0)))
 
 
 def _or(value: Any, default: Any) -> Any:
