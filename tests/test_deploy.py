@@ -95,16 +95,25 @@ def test_validate_compares_stage_by_stage(tmp_path: Path, capsys: pytest.Capture
     path = tmp_path / "dep.yaml"
     path.write_text(SCENARIO)
     out = tmp_path / "val"
-    assert main(["validate", str(path), "--output", str(out), "--quiet", "--set", "rounds=1"]) == 0
+    command = ["validate", str(path), "--output", str(out), "--quiet", "--set", "rounds=1", "--cpu-scale", "1.5"]
+    assert main(command) == 0
     text = capsys.readouterr().out
     assert "identical" in text
     summary = pd.read_csv(out / "summary.csv")
-    assert {"round", "train", "step.masked_input", "aggregate"} <= set(summary["stage"])
+    assert {"round", "train", "step.masked_input", "aggregate", "cpu"} <= set(summary["stage"])
     row = summary.set_index("stage").loc["round"]
     assert row["error"] == pytest.approx((row["simulated_s"] - row["measured_s"]) / row["measured_s"])
     assert (out / "validation.png").exists() and (out / "validation.pdf").exists()
     manifest = read_manifest(out / "simulated")
     assert manifest["scenario"]["testbed"]["cores"] >= 1
+    assert manifest["scenario"]["testbed"]["cpu_scale"] == 1.5
+    # the cpu row: every party's CPU seconds, as charged (simulated) and as its compute thread used them
+    cpu = summary.set_index("stage").loc["cpu"]
+    charged = read_run_table(out / "simulated", "clients")["cpu_s"].sum()
+    charged += read_run_table(out / "simulated", "rounds")["server_cpu_s"].sum()
+    assert cpu["simulated_s"] == pytest.approx(charged) and cpu["measured_s"] > 0
+    scale = 1.5 * cpu["measured_s"] / cpu["simulated_s"]
+    assert f"this host's testbed.cpu_scale is {scale:.3g}" in text
 
 
 def test_what_cannot_be_deployed_is_refused(tmp_path: Path) -> None:

@@ -22,10 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.costs.model import DEFAULT_PROFILE, CostModel
+from sim.deploy.validate import compare
 from sim.engine.host import SharedCores
 from sim.engine.round import CALL_OP, TRANSPORT_OPS
 from sim.engine.simulation import Simulation
 from sim.learning.trainer import local_batches
+from sim.runner import run_scenario
 from sim.scenario import ScenarioError, load, schema
 
 Log = list[tuple[str, float]]
@@ -337,6 +339,22 @@ def test_cpu_scale_multiplies_every_profiled_cost_not_the_sockets(tmp_path: Path
         factor = 1 if op in (*TRANSPORT_OPS, CALL_OP) else 2
         assert scaled.costs.operations[op].coef == {k: factor * c for k, c in cost.coef.items()}
     assert scaled.costs.interference_s == 2 * plain.costs.interference_s
+
+
+def test_compare_measures_the_cpu_scale_from_the_cpu_seconds(tmp_path: Path) -> None:
+    # a run at cpu_scale 3 "measured" against one simulated at 1.5: the host's scale is 1.5 * 2 = 3
+    path = tmp_path / "testbed.yaml"
+    path.write_text(ROUND)
+    runs = {}
+    for scale in (1.5, 3):
+        runs[scale] = tmp_path / f"s{scale}"
+        run_scenario(load(path, ["testbed.cores=2", f"testbed.cpu_scale={scale}"]).base(), runs[scale], progress=False)
+    validation = compare(runs[1.5], runs[3])
+    assert validation.cpu_scale == pytest.approx(3, rel=1e-12)
+    cpu = validation.per_round[validation.per_round["stage"] == "cpu"]
+    assert list(cpu["round"]) == [1, 2] and cpu["error"].to_list() == pytest.approx([-0.5, -0.5], rel=1e-12)
+    skipped = compare(runs[1.5], runs[3], skip_first=True)
+    assert set(skipped.per_round["round"]) == {2} and skipped.cpu_scale == pytest.approx(3, rel=1e-12)
 
 
 def test_cpu_s_counts_the_reference_seconds_charged(tmp_path: Path) -> None:
