@@ -1,17 +1,22 @@
 """The simulator against the socket deployment, over a grid: how far are the simulated round times?
 
-For every point of the grid (sampled clients, model parameters, dropout rate, chunks), the shipped
-scenario ``scenarios/deploy.yaml`` (SecAgg, Zipf a = 1.2 compute slow-downs 1-3 and 21-210 Mbps links,
-a server at 1 Gbps, a ``linear`` model on synthetic data sized to exactly 10^4, 10^5 or 10^6 parameters)
-runs ``--rounds`` rounds twice with the same seed: simulated under the testbed model (``testbed.cores`` =
-this host's cores, ``server.speed`` 1) and deployed on this host (a server and one client process per
-sampled client, over loopback TCP with token-bucket links). It prints per point the mean simulated and
-measured round time and their relative error ((simulated - measured) / measured), whether every round's
-model is bit-identical, and over the grid the median and worst absolute error of round time; per stage
-(download, training, each server step, aggregation) in ``--stages-csv``. Round 1 is left out of the
-errors with ``--skip-first`` (a warm-up: first-touch allocations in fresh processes).
+First a calibration, apart from the grid: the shipped scenario ``scenarios/deploy.yaml`` (5 clients,
+10^5 parameters) with seed 2 is deployed and simulated, and the CPU seconds of every party's computations
+give this host's ``testbed.cpu_scale`` S (docs/deploy.md, "Calibrating the testbed model"; ``--cpu-scale``
+gives S instead). Then for every point of the grid (sampled clients, model parameters, dropout rate,
+chunks) the scenario (SecAgg, Zipf a = 1.2 compute slow-downs 1-3 and 21-210 Mbps links, a server at
+1 Gbps, a ``linear`` model on synthetic data sized to exactly 10^4, 10^5 or 10^6 parameters) runs
+``--rounds`` rounds with the same seed: deployed once on this host (a server and one client process per
+sampled client, over loopback TCP with token-bucket links) and simulated twice under the testbed model
+(``testbed.cores`` = this host's cores, ``server.speed`` 1), with the profile as is (S = 1, the
+``*_profile`` columns) and with S. It prints per point the mean measured and simulated round times and
+their relative errors ((simulated - measured) / measured), whether every round's model is
+bit-identical, the point's own CPU ratio, and over the grid the median and worst absolute error of
+round time for both; per stage (download, training, each server step, aggregation, CPU) in
+``--stages-csv``. Round 1 is left out of the errors with ``--skip-first`` (a warm-up: first-touch
+allocations in fresh processes).
 
-    python benchmarks/validate.py                                  # the full grid: 36 points, ~25 minutes
+    python benchmarks/validate.py --rounds 4 --skip-first          # the full grid: 36 points, ~35 minutes
     python benchmarks/validate.py --clients 5 --params 1e5 --dropouts 0 --chunks 1   # one point
 """
 
@@ -134,6 +139,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--csv", type=Path, default=Path("validate.csv"), help="table per point (validate.csv)")
     parser.add_argument(
+        "--keep", type=Path, metavar="DIR", help="keep every point's runs in DIR, a new folder (default: none kept)"
+    )
+    parser.add_argument(
         "--stages-csv", type=Path, default=Path("validate_stages.csv"), help="table per point and stage"
     )
     args = parser.parse_args(argv)
@@ -142,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
     if unknown:
         parser.error(f"--params {unknown}: the grid's models have {', '.join(f'{p:g}' for p in SHAPES)} parameters")
     rows, stages = [], []
-    with TemporaryDirectory() as tmp:
+    with TemporaryDirectory() as scratch:
+        tmp = str(args.keep) if args.keep is not None else scratch
         scale = args.cpu_scale
         if scale is None:
             print("calibrating: 5 clients, 10^5 parameters, seed 2", file=sys.stderr)
