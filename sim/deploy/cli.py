@@ -195,7 +195,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise InputError(f"{out}: is not empty and holds no validation; choose another --output")
     simulated, deployed = out / "simulated", out / "deployed"
     testbed = scenario.testbed
-    assert testbed is not None  # set by testbed_overrides
+    if testbed is None:
+        raise InputError(f"{args.file}: testbed is unset; validate simulates under the testbed model (testbed.cores)")
     model = f"{testbed.cores} cores, cpu_scale {testbed.cpu_scale:g}"
     print(f"simulating {scenario.name} under the testbed model ({model})")
     run_scenario(replace(scenario, output=str(simulated)), simulated, progress=not args.quiet)
