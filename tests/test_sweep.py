@@ -94,6 +94,14 @@ def test_a_failing_run_is_reported_and_the_others_finish(tmp_path):
     assert list(pd.read_csv(out / "rounds.csv")["run_id"].unique()) == ["population=16"]
 
 
+INTERRUPTIBLE = (
+    "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+    "from sim.cli import main; sys.exit(main(sys.argv[1:]))"
+)
+"""``dropsim`` with SIGINT as at a terminal (KeyboardInterrupt), even where the tests were started in the
+background by a shell that ignores SIGINT for its background jobs (and so for their children)."""
+
+
 def _long_sweep(tmp_path: Path, rounds: int) -> tuple[subprocess.Popen[str], Path]:
     """Start a two-run, two-worker sweep of ``rounds`` full-fidelity rounds; return it once both run."""
     text = SCENARIO.replace("rounds: 3", f"rounds: {rounds}").replace("fidelity: timing", "fidelity: full")
@@ -101,8 +109,14 @@ def _long_sweep(tmp_path: Path, rounds: int) -> tuple[subprocess.Popen[str], Pat
     path = tmp_path / "long.yaml"
     path.write_text(text)
     out = tmp_path / "out"
-    cmd = [sys.executable, "-m", "sim", "sweep", str(path), "--jobs", "2", "--quiet", "--output", str(out)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-c", INTERRUPTIBLE, "sweep", str(path), "--jobs", "2", "--quiet", "--output", str(out)]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # its own process group: a failing test can stop the workers too
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and len(list(out.glob("runs/*/rounds.csv"))) < 2:
         time.sleep(0.2)
@@ -114,7 +128,8 @@ def _finish(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
     try:
         _, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
-        proc.kill()
+        os.killpg(proc.pid, signal.SIGKILL)  # the sweep and its workers, which would run on
+        proc.communicate()
         raise AssertionError(f"the sweep did not finish {what}") from None
     return err
 
