@@ -18,8 +18,8 @@ coefficients (a feature whose coefficient comes out negative is dropped and the 
 - the profile's ``pipeline`` entry: the interference of pipelined chunk tasks on a client's compute
   (Dordis eq. 3's beta_2), measured by :mod:`sim.costs.interference`.
 
-Torch runs with one thread, so the reference device is one core of the profiling machine; a client's
-slow-down factor and the server's speed scale from there.
+Torch runs with one thread, and numpy's BLAS too (threadpoolctl), so the reference device is one core
+of the profiling machine; a client's slow-down factor and the server's speed scale from there.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from threadpoolctl import threadpool_limits
 
 from sim.costs.micro import BENCHMARKS
 from sim.costs.model import FORMAT
@@ -200,6 +201,16 @@ def run_profile(
     at every data set's shape and at the extra ``(input shape, classes)`` of ``shapes`` (e.g. a synthetic
     data shape)."""
     torch.set_num_threads(1)
+    with threadpool_limits(limits=1):  # BLAS (the clipping norm) on one core too, as a deployed party's
+        return _run_profile(out, quick, progress, shapes)
+
+
+def _run_profile(
+    out: Path,
+    quick: bool,
+    progress: Callable[[str], None] | None,
+    shapes: Sequence[tuple[tuple[int, int, int], int]],
+) -> dict[str, Any]:
     say = progress or (lambda _msg: None)
     repeats = 1 if quick else 5
     operations: dict[str, Any] = {}
