@@ -319,10 +319,9 @@ class DeployServer:
         if chunks is None:
             rec.exposures = []
         survivors = set(rec.aggregate.survivors) if rec.aggregate is not None else set()
-        rec.server_cpu_s = server_cpu.cpu_s + (side.cpu_s if side is not server_cpu else 0.0)
-        self._close_record(
-            st, rec, survivors, drops, server_cpu.busy_s + (side.busy_s if side is not server_cpu else 0)
-        )
+        lanes = (server_cpu,) if side is server_cpu else (server_cpu, side)
+        rec.server_cpu_s = sum(lane.cpu_s for lane in lanes)
+        self._close_record(st, rec, survivors, drops, sum(lane.busy_s for lane in lanes))
         return rec
 
     def _send(self, st: RoundState, rec: RoundRecord, c: int, channel: int, payload: bytes) -> None:

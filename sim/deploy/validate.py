@@ -59,32 +59,23 @@ def compare(simulated: Path, deployed: Path, skip_first: bool = False) -> Valida
     dep = read_run_table(deployed, "rounds").set_index("round")
     common = sim.index.intersection(dep.index)
     identical = bool(len(common)) and bool((sim.loc[common, "model_sha256"] == dep.loc[common, "model_sha256"]).all())
+    compared = list(common[1:]) if skip_first and len(common) > 1 else list(common)
     rows: list[dict[str, Any]] = []
-    for column in stage_columns(sim):
-        if column not in dep.columns:
-            continue
-        for r in common:
-            if skip_first and r == common[0] and len(common) > 1:
-                continue
-            s, m = float(sim.loc[r, column]), float(dep.loc[r, column])
-            if math.isnan(s) and math.isnan(m):
-                continue
+
+    def add(r: int, stage: str, s: float, m: float) -> None:
+        if not (math.isnan(s) and math.isnan(m)):
             rows.append(
-                {
-                    "round": int(r),
-                    "stage": _stage_name(column),
-                    "simulated_s": s,
-                    "measured_s": m,
-                    "error": relative_error(s, m),
-                }
+                {"round": int(r), "stage": stage, "simulated_s": s, "measured_s": m, "error": relative_error(s, m)}
             )
-    compared = [r for r in common if not (skip_first and r == common[0] and len(common) > 1)]
+
+    for column in stage_columns(sim):
+        if column in dep.columns:
+            for r in compared:
+                add(r, _stage_name(column), float(sim.loc[r, column]), float(dep.loc[r, column]))
     sim_cpu, dep_cpu = cpu_seconds(simulated), cpu_seconds(deployed)
     for r in compared:
         if r in sim_cpu.index and r in dep_cpu.index:
-            s, m = float(sim_cpu[r]), float(dep_cpu[r])
-            error = relative_error(s, m)
-            rows.append({"round": int(r), "stage": "cpu", "simulated_s": s, "measured_s": m, "error": error})
+            add(r, "cpu", float(sim_cpu[r]), float(dep_cpu[r]))
     per_round = pd.DataFrame(rows, columns=["round", "stage", "simulated_s", "measured_s", "error"])
     summary_rows = []
     for stage, group in per_round.groupby("stage", sort=False):

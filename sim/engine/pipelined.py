@@ -456,7 +456,6 @@ class PipelinedRound(Round):
         return protocol_done and not waiting
 
     # -- records ----------------------------------------------------------------------------------
-
     def _resource(self, stage: int) -> str:
         if self.duplex and stage in (2, 4):
             return "client.uplink" if stage == 2 else "client.downlink"
