@@ -115,6 +115,33 @@ def test_a_client_going_offline_mid_protocol_is_a_dropout_at_that_step(tmp_path)
     assert rounds.loc[0, "outcome"] == "ok" and rounds.loc[0, "survivors"] == 3
 
 
+def test_sampling_from_the_population_drops_the_offline_clients_at_once(tmp_path):
+    # as Dordis Figure 1: all 6 are sampled; 0 and 4 are never online, 2 leaves 0.01 s in
+    rows = [(1, 0.0, 1e6), (2, 0.0, 0.01), (3, 0.0, 1e6), (5, 0.0, 1e6)]
+    sc = scenario(tmp_path, rows, "rounds=1", "trace.sample_from=population", "aggregation.threshold=0.3")
+    rounds, clients = run(sc, tmp_path / "p")
+    left = clients.set_index("client")
+    assert list(left.index) == [0, 1, 2, 3, 4, 5]
+    assert left.loc[0, "dropped_stage"] == left.loc[4, "dropped_stage"] == "offline:advertise_keys"
+    # offline when sampled: gone as the round starts (once the server has encoded the model), long before
+    # the model could reach it
+    assert left.loc[0, "left_at"] == left.loc[4, "left_at"] < 1e-3
+    assert np.isnan(left.loc[0, "train_s"]) or left.loc[0, "train_s"] == 0
+    assert left.loc[2, "left_at"] == 0.01
+    assert rounds.loc[0, "sampled"] == 6 and rounds.loc[0, "survivors"] == 3
+    assert rounds.loc[0, "online"] == 6  # it sampled from everyone
+
+
+def test_sample_from_names_its_choices(tmp_path, capsys):
+    from sim.cli import main
+
+    trace = write_trace(tmp_path, [(0, 0.0, 10.0)])
+    file = tmp_path / "s.yaml"
+    file.write_text(BASE.replace("TRACE", str(trace)))
+    assert main(["check", str(file), "--set", "trace.sample_from=everyone"]) == 2
+    assert "trace.sample_from: is 'everyone'; allowed: online | population" in capsys.readouterr().err
+
+
 def test_the_server_waits_for_clients_to_come_online(tmp_path):
     rows = [(c, 100.0, 1e6) for c in range(6)]
     rounds, _ = run(scenario(tmp_path, rows, "rounds=1"), tmp_path / "w")

@@ -560,3 +560,42 @@ def test_cli_bad_input_raises_input_error(tmp_path, monkeypatch, argv, words):
     monkeypatch.chdir(tmp_path)
     with pytest.raises(InputError, match=words):
         run(argv)
+
+
+# ----------------------------------------------------------------------------------------------- select
+
+
+def test_select_keeps_the_most_available_clients_renumbered(tiny):
+    from sim.traces.select import online_seconds, select_clients
+
+    # span 30 s: 0 is online 20 s, 2 10 s, 3 4 s (once: the span holds one pass), 5 4 s, 7 6 s
+    assert list(online_seconds(tiny)) == [20.0, 10.0, 4.0, 4.0, 6.0]
+    picked = select_clients(tiny, 3)
+    assert list(picked.clients) == [0, 1, 2]  # originals 0, 2 and 7, in id order
+    assert list(picked.offsets) == [0, 2, 3, 4]
+    assert list(picked.starts) == [0.0, 20.0, 5.0, 0.0] and list(picked.ends) == [10.0, 30.0, 15.0, 6.0]
+    assert np.isnan(picked.periods[0]) and picked.periods[2] == 6.0
+    assert picked.bandwidth_kbps is not None and picked.bandwidth_kbps[2] == 800
+    # ties (3 and 5 have 4 s each) go to the lower id; by sessions 0 and 5 have two each
+    assert list(select_clients(tiny, 4).starts[4:]) == [0.0]  # original 3's single interval
+    assert list(select_clients(tiny, 2, by="sessions").ends) == [10.0, 30.0, 2.0, 10.0]
+
+
+def test_trace_select_writes_a_trace_that_loads(tmp_path, capsys):
+    out = tmp_path / "top.csv"
+    assert run(["trace", "select", str(write(tmp_path / "t.csv", TINY)), "--clients", "2", "--out", str(out)]) == 0
+    top = load_trace(out)
+    assert list(top.clients) == [0, 1] and top.intervals == 3
+    assert "the 2 clients of t.csv with the most time online" in out.read_text()
+    with pytest.raises(InputError, match="--clients 9: .* has 5 clients"):
+        run(["trace", "select", str(tmp_path / "t.csv"), "--clients", "9", "--out", str(out)])
+
+
+def test_the_shipped_selection_is_what_the_command_makes(tmp_path):
+    """traces/available_100.csv is `dropsim trace select traces/synthetic_small.csv --clients 100`."""
+    from sim.traces.select import select_clients
+
+    shipped = load_trace(ROOT / "traces" / "available_100.csv")
+    made = select_clients(load_trace(ROOT / "traces" / "synthetic_small.csv"), 100)
+    for field in ("clients", "offsets", "starts", "ends"):
+        assert np.array_equal(getattr(shipped, field), getattr(made, field))

@@ -190,8 +190,10 @@ class Simulation:
         sc, r = self.scenario, self.round
         offline: dict[int, float] = {}
         available = self._everyone
+        by_trace = self.availability is not None and sc.trace is not None and sc.trace.sample_from == "online"
         if self.availability is not None:
-            available = self._online()
+            # sample_from: population samples everyone; a sampled client offline now leaves at once
+            available = self._online() if by_trace else self._everyone
             sampled = sample_clients(available, sc.sampling, sc.seed, r)
             offline = {int(c): self.availability.offline_at(int(c), self.env.now) for c in sampled}
         else:
@@ -200,7 +202,7 @@ class Simulation:
         plan = private = None
         refused = ""
         rate = None
-        if self.availability is not None and sc.sampling.clients_per_round is not None and len(available):
+        if by_trace and sc.sampling.clients_per_round is not None and len(available):
             # k of the clients online now: each had chance k / online, the others 0 (Hyades Theorem 1: the
             # round is accounted at that upper rate)
             rate = min(1.0, sc.sampling.clients_per_round / len(available))

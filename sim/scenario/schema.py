@@ -35,6 +35,7 @@ SYNTHETIC_CLASSES = 10
 """Default number of classes of the ``synthetic`` data set."""
 FIDELITIES = ("full", "timing")
 DROPOUT_MODES = ("fixed", "bernoulli", "per_client")
+TRACE_SAMPLING = ("online", "population")
 
 
 @dataclass(frozen=True)
@@ -151,6 +152,9 @@ class TraceReplay:
     """Stop the run once the trace reaches this hour (e.g. 96: replay four days), if before ``rounds``."""
     capacity: bool = False
     """Take clients' compute and bandwidth from the trace's device capacity, where it gives them."""
+    sample_from: str = "online"
+    """``online``: the server samples among the clients online at the round's start. ``population``: it samples
+    from the whole population, as Dordis Figure 1 does, and a sampled client that is offline leaves at once."""
 
 
 @dataclass(frozen=True)
@@ -552,10 +556,11 @@ def _trace(r: Reader) -> TraceReplay | None:
     scale = r.number("time_scale", 1.0, lo=0, lo_open=True)
     until = r.number("until_hours", None, lo=0, lo_open=True)
     capacity = r.boolean("capacity", False)
+    sample_from = r.choice("sample_from", TRACE_SAMPLING, "online")
     if until is not None and offset is not None and until <= offset:
         r.fail("until_hours", f"is {until}: it must come after offset_hours ({offset})")
     r.finish()
-    return TraceReplay(file or "", _or(offset, 0.0), _or(scale, 1.0), until, bool(capacity))
+    return TraceReplay(file or "", _or(offset, 0.0), _or(scale, 1.0), until, bool(capacity), sample_from or "online")
 
 
 def _chunks(value: Any) -> tuple[int | None, Any]:

@@ -3,6 +3,7 @@
     dropsim trace import-fedscale client_behave_trace --capacity client_device_capacity --out fedscale.csv
     dropsim trace synth --clients 2000 --days 4 --seed 1 --out traces/synthetic_small.csv
     dropsim trace stats traces/synthetic_small.csv --plot figures/
+    dropsim trace select traces/synthetic_small.csv --clients 100 --by online --out traces/available_100.csv
 
 Each prints a short table. Bad input raises :class:`sim.errors.InputError` (the main command turns it into
 exit status 2); the parser is added to the main one by :func:`add_trace_parser`.
@@ -40,6 +41,14 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--days", type=float, required=True, metavar="D", help="length of the trace in days")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="random seed (default 0)")
     p.add_argument("--out", type=Path, required=True, metavar="FILE", help="trace to write (NAME.csv or .parquet)")
+
+    p = actions.add_parser(
+        "select", help="keep the N clients with the most time online (or sessions), renumbered 0..N-1"
+    )
+    p.add_argument("file", type=Path, help="trace (NAME.csv or NAME.parquet)")
+    p.add_argument("--clients", type=int, required=True, metavar="N", help="clients to keep")
+    p.add_argument("--by", choices=("online", "sessions"), default="online", help="ranking (default: online)")
+    p.add_argument("--out", type=Path, required=True, metavar="OUT", help="trace to write (NAME.csv or .parquet)")
 
     p = actions.add_parser("stats", help="summarise a trace: sessions, clients online over time; optionally plot")
     p.add_argument("file", type=Path, help="trace (NAME.csv or NAME.parquet)")
@@ -147,7 +156,31 @@ def _stats(args: argparse.Namespace) -> int:
     return 0
 
 
-_ACTIONS = {"import-fedscale": _import_fedscale, "synth": _synth, "stats": _stats}
+def _select(args: argparse.Namespace) -> int:
+    from sim.traces.io import load_trace, write_trace
+    from sim.traces.select import select_clients
+
+    trace = load_trace(args.file)
+    if not 1 <= args.clients <= trace.size:
+        raise InputError(f"--clients {args.clients}: {args.file} has {trace.size} clients; keep 1 to {trace.size}")
+    picked = select_clients(trace, args.clients, args.by)
+    ranking = "time online" if args.by == "online" else "sessions"
+    written = write_trace(
+        picked,
+        args.out,
+        comments=[
+            f"the {args.clients} clients of {args.file.name} with the most {ranking}, renumbered 0..{args.clients - 1}",
+            f"by: dropsim trace select {args.file} --clients {args.clients} --by {args.by}",
+        ],
+    )
+    _, online = _online_row(picked, 600.0, None)
+    print(_table([{**_session_row(picked), **online}]))
+    for path in written:
+        print(path)
+    return 0
+
+
+_ACTIONS = {"import-fedscale": _import_fedscale, "synth": _synth, "select": _select, "stats": _stats}
 
 
 def cmd_trace(args: argparse.Namespace) -> int:
