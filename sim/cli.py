@@ -17,6 +17,7 @@ import pandas as pd
 import sim
 from sim.deploy.cli import add_deploy_parsers, cmd_deploy, cmd_validate, cmd_worker
 from sim.errors import InputError
+from sim.paper.cli import add_reproduce_parser, cmd_reproduce
 from sim.scenario import load
 from sim.traces.cli import add_trace_parser, cmd_trace
 
@@ -115,6 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_trace_parser(sub)
     add_deploy_parsers(sub)
+    add_reproduce_parser(sub)
     return parser
 
 
@@ -403,6 +405,7 @@ _COMMANDS = {
     "deploy": cmd_deploy,
     "worker": cmd_worker,
     "validate": cmd_validate,
+    "reproduce": cmd_reproduce,
 }
 
 

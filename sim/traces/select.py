@@ -48,4 +48,3 @@ def select_clients(trace: Trace, n: int, by: str = "online") -> Trace:
         bandwidth_kbps=bandwidth,
         source=f"{trace.source} (the {n} clients with the most {'time online' if by == 'online' else 'sessions'})",
     )
-

@@ -1,0 +1,217 @@
+"""Paper reproductions: the catalog and its scenarios, the measures (exact where the papers give numbers we
+must meet), the generated table and documentation block, and, end to end, the reduced form of every item
+plus the notebooks executed on its results."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from sim.cli import main
+from sim.paper.catalog import CatalogError, load_catalog, select
+from sim.paper.measures import measure_baek, rounds_below
+from sim.paper.reproduce import BEGIN, END, format_value, update_doc
+from sim.results.writer import ResultsError
+from sim.scenario import load
+
+ROOT = Path(__file__).resolve().parent.parent
+PAPER = ROOT / "scenarios" / "paper"
+CATALOG = PAPER / "reproductions.yaml"
+NOTEBOOKS = sorted((ROOT / "notebooks").glob("*.ipynb"))
+
+
+@pytest.fixture(scope="module")
+def catalog():
+    return load_catalog(CATALOG)
+
+
+def test_every_paper_scenario_belongs_to_exactly_one_item(catalog):
+    used = [p.name for item in catalog.values() for p in item.scenarios]
+    assert sorted(used) == sorted(p.name for p in PAPER.glob("*.yaml") if p.name != CATALOG.name)
+    assert len(used) == len(set(used))
+
+
+def test_every_paper_scenario_checks_in_both_forms(catalog):
+    for item in catalog.values():
+        for path in item.scenarios:
+            for reduced in (False, True):
+                grid = load(path, item.overrides(reduced))
+                points = grid.points()
+                assert points, (item.name, path, reduced)
+                if reduced:
+                    assert len(points) <= len(load(path).points())
+
+
+def test_paper_values_attach_by_pattern(catalog):
+    fig8 = catalog["dordis-fig8-femnist"]
+    assert fig8.paper_value("epsilon", "orig, d=0.4") == "8.3"
+    assert fig8.paper_value("epsilon", "xnoise, d=0.2") == "6"
+    assert fig8.paper_value("epsilon", "orig, d=0.2") == ""
+    assert fig8.overrides(True) == ["rounds=3", "sweep.dropout.rate=[0.0, 0.4]"]
+    assert fig8.overrides(False) == []
+
+
+def test_catalog_errors_name_the_item_and_key(tmp_path):
+    (tmp_path / "s.yaml").write_text("name: s\n")
+    good = "source: x\nscenarios: [s.yaml]\nmeasure: privacy\nreduced: {}\ntime: {full: 1 s}\npaper: []\n"
+    cases = {
+        "measure: privacy": ("measure: speed", "a.measure: is 'speed'; allowed: privacy, baek"),
+        "scenarios: [s.yaml]": ("scenarios: [t.yaml]", "t.yaml does not exist"),
+        "paper: []": ("paper: [{quantity: q}]", "a.paper[0]: must be {quantity, setting, value}"),
+        "reduced: {}": ("reduced: {}\nrounds: 3", "a: unknown keys ['rounds']"),
+    }
+    for old, (new, message) in cases.items():
+        file = tmp_path / "catalog.yaml"
+        file.write_text("a:\n" + "".join(f"  {line}\n" for line in good.replace(old, new).splitlines()))
+        with pytest.raises(CatalogError, match=message.replace("[", r"\[").replace("]", r"\]")):
+            load_catalog(file)
+    file.write_text("a:\n" + "".join(f"  {line}\n" for line in good.splitlines()))
+    with pytest.raises(CatalogError, match="unknown reproduction b; known: a"):
+        select(load_catalog(file), ["b"])
+
+
+def test_baek_table2_is_reproduced_with_the_papers_accountant(catalog):
+    """Baek et al., Table 2 (z = 1, q = 0.01, delta = 1e-5): TensorFlow Privacy's orders and conversion give
+    the printed epsilons to their three decimals and the printed round counts, but for four of 54 entries:
+    at 10^5 rounds 28.559 for 28.552 (no dropout) and 43.17 for 42.62 (30%), and with 30% dropout the last
+    digit at 10^4 rounds and 5689 rounds for 5690."""
+    item = catalog["baek-table2"]
+    rows = measure_baek(item, {}, reduced=False)
+    theirs = [r for r in rows if r.quantity.endswith("TF Privacy accountant")]
+    assert len(theirs) == 3 * (6 + 3)
+    off = []
+    for r in theirs:
+        paper = float(item.paper_value(r.quantity, r.setting))
+        if r.quantity.startswith("epsilon"):
+            if round(float(r.value), 3) != paper:
+                off.append((r.setting, round(float(r.value), 3), paper))
+        elif r.value != paper:
+            off.append((r.setting, r.value, paper))
+    assert off == [
+        ("d=0, 100000 rounds", 28.559, 28.552),
+        ("d=0.3, 10000 rounds", 10.705, 10.703),
+        ("d=0.3, 100000 rounds", 43.166, 42.623),
+        ("d=0.3, eps<8", 5689, 5690.0),
+    ]
+    ours = {r.setting: float(r.value) for r in rows if r.quantity == "epsilon"}
+    # dropsim's conversion is tighter than the classic one at every point
+    for r in theirs:
+        if r.quantity.startswith("epsilon"):
+            assert ours[r.setting] < float(r.value)
+
+
+@given(st.integers(min_value=0, max_value=10_000), st.integers(min_value=1, max_value=50))
+def test_rounds_below_is_the_last_round_under_the_budget(threshold, step):
+    def eps(r: int) -> float:
+        return r * step / 7
+
+    budget = threshold * step / 7 + 1e-9  # eps(threshold) < budget <= eps(threshold + 1)
+    expected = max(r for r in range(0, threshold + 2) if r == 0 or eps(r) < budget)
+    assert rounds_below(budget, eps) == expected
+
+
+def test_early_stops_where_hyades_reports(catalog):
+    """Hyades section 8.2: with 20% dropout Early stops at round 26 (FEMNIST) and 114 (CIFAR-10)."""
+    from sim.dp.planner import model_dimension, privacy_table
+
+    for name, rounds in (("hyades-fig7-femnist", 26), ("hyades-fig7-cifar10", 114)):
+        base = load(catalog[name].scenarios[0]).base()
+        (row,) = privacy_table(base, [0.2], model_dimension(base), ["early"])
+        assert row["rounds_completed"] == rounds
+        assert row["epsilon"] <= 6
+
+
+def test_format_value_by_unit():
+    assert format_value(1.23456, "x") == "1.23x"
+    assert format_value(45.26, "%") == "45.3%"
+    assert format_value(-0.123, "points") == "-0.12"
+    assert format_value(26.0, "") == "26"
+    assert format_value(5.995779, "") == "5.996"
+    assert format_value(math.nan, "") == "-"
+    assert format_value("1.04-1.20", "x") == "1.04-1.20"
+
+
+def test_the_doc_block_is_replaced_and_nothing_else(tmp_path):
+    doc = tmp_path / "r.md"
+    doc.write_text(f"# title\n\nbefore\n{BEGIN}\nold table\n{END}\nafter\n")
+    update_doc(doc, "new table\n")
+    assert doc.read_text() == f"# title\n\nbefore\n{BEGIN}\n\nnew table\n\n{END}\nafter\n"
+    (tmp_path / "bare.md").write_text("no markers\n")
+    with pytest.raises(ResultsError, match="has no block between"):
+        update_doc(tmp_path / "bare.md", "x")
+
+
+def test_the_documentation_carries_a_generated_table_for_every_item(catalog):
+    text = (ROOT / "docs" / "reproduction.md").read_text()
+    block = text[text.index(BEGIN) : text.index(END)]
+    for name in catalog:
+        assert f"### {name}\n" in block
+
+
+# ----------------------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def reduced(tmp_path_factory):
+    out = tmp_path_factory.mktemp("paper")
+    assert main(["reproduce", "--reduced", "--output", str(out), "--quiet"]) == 0
+    return out
+
+
+@pytest.mark.slow
+def test_the_reduced_reproduction_measures_every_item(reduced, catalog):
+    table = pd.read_csv(reduced / "reproduction.csv")
+    assert set(table["item"]) == set(catalog)
+    assert set(table["form"]) == {"reduced"}
+    md = (reduced / "reproduction.md").read_text()
+    for name in catalog:
+        assert f"### {name}\n" in md
+        for ext in ("png", "pdf"):
+            assert (reduced / "figures" / f"{name}.{ext}").stat().st_size > 1000
+    # every item with a simulation left finished runs behind
+    for item in catalog.values():
+        for path in item.scenarios:
+            runs = pd.read_csv(reduced / path.stem / "runs.csv")
+            assert set(runs["status"]) == {"complete"}, (item.name, path.name)
+
+
+@pytest.mark.slow
+def test_simulated_privacy_equals_the_accounting(reduced):
+    table = pd.read_csv(reduced / "reproduction.csv")
+    privacy = table[table["item"].str.match(r"(dordis-fig8|hyades-fig7)")]
+    computed = privacy[privacy["quantity"] == "epsilon"].set_index(["item", "setting"])["dropsim"].astype(float)
+    simulated = privacy[privacy["quantity"] == "epsilon, simulated"].set_index(["item", "setting"])["dropsim"]
+    assert len(simulated) == len(computed) == 2 * 2 + 2 * 2 + 2 * 4 + 2 * 4
+    for key, value in simulated.astype(float).items():
+        assert value == computed[key], key  # Early included: a run it stopped spent what the ledger says
+
+
+@pytest.mark.slow
+def test_footprints_of_rebasing_and_xnoise(reduced):
+    table = pd.read_csv(reduced / "reproduction.csv")
+    extra = table[table["item"] == "dordis-table3"].set_index("setting")["dropsim"].astype(float)
+    # rebasing uploads a second masked vector: 20 bits for each of 2^23 padded coordinates of 5M parameters
+    assert 20.0 <= extra["rebasing, 5M, n=100, d=0.2"] < 20.01
+    assert 0 < extra["xnoise, 5M, n=100, d=0.2"] < 0.5
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebooks_execute_on_the_reduced_results(notebook, reduced, tmp_path, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    nbclient = pytest.importorskip("nbclient")
+    monkeypatch.setenv("DROPSIM_RESULTS", str(reduced))
+    monkeypatch.setenv("DROPSIM_FIGURES", str(tmp_path))
+    nb = nbformat.read(notebook, as_version=4)
+    client = nbclient.NotebookClient(
+        nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(notebook.parent)}}
+    )
+    client.execute()  # the kernel inherits DROPSIM_RESULTS; it listens on 127.0.0.1 only
+    errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
+    assert not errors
+    assert any(p.suffix == ".pdf" for p in tmp_path.iterdir())
