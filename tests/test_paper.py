@@ -4,6 +4,7 @@ plus the notebooks executed on its results."""
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -77,9 +78,9 @@ def test_catalog_errors_name_the_item_and_key(tmp_path):
 
 def test_baek_table2_is_reproduced_with_the_papers_accountant(catalog):
     """Baek et al., Table 2 (z = 1, q = 0.01, delta = 1e-5): TensorFlow Privacy's orders and conversion give
-    the printed epsilons to their three decimals and the printed round counts, but for four of 54 entries:
-    at 10^5 rounds 28.559 for 28.552 (no dropout) and 43.17 for 42.62 (30%), and with 30% dropout the last
-    digit at 10^4 rounds and 5689 rounds for 5690."""
+    the table's printed epsilons to their three decimals and its round counts, but for four of its 27
+    entries: at 10^5 rounds 28.559 for 28.552 (no dropout) and 43.17 for 42.62 (30%), and with 30% dropout
+    the last digit at 10^4 rounds and 5689 rounds for 5690."""
     item = catalog["baek-table2"]
     rows = measure_baek(item, {}, reduced=False)
     theirs = [r for r in rows if r.quantity.endswith("TF Privacy accountant")]
@@ -126,6 +127,13 @@ def test_early_stops_where_hyades_reports(catalog):
         assert row["epsilon"] <= 6
 
 
+def test_items_not_run_yet_measure_nothing_and_say_so(tmp_path, catalog):
+    assert main(["reproduce", "dordis-table3", "dordis-fig1", "--no-run", "--output", str(tmp_path)]) == 0
+    md = (tmp_path / "reproduction.md").read_text()
+    assert md.count("| (no results) | | | |") == 2
+    assert pd.read_csv(tmp_path / "reproduction.csv").empty
+
+
 def test_format_value_by_unit():
     assert format_value(1.23456, "x") == "1.23x"
     assert format_value(45.26, "%") == "45.3%"
@@ -147,10 +155,134 @@ def test_the_doc_block_is_replaced_and_nothing_else(tmp_path):
 
 
 def test_the_documentation_carries_a_generated_table_for_every_item(catalog):
+    """The block is the command's output: every item, full form, and each row's paper column is what the
+    catalog says now (a catalog edit without regenerating the table fails here)."""
     text = (ROOT / "docs" / "reproduction.md").read_text()
     block = text[text.index(BEGIN) : text.index(END)]
-    for name in catalog:
-        assert f"### {name}\n" in block
+    sections = block.split("\n### ")[1:]
+    assert [section.split("\n", 1)[0] for section in sections] == list(catalog)
+    for section in sections:
+        item = catalog[section.split("\n", 1)[0]]
+        assert "Form: full" in section
+        rows = [line.split(" | ") for line in section.splitlines() if line.startswith("| ") and "---" not in line]
+        assert rows[0] == ["| quantity", "setting", "paper", "dropsim |"]
+        for quantity, setting, paper, _ in rows[1:]:
+            assert paper == (item.paper_value(quantity.removeprefix("| "), setting) or "-"), (item.name, setting)
+
+
+# ------------------------------------------------------------------------------- measures on made-up runs
+
+
+def make_sweep(folder: Path, runs: dict[str, tuple[dict, list[dict], list[dict]]], status: str = "complete") -> Path:
+    """A sweep folder as dropsim writes one: per run a manifest (resolved scenario), rounds and clients."""
+    folder.mkdir(parents=True)
+    (folder / "sweep.json").write_text(json.dumps({"run_ids": list(runs)}))
+    for run_id, (scenario, rounds, clients) in runs.items():
+        d = folder / "runs" / run_id
+        d.mkdir(parents=True)
+        manifest = {"status": status, "rounds_completed": len(rounds), "scenario": scenario}
+        (d / "manifest.json").write_text(json.dumps(manifest))
+        pd.DataFrame(rounds).to_csv(d / "rounds.csv", index=False)
+        pd.DataFrame(clients or [{"round": 1}]).to_csv(d / "clients.csv", index=False)
+    return folder
+
+
+def pipeline_run(protocol, strategy, dropout, chunks, used, round_time, agg_time):
+    scenario = {
+        "aggregation": {"protocol": protocol},
+        "privacy": {"strategy": strategy},
+        "dropout": {"rate": dropout},
+        "pipeline": {"chunks": chunks},
+    }
+    rounds = [{"round": 1, "outcome": "ok", "chunks": used, "round_time": round_time, "agg_time": agg_time}]
+    rounds.append({"round": 2, "outcome": "aborted: too few", "chunks": used, "round_time": 1.0, "agg_time": 0.0})
+    return scenario, rounds, []
+
+
+def test_pipeline_measure_pairs_plain_and_pipelined_by_the_configured_chunks(tmp_path, catalog):
+    from sim.paper.measures import measure_pipeline
+
+    item = catalog["dordis-fig10-vgg19-cifar10"]
+    folder = make_sweep(
+        tmp_path / "p",
+        {
+            "a": pipeline_run("secagg", "orig", 0.2, 1, 1, 10.0, 4.0),
+            "b": pipeline_run("secagg", "orig", 0.2, "auto", 1, 8.0, 2.0),  # auto chose one chunk: still pipelined
+            "c": pipeline_run("secagg", "xnoise", 0.2, 1, 1, 15.0, 9.0),
+            "d": pipeline_run("secagg", "xnoise", 0.2, "auto", 16, 12.0, 6.0),
+        },
+    )
+    rows = {(r.quantity, r.setting): r.value for r in measure_pipeline(item, {item.scenarios[0]: folder}, False)}
+    assert rows[("speedup", "secagg, orig, d=0.2")] == 10.0 / 8.0  # the aborted round is not averaged in
+    assert rows[("aggregation speedup", "secagg, xnoise, d=0.2")] == 9.0 / 6.0
+    assert rows[("aggregation share, plain", "secagg, orig, d=0.2")] == 40.0
+    assert rows[("chunks", "secagg, xnoise, d=0.2")] == 16
+    assert rows[("XNoise overhead, plain", "secagg, d=0.2")] == pytest.approx(50.0)
+    assert rows[("speedup", "range")] == "1.25-1.25"
+    doubled = make_sweep(
+        tmp_path / "q",
+        {
+            "a": pipeline_run("secagg", "orig", 0.2, 1, 1, 10.0, 4.0),
+            "a2": pipeline_run("secagg", "orig", 0.2, 1, 1, 11.0, 4.0),
+        },
+    )
+    with pytest.raises(ValueError, match="two plain runs"):
+        measure_pipeline(item, {item.scenarios[0]: doubled}, False)
+
+
+def test_accuracy_measure_counts_what_early_completed_and_skips_unfinished_runs(tmp_path, catalog):
+    from sim.paper.measures import measure_accuracy, unfinished
+
+    item = catalog["dordis-table2"]
+
+    def run(strategy, accuracies, stop=False):
+        rounds = [
+            {"round": i + 1, "outcome": "ok", "accuracy": a, "epsilon": 1.0 + i} for i, a in enumerate(accuracies)
+        ]
+        if stop:
+            outcome = "aborted: masked_input: privacy budget: this round would bring epsilon to 6.2 > 6 (early)"
+            rounds.append({"round": len(rounds) + 1, "outcome": outcome, "accuracy": None, "epsilon": None})
+        return {"privacy": {"strategy": strategy}, "dropout": {"rate": 0.2}}, rounds, []
+
+    folder = make_sweep(
+        tmp_path / "a",
+        {"o": run("orig", [0.5, 0.9]), "x": run("xnoise", [0.5, 0.895]), "e": run("early", [0.5], stop=True)},
+    )
+    rows = {(r.quantity, r.setting): r.value for r in measure_accuracy(item, {item.scenarios[0]: folder}, False)}
+    assert rows[("rounds completed", "early, d=0.2")] == 1  # the refused round is not one it completed
+    assert rows[("accuracy, XNoise - Orig (points)", "d=0.2")] == pytest.approx(-0.5)
+    assert rows[("accuracy, Early - XNoise (points)", "d=0.2")] == pytest.approx(-39.5)
+    make_sweep(tmp_path / "b", {"o": run("orig", [0.5])}, status="interrupted")
+    assert measure_accuracy(item, {item.scenarios[0]: tmp_path / "b"}, False) == []
+    assert unfinished(tmp_path / "b") == ["b/o: interrupted"]
+
+
+def test_footprint_measure_is_the_survivors_extra_upload_over_orig(tmp_path, catalog):
+    from sim.paper.measures import MIB, measure_footprint
+
+    item = catalog["dordis-table3"]
+
+    def run(strategy, survivor_bytes):
+        scenario = {
+            "model": {"params": 5_000_000},
+            "sampling": {"clients_per_round": 3},
+            "dropout": {"rate": 0.3},
+            "privacy": {"strategy": strategy},
+        }
+        clients = [{"round": 1, "in_aggregate": True, "bytes_up": b} for b in survivor_bytes]
+        clients.append({"round": 1, "in_aggregate": False, "bytes_up": 1})  # a dropout's bytes do not count
+        return scenario, [{"round": 1, "outcome": "ok"}], clients
+
+    folder = make_sweep(
+        tmp_path / "f",
+        {
+            "o": run("orig", [MIB, MIB]),
+            "r": run("rebasing", [3 * MIB, 3 * MIB]),
+            "x": run("xnoise", [MIB + 1024, MIB + 3072]),
+        },
+    )
+    rows = {r.setting: r.value for r in measure_footprint(item, {item.scenarios[0]: folder}, False)}
+    assert rows == {"rebasing, 5M, n=3, d=0.3": 2.0, "xnoise, 5M, n=3, d=0.3": 2048 / MIB}
 
 
 # ----------------------------------------------------------------------------------------- end to end
@@ -195,16 +327,19 @@ def test_simulated_privacy_equals_the_accounting(reduced):
 def test_footprints_of_rebasing_and_xnoise(reduced):
     table = pd.read_csv(reduced / "reproduction.csv")
     extra = table[table["item"] == "dordis-table3"].set_index("setting")["dropsim"].astype(float)
-    # rebasing uploads a second masked vector: 20 bits for each of 2^23 padded coordinates of 5M parameters
+    # rebasing uploads a second masked vector: 20 bits for each of 2^23 (2^26) padded coordinates of 5M (50M)
+    # parameters; XNoise's seeds and shares do not depend on the model size (Dordis Table 3's point)
     assert 20.0 <= extra["rebasing, 5M, n=100, d=0.2"] < 20.01
-    assert 0 < extra["xnoise, 5M, n=100, d=0.2"] < 0.5
+    assert 160.0 <= extra["rebasing, 50M, n=100, d=0.2"] < 160.01
+    assert 0 < extra["xnoise, 5M, n=100, d=0.2"] == extra["xnoise, 50M, n=100, d=0.2"] < 0.5
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("notebook", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebooks_execute_on_the_reduced_results(notebook, reduced, tmp_path, monkeypatch):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
+    import nbclient
+    import nbformat
+
     monkeypatch.setenv("DROPSIM_RESULTS", str(reduced))
     monkeypatch.setenv("DROPSIM_FIGURES", str(tmp_path))
     nb = nbformat.read(notebook, as_version=4)

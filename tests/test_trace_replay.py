@@ -129,7 +129,7 @@ def test_sampling_from_the_population_drops_the_offline_clients_at_once(tmp_path
     assert np.isnan(left.loc[0, "train_s"]) or left.loc[0, "train_s"] == 0
     assert left.loc[2, "left_at"] == 0.01
     assert rounds.loc[0, "sampled"] == 6 and rounds.loc[0, "survivors"] == 3
-    assert rounds.loc[0, "online"] == 6  # it sampled from everyone
+    assert rounds.loc[0, "online"] == 4  # online when the round started; it sampled from all 6
 
 
 def test_sample_from_names_its_choices(tmp_path, capsys):

@@ -191,6 +191,7 @@ class Simulation:
         offline: dict[int, float] = {}
         available = self._everyone
         by_trace = self.availability is not None and sc.trace is not None and sc.trace.sample_from == "online"
+        t0 = self.env.now
         if self.availability is not None:
             # sample_from: population samples everyone; a sampled client offline now leaves at once
             available = self._online() if by_trace else self._everyone
@@ -212,7 +213,8 @@ class Simulation:
             except RoundSetupError as exc:  # e.g. too few clients this round for the collusion tolerance
                 refused = str(exc)
         record = self._play(r, sampled, drops, private, refused, offline)
-        record.online = len(available)
+        # the clients online at the round's start (with sample_from: population, not whom it sampled from)
+        record.online = len(available) if by_trace or self.availability is None else len(self.availability.online(t0))
         privacy = None
         if self.privacy is not None:
             if plan is not None and private is not None and not refused:

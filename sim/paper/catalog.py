@@ -24,7 +24,7 @@ DEFAULT_SHOW = {
     "privacy": ("epsilon*", "rounds completed"),
     "baek": (),
     "accuracy": ("final accuracy", "rounds completed", "accuracy, *"),
-    "pipeline": ("speedup", "chunks", "XNoise overhead, plain"),
+    "pipeline": ("speedup", "chunks", "XNoise* overhead, plain"),
     "footprint": (),
     "trace": ("*",),
 }

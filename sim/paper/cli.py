@@ -6,6 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from sim.paper.catalog import CATALOG
+
 __all__ = ["add_reproduce_parser", "cmd_reproduce"]
 
 
@@ -27,7 +29,7 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--catalog",
         type=Path,
-        default=Path("scenarios/paper/reproductions.yaml"),
+        default=CATALOG,
         metavar="FILE",
         help="catalog of reproductions (default scenarios/paper/reproductions.yaml)",
     )

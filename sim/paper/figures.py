@@ -116,7 +116,7 @@ def plot_baek(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: P
 def plot_accuracy(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: Path) -> list[Path]:
     """Left: accuracy against round per strategy at the middle dropout rate (Dordis Figure 9); right: final
     accuracy against the dropout rate (Table 2)."""
-    found = [run for folder in results.values() if folder.exists() for run in runs(folder)]
+    found = [run for folder in results.values() for run in runs(folder)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     rates = sorted({run.dropout for run in found})
     middle = rates[len(rates) // 2] if rates else math.nan
@@ -187,7 +187,7 @@ def plot_pipeline(item: Item, rows: Sequence[Row], results: dict[Path, Path], ou
 
 def plot_footprint(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: Path) -> list[Path]:
     """Extra MiB a surviving client uploads over Orig against the model size, at each sample size and the
-    first dropout rate in the table (Dordis Table 3)."""
+    highest dropout rate in the table (Dordis Table 3)."""
     frame = _frame(rows)
     part = frame[frame["quantity"] == "extra MiB up"].copy()
     parts = part["setting"].str.split(", ")
@@ -220,7 +220,7 @@ def plot_footprint(item: Item, rows: Sequence[Row], results: dict[Path, Path], o
 def plot_trace(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: Path) -> list[Path]:
     """Left: sampled clients and those that stayed, per round, under Orig (Dordis Figure 1a); right:
     epsilon against round per strategy (Figure 1b)."""
-    found = [run for folder in results.values() if folder.exists() for run in runs(folder)]
+    found = [run for folder in results.values() for run in runs(folder)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     con_dash = {"0.2": (0, (1, 1)), "0.5": "--", "0.8": "-."}
     budget = math.nan

@@ -74,15 +74,50 @@ class Run:
         values = self.rounds[column].dropna() if column in self.rounds else pd.Series(dtype=float)
         return float(values.iloc[-1]) if len(values) else math.nan
 
+    @property
+    def completed(self) -> int:
+        """Rounds that aggregated (``outcome == "ok"``)."""
+        return int((self.rounds["outcome"] == "ok").sum())
+
+    @property
+    def budget_stops(self) -> pd.Series:
+        """Which rounds were refused because they would pass the budget (Early's stop: its last row)."""
+        return self.rounds["outcome"].astype(str).str.contains(BUDGET_STOP, regex=False)
+
+
+BUDGET_STOP = "privacy budget: this round would bring epsilon"
+"""How the outcome of the round Early refuses reads (after ``aborted: <step>: ``)."""
+
 
 def runs(folder: Path) -> list[Run]:
-    """The runs of a results folder (a sweep or a single run) that finished at least one round."""
+    """The complete runs of a results folder (a sweep or a single run); none if the folder does not exist
+    yet (an item not run). A run that was interrupted or failed is left out (:func:`unfinished` names it)."""
+    if not folder.exists():
+        return []
     found = []
     for directory in run_dirs(folder):
-        rounds = read_run_table(directory, "rounds")
-        if len(rounds):
-            found.append(Run(directory, read_manifest(directory), rounds))
+        manifest = read_manifest(directory)
+        if manifest.get("status") == "complete":
+            found.append(Run(directory, manifest, read_run_table(directory, "rounds")))
     return found
+
+
+def unfinished(folder: Path) -> list[str]:
+    """The run folders under ``folder`` whose manifest does not say ``complete``, with their status."""
+    if not folder.exists():
+        return []
+    statuses = {d.name: read_manifest(d).get("status", "no status") for d in run_dirs(folder)}
+    return [f"{folder.name}/{name}: {status}" for name, status in statuses.items() if status != "complete"]
+
+
+def unique_key(seen: dict[Any, str], key: Any, run: Run) -> None:
+    """Refuse a second run at the same setting: a measure compares settings, it does not average runs."""
+    if key in seen:
+        raise ValueError(
+            f"{run.directory.parent}: two runs at the same setting {key} ({seen[key]} and {run.directory.name}); "
+            "measure one run per setting (sweep each key once)"
+        )
+    seen[key] = run.directory.name
 
 
 # --------------------------------------------------------------------------------------------- privacy
@@ -107,8 +142,10 @@ def measure_privacy(item: Item, results: dict[Path, Path], reduced: bool) -> lis
             if r["strategy"] == "early":
                 rows.append(Row("rounds completed", setting, float(r["rounds_completed"])))
         folder = results.get(path)
-        if folder is not None and folder.exists():
+        if folder is not None:
+            seen: dict[Any, str] = {}
             for run in runs(folder):
+                unique_key(seen, (run.strategy, run.dropout), run)
                 setting = f"{run.strategy}, {dropout_label(run.dropout)}"
                 rows.append(Row("epsilon, simulated", setting, run.final("epsilon")))
     return rows
@@ -146,7 +183,7 @@ def measure_baek(item: Item, results: dict[Path, Path], reduced: bool) -> list[R
     """Baek et al. Table 2: the Poisson-subsampled Gaussian at noise multiplier z, dropout d leaving
     z sqrt(1 - d) (the aggregate keeps (1 - d) of the noise variance, the sensitivity unchanged: their
     section IV.B), epsilon after R rounds and the rounds a budget allows, by dropsim's accountant
-    (integer orders 2..256, the conversion of Canonne et al.) and by the paper's (TensorFlow Privacy's
+    (integer orders 2..128 and 256, the conversion of Canonne et al.) and by the paper's (TensorFlow Privacy's
     orders, the classic conversion). Rate q and delta come from the scenario; where it was run, each run's
     final epsilon too (its noise planned by dropsim for the scenario's budget)."""
     from sim.dp.accounting import ORDERS, gaussian_subsampled_rdp
@@ -181,9 +218,9 @@ def measure_baek(item: Item, results: dict[Path, Path], reduced: bool) -> list[R
                 count = rounds_below(float(budget), partial(epsilon_after, rdp, orders, delta, classic=classic))
                 rows.append(Row(f"rounds within budget{suffix}", f"{dropout_label(d)}, eps<{float(budget):g}", count))
     folder = results.get(path)
-    if folder is not None and folder.exists():
+    if folder is not None:
         for run in runs(folder):
-            setting = f"{dropout_label(run.dropout)}, {len(run.rounds)} rounds"
+            setting = f"{dropout_label(run.dropout)}, {run.completed} rounds"
             rows.append(Row("simulated epsilon (noise planned by dropsim)", setting, run.final("epsilon")))
     return rows
 
@@ -196,9 +233,11 @@ def measure_accuracy(item: Item, results: dict[Path, Path], reduced: bool) -> li
     Orig's and XNoise's at the same rate (points); the rounds Early completed."""
     rows: list[Row] = []
     final: dict[tuple[str, float], float] = {}
+    seen: dict[Any, str] = {}
     for path in item.scenarios:
         for run in runs(results[path]):
             s, d = run.strategy, run.dropout
+            unique_key(seen, (s, d), run)
             setting = f"{s}, {dropout_label(d)}"
             accuracy = 100 * run.final("accuracy")
             final[(s, d)] = accuracy
@@ -206,12 +245,13 @@ def measure_accuracy(item: Item, results: dict[Path, Path], reduced: bool) -> li
             if s != "none":
                 rows.append(Row("epsilon", setting, run.final("epsilon")))
             if s == "early":
-                rows.append(Row("rounds completed", setting, float(len(run.rounds))))
+                rows.append(Row("rounds completed", setting, float(run.completed)))
     rates = sorted({d for _, d in final})
     for name, (a, b) in {
         "accuracy, XNoise - Orig (points)": ("xnoise", "orig"),
         "accuracy, Early - XNoise (points)": ("early", "xnoise"),
         "accuracy, XNoise - non-private (points)": ("xnoise", "none"),
+        "accuracy, XNoise-Appr - Orig (points)": ("xnoise-appr", "orig"),
     }.items():
         for d in rates:
             if (a, d) in final and (b, d) in final:
@@ -244,10 +284,14 @@ def pipeline_table(folder: Path) -> pd.DataFrame:
     return pd.DataFrame.from_records(records)
 
 
+OVERHEAD_NAMES = {"xnoise": "XNoise", "xnoise-appr": "XNoise-Appr"}
+"""Strategies whose plain round time is compared with Orig's at the same point, and their names."""
+
+
 def measure_pipeline(item: Item, results: dict[Path, Path], reduced: bool) -> list[Row]:
     """Per protocol, strategy and dropout rate: round time plain and pipelined (s), the chunks dropsim
     chose, the speedup, the aggregation's share of the plain round (Amdahl's p) and the aggregation's own
-    speedup; XNoise's plain overhead over Orig; the ranges over all settings."""
+    speedup; XNoise's and XNoise-Appr's plain overhead over Orig; the ranges over all settings."""
     rows: list[Row] = []
     speedups, shares = [], []
     for path in item.scenarios:
@@ -258,7 +302,10 @@ def measure_pipeline(item: Item, results: dict[Path, Path], reduced: bool) -> li
         piped: dict[tuple[str, str, float], dict[Any, Any]] = {}
         for record in table.to_dict("records"):
             key = (str(record["protocol"]), str(record["strategy"]), float(record["dropout"]))
-            (plain if record["plain"] else piped)[key] = record
+            target = plain if record["plain"] else piped
+            if key in target:
+                raise ValueError(f"{results[path]}: two {'plain' if record['plain'] else 'pipelined'} runs at {key}")
+            target[key] = record
         for key, p in plain.items():
             protocol, strategy, d = key
             setting = f"{protocol}, {strategy}, {dropout_label(d)}"
@@ -276,13 +323,14 @@ def measure_pipeline(item: Item, results: dict[Path, Path], reduced: bool) -> li
                 if q["agg_time"] > 0:
                     rows.append(Row("aggregation speedup", setting, p["agg_time"] / q["agg_time"], "x"))
             orig = plain.get((protocol, "orig", d))
-            if strategy == "xnoise" and orig is not None:
+            if strategy in OVERHEAD_NAMES and orig is not None:
                 overhead = 100 * (p["round_time"] / orig["round_time"] - 1)
-                rows.append(Row("XNoise overhead, plain", f"{protocol}, {dropout_label(d)}", overhead, "%"))
+                quantity = f"{OVERHEAD_NAMES[strategy]} overhead, plain"
+                rows.append(Row(quantity, f"{protocol}, {dropout_label(d)}", overhead, "%"))
     if speedups:
         rows.append(Row("speedup", "range", f"{min(speedups):.2f}-{max(speedups):.2f}", "x"))
     if shares:
-        rows.append(Row("aggregation share, plain", "range", f"{100 * min(shares):.0f}-{100 * max(shares):.0f}%", ""))
+        rows.append(Row("aggregation share, plain", "range", f"{100 * min(shares):.0f}-{100 * max(shares):.0f}", "%"))
     return rows
 
 
@@ -317,6 +365,9 @@ def measure_footprint(item: Item, results: dict[Path, Path], reduced: bool) -> l
         if table.empty:
             continue
         records = table.to_dict("records")
+        keys = [(r["strategy"], r["params"], r["clients"], r["dropout"]) for r in records]
+        if len(set(keys)) < len(keys):
+            raise ValueError(f"{results[path]}: two runs at the same strategy, size, sample size and dropout")
         orig = {
             (r["params"], r["clients"], r["dropout"]): float(r["bytes_up"]) for r in records if r["strategy"] == "orig"
         }
@@ -342,16 +393,22 @@ def trace_label(run: Run) -> str:
 
 
 def measure_trace(item: Item, results: dict[Path, Path], reduced: bool) -> list[Row]:
-    """Per strategy under trace-driven dropout: epsilon at the end, rounds run and aborted, the share of
-    sampled clients the trace took offline (offline when sampled, or during the round)."""
+    """Per strategy under trace-driven dropout: epsilon at the end, the rounds that aggregated and that
+    aborted (too few survivors), the round Early refused, and the share of sampled clients the trace took
+    offline (offline when sampled, or during the round)."""
     rows: list[Row] = []
+    seen: dict[Any, str] = {}
     for path in item.scenarios:
         for run in runs(results[path]):
             label = trace_label(run)
-            r = run.rounds
+            unique_key(seen, label, run)
+            stops = run.budget_stops
             rows.append(Row("epsilon", label, run.final("epsilon")))
-            rows.append(Row("rounds run", label, float(len(r))))
-            rows.append(Row("rounds aborted", label, float((r["outcome"] != "ok").sum())))
+            rows.append(Row("rounds completed", label, float(run.completed)))
+            rows.append(Row("rounds aborted", label, float(((run.rounds["outcome"] != "ok") & ~stops).sum())))
+            if stops.any():
+                stop = float(run.rounds.loc[stops, "round"].iloc[0])
+                rows.append(Row("refused by the budget at round", label, stop))
             clients = read_run_table(run.directory, "clients")
             offline = clients["dropped_stage"].fillna("").astype(str).str.startswith("offline")
             rows.append(Row("sampled clients gone offline", label, 100 * float(offline.mean()), "%"))

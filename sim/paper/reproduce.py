@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import math
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sim.paper.catalog import Item
-from sim.paper.measures import MEASURE_FUNCTIONS, Row
+from sim.paper.measures import MEASURE_FUNCTIONS, Row, unfinished
 from sim.results.writer import ResultsError, csv_bytes, make_folder, write_atomic
 
 COLUMNS = ("item", "source", "quantity", "setting", "paper", "dropsim", "unit", "form")
@@ -39,6 +40,7 @@ class Outcome:
     rows: list[dict[str, Any]] = field(default_factory=list)
     failed: list[str] = field(default_factory=list)
     figures: list[Path] = field(default_factory=list)
+    wall_seconds: float = 0.0
 
 
 def format_value(value: float | str, unit: str) -> str:
@@ -61,7 +63,7 @@ def format_value(value: float | str, unit: str) -> str:
         return f"{value:.4g}"
     if float(value).is_integer() and abs(value) >= 1:
         return f"{value:.0f}"
-    return f"{value:.4g}"
+    return f"{value:.3f}" if abs(value) < 1000 else f"{value:.4g}"
 
 
 def results_folders(item: Item, out: Path) -> dict[Path, Path]:
@@ -88,13 +90,14 @@ def command(item: Item, reduced: bool) -> str:
 
 
 def item_rows(item: Item, measured: Sequence[Row], form: str) -> list[dict[str, Any]]:
+    """Table rows; the paper's values only next to the full form (a 3-round epsilon is no 50-round one)."""
     return [
         {
             "item": item.name,
             "source": item.source,
             "quantity": r.quantity,
             "setting": r.setting,
-            "paper": item.paper_value(r.quantity, r.setting),
+            "paper": item.paper_value(r.quantity, r.setting) if form == "full" else "",
             "dropsim": r.value,
             "unit": r.unit,
             "form": form,
@@ -108,11 +111,11 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
     parts = []
     for o in outcomes:
         item = o.item
-        time = item.time_reduced if o.form == "reduced" else item.time_full
+        expected = item.time_reduced if o.form == "reduced" else item.time_full
         lines = [
             f"### {item.name}",
             "",
-            f"{item.source}. Form: {o.form} (about {time} on 2 cores); `{command(item, o.form == 'reduced')}`.",
+            f"{item.source}. Form: {o.form} (about {expected} on 2 cores); `{command(item, o.form == 'reduced')}`.",
             "",
             "| quantity | setting | paper | dropsim |",
             "| --- | --- | --- | --- |",
@@ -127,7 +130,7 @@ def markdown(outcomes: Sequence[Outcome]) -> str:
         if hidden:
             lines += ["", f"{hidden} more rows in `reproduction.csv`."]
         if o.failed:
-            lines += ["", "Failed runs: " + "; ".join(o.failed)]
+            lines += ["", "Runs failed or not finished (left out): " + "; ".join(o.failed)]
         parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"
 
@@ -166,14 +169,19 @@ def reproduce(
     form = "reduced" if reduced else "full"
     outcomes: list[Outcome] = []
     for item in items:
+        started = time.monotonic()
         outcome = Outcome(item, form)
         if run and (reduced or item.simulate):
             print(f"{item.name}: running {', '.join(p.name for p in item.scenarios)} ({form})", file=sys.stderr)
             outcome.failed = run_item(item, out, reduced, jobs, progress)
-        measured = MEASURE_FUNCTIONS[item.measure](item, results_folders(item, out), reduced)
+        folders = results_folders(item, out)
+        outcome.failed += [f"not finished: {run}" for folder in folders.values() for run in unfinished(folder)]
+        measured = MEASURE_FUNCTIONS[item.measure](item, folders, reduced)
         outcome.rows = item_rows(item, measured, form)
         if figures and measured:
-            outcome.figures = plot_item(item, measured, results_folders(item, out), out / "figures")
+            outcome.figures = plot_item(item, measured, folders, out / "figures")
+        outcome.wall_seconds = time.monotonic() - started
+        print(f"{item.name}: {len(outcome.rows)} rows in {outcome.wall_seconds:.0f} s", file=sys.stderr)
         outcomes.append(outcome)
         write_tables(out, outcomes)
     return outcomes
