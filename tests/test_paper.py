@@ -141,7 +141,8 @@ def test_format_value_by_unit():
     assert format_value(26.0, "") == "26"
     assert format_value(5.995779, "") == "5.996"
     assert format_value(math.nan, "") == "-"
-    assert format_value("1.04-1.20", "x") == "1.04-1.20"
+    assert format_value("1.04-1.20", "x") == "1.04-1.20x"
+    assert format_value("17-45", "%") == "17-45%"
 
 
 def test_the_doc_block_is_replaced_and_nothing_else(tmp_path):

@@ -197,7 +197,7 @@ def plot_footprint(item: Item, rows: Sequence[Row], results: dict[Path, Path], o
     part["d"] = part["setting"].map(dropout_of)
     d = sorted(part["d"].unique())[-1] if len(part) else 0.0
     part = part[part["d"] == d]
-    fig, ax = plt.subplots(figsize=(5.2, 3.6), layout="constrained")
+    fig, ax = plt.subplots(figsize=(7, 3.6), layout="constrained")
     dashes = {100: "-", 200: "--", 300: ":"}
     for (strategy, n), group in part.groupby(["strategy", "n"], sort=False):
         colour, marker, _ = style(str(strategy))
@@ -213,12 +213,12 @@ def plot_footprint(item: Item, rows: Sequence[Row], results: dict[Path, Path], o
     ax.set_xlabel("model size (parameters)")
     ax.set_ylabel("extra upload per survivor (MiB)")
     ax.set_title(f"dropout {100 * d:g}%", fontsize="medium")
-    _legend(ax, loc="upper left", ncol=2, columnspacing=0.8)
+    _legend(ax, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)  # beside the axes
     return save_figure(fig, out, item.name)
 
 
 def plot_trace(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: Path) -> list[Path]:
-    """Left: sampled clients and those that stayed, per round, under Orig (Dordis Figure 1a); right:
+    """Left: sampled clients and survivors (0 when the round aborted), per round, under Orig (Dordis Figure 1a); right:
     epsilon against round per strategy (Figure 1b)."""
     found = [run for folder in results.values() for run in runs(folder)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
@@ -234,7 +234,7 @@ def plot_trace(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: 
         budget = float(run.key("privacy.epsilon") or math.nan)
         if run.strategy == "orig":
             left.plot(r["round"], r["sampled"], color="0.6", label="sampled")
-            left.plot(r["round"], r["sampled"] - r["dropped"], color=colour, label="stayed (orig)")
+            left.plot(r["round"], r["survivors"], color=colour, label="survivors (orig)")
     if not math.isnan(budget):
         right.axhline(budget, color="grey", linestyle="--", linewidth=1, label=f"budget ({budget:g})")
     paper = number(item.paper_value("epsilon", "orig"))

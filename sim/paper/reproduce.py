@@ -45,8 +45,8 @@ class Outcome:
 
 def format_value(value: float | str, unit: str) -> str:
     """A measured value as the table shows it (its unit decides the digits)."""
-    if isinstance(value, str):
-        return value
+    if isinstance(value, str):  # a range such as "1.04-1.20": its unit after it
+        return value + unit if unit in ("%", "x") else value
     if math.isnan(value):
         return "-"
     if math.isinf(value):
