@@ -21,6 +21,7 @@ import pandas as pd
 
 from sim.paper.catalog import Item
 from sim.results.read import read_manifest, read_run_table, run_dirs
+from sim.results.writer import ResultsError
 
 MIB = 2**20
 """Bytes per MiB. Dordis Table 3's "MB" are MiB: 5M weights of 2.5 bytes are its 11.9."""
@@ -113,7 +114,7 @@ def unfinished(folder: Path) -> list[str]:
 def unique_key(seen: dict[Any, str], key: Any, run: Run) -> None:
     """Refuse a second run at the same setting: a measure compares settings, it does not average runs."""
     if key in seen:
-        raise ValueError(
+        raise ResultsError(
             f"{run.directory.parent}: two runs at the same setting {key} ({seen[key]} and {run.directory.name}); "
             "measure one run per setting (sweep each key once)"
         )
@@ -194,7 +195,7 @@ def measure_baek(item: Item, results: dict[Path, Path], reduced: bool) -> list[R
     base = grid.base()
     q = base.sampling.rate
     if q is None:
-        raise ValueError(f"{path}: the Baek reproduction needs Poisson sampling (sampling.rate)")
+        raise ResultsError(f"{path}: the Baek reproduction needs Poisson sampling (sampling.rate)")
     delta = base.privacy.delta
     z = float(item.params["noise_multiplier"])
     dropouts = [float(x) for x in grid.sweep.get("dropout.rate", [base.dropout.rate])]
@@ -304,7 +305,7 @@ def measure_pipeline(item: Item, results: dict[Path, Path], reduced: bool) -> li
             key = (str(record["protocol"]), str(record["strategy"]), float(record["dropout"]))
             target = plain if record["plain"] else piped
             if key in target:
-                raise ValueError(f"{results[path]}: two {'plain' if record['plain'] else 'pipelined'} runs at {key}")
+                raise ResultsError(f"{results[path]}: two {'plain' if record['plain'] else 'pipelined'} runs at {key}")
             target[key] = record
         for key, p in plain.items():
             protocol, strategy, d = key
@@ -367,7 +368,7 @@ def measure_footprint(item: Item, results: dict[Path, Path], reduced: bool) -> l
         records = table.to_dict("records")
         keys = [(r["strategy"], r["params"], r["clients"], r["dropout"]) for r in records]
         if len(set(keys)) < len(keys):
-            raise ValueError(f"{results[path]}: two runs at the same strategy, size, sample size and dropout")
+            raise ResultsError(f"{results[path]}: two runs at the same strategy, size, sample size and dropout")
         orig = {
             (r["params"], r["clients"], r["dropout"]): float(r["bytes_up"]) for r in records if r["strategy"] == "orig"
         }
