@@ -139,6 +139,7 @@ def test_format_value_by_unit():
     assert format_value(45.26, "%") == "45.3%"
     assert format_value(-0.123, "points") == "-0.12"
     assert format_value(26.0, "") == "26"
+    assert format_value(0.0, "") == "0"
     assert format_value(5.995779, "") == "5.996"
     assert format_value(math.nan, "") == "-"
     assert format_value("1.04-1.20", "x") == "1.04-1.20x"

@@ -61,7 +61,7 @@ def format_value(value: float | str, unit: str) -> str:
         return f"{value:.3g} s"
     if unit == "MiB":
         return f"{value:.4g}"
-    if float(value).is_integer() and abs(value) >= 1:
+    if float(value).is_integer():
         return f"{value:.0f}"
     return f"{value:.3f}" if abs(value) < 1000 else f"{value:.4g}"
 
