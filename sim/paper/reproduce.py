@@ -175,7 +175,9 @@ def reproduce(
             print(f"{item.name}: running {', '.join(p.name for p in item.scenarios)} ({form})", file=sys.stderr)
             outcome.failed = run_item(item, out, reduced, jobs, progress)
         folders = results_folders(item, out)
-        outcome.failed += [f"not finished: {run}" for folder in folders.values() for run in unfinished(folder)]
+        named = {failure.split(": ", 1)[0] for failure in outcome.failed}  # runs that failed just now
+        for folder in folders.values():
+            outcome.failed += [f"not finished: {u}" for u in unfinished(folder) if u.split(": ", 1)[0] not in named]
         measured = MEASURE_FUNCTIONS[item.measure](item, folders, reduced)
         outcome.rows = item_rows(item, measured, form)
         if figures and measured:
