@@ -58,6 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     _scenario_args(p)
     p.add_argument("--output", metavar="DIR", help="sweep folder (default: the scenario's output key)")
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes (default 1)")
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="run the points on the Dask distributed cluster whose scheduler is at ADDRESS (tcp://HOST:PORT)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
     p = sub.add_parser(
@@ -195,7 +200,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     grid = load(args.file, args.overrides, args.output)
     check_all(grid.points())
-    statuses = run_sweep(grid, str(args.file), jobs=args.jobs, progress=not args.quiet)
+    statuses = run_sweep(grid, str(args.file), jobs=args.jobs, progress=not args.quiet, scheduler=args.scheduler)
     rows = []
     for st in statuses:
         s = st.summary

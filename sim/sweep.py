@@ -6,7 +6,8 @@ earlier sweep finished it with the same resolved scenario, ``failed`` with the e
 Ctrl-C) and ``OUTPUT/rounds.csv`` (the rounds of every finished run, in sweep order). Both tables are
 rewritten atomically each time a run ends, so a killed sweep keeps every finished run, and running the
 sweep again skips them. A failing run is reported and does not stop the others. Workers are started with
-``spawn`` (no forked torch state) and stopped at once on Ctrl-C.
+``spawn`` (no forked torch state) and stopped at once on Ctrl-C. With a ``scheduler`` address the points
+run on a Dask distributed cluster instead (:mod:`sim.cluster`), and the tables are written here the same way.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def is_finished(directory: Path, scenario: Scenario) -> bool:
     return manifest.get("status") == "complete" and manifest.get("scenario_sha256") == scenario_digest(scenario)
 
 
-def _run_point(scenario: Scenario, directory: str) -> RunStatus:
+def run_point(scenario: Scenario, directory: str) -> RunStatus:
     """Worker: one grid point (exceptions become a ``failed`` status; the run folder keeps details)."""
     try:
         summary = run_scenario(scenario, Path(directory), progress=False)
@@ -66,8 +67,11 @@ def run_sweep(
     jobs: int = 1,
     progress: bool = True,
     on_status: Callable[[RunStatus], None] | None = None,
+    scheduler: str | None = None,
 ) -> list[RunStatus]:
-    """Run every point of ``grid`` (from scenario file ``source``) into its ``output`` folder."""
+    """Run every point of ``grid`` (from scenario file ``source``) into its ``output`` folder: in this process
+    (``jobs`` 1), in ``jobs`` worker processes, or on the Dask cluster whose scheduler is at ``scheduler``
+    (:mod:`sim.cluster`; ``jobs`` is then the cluster's business)."""
     points = grid.points()
     out = Path(points[0].output)
     if (out / MANIFEST).is_file() and not (out / SWEEP).exists():
@@ -96,9 +100,13 @@ def run_sweep(
             on_status(status)
 
     try:
-        if jobs <= 1:
+        if scheduler is not None and todo:
+            from sim.cluster import run_on_cluster
+
+            run_on_cluster(grid, source, todo, out, scheduler, finish)
+        elif jobs <= 1:
             for point in todo:
-                finish(_run_point(point, str(out / "runs" / point.run_id)))
+                finish(run_point(point, str(out / "runs" / point.run_id)))
         elif todo:
             _run_parallel(todo, out, jobs, finish)
     except KeyboardInterrupt:
@@ -134,7 +142,7 @@ def _run_parallel(todo: list[Scenario], out: Path, jobs: int, finish: Callable[[
                 while queue and len(running) < jobs:
                     point = queue.pop(0)
                     attempts[point.run_id] = attempts.get(point.run_id, 0) + 1
-                    running[pool.submit(_run_point, point, str(out / "runs" / point.run_id))] = point
+                    running[pool.submit(run_point, point, str(out / "runs" / point.run_id))] = point
                 done, _ = wait(running, return_when=FIRST_COMPLETED)
                 for future in done:
                     point = running.pop(future)
