@@ -80,11 +80,12 @@ def store(result: dict[str, Any], runs: Path) -> Path:
     bad = [name for name in [run_id, *files] if not _FILE_NAME.match(str(name))]
     if bad:
         raise ClusterError(f"a worker sent back files with unusable names: {bad!r}")
-    directory = runs / run_id
-    make_folder(directory)
     for name, data in files.items():
         if not isinstance(data, bytes):
             raise ClusterError(f"a worker sent {name!r} of run {run_id} as {type(data).__name__}, not bytes")
+    directory = runs / run_id
+    make_folder(directory)
+    for name, data in files.items():
         write_atomic(directory / name, data)
     return directory
 

@@ -62,7 +62,7 @@ def test_files_sent_back_are_checked_before_anything_is_written(tmp_path):
         store({"run_id": "../up", "files": {}}, tmp_path)
     with pytest.raises(ClusterError, match="not bytes"):
         store({"run_id": "ok", "files": {"rounds.csv": "text"}}, tmp_path)
-    assert not (tmp_path.parent / "escape.csv").exists()
+    assert not (tmp_path / "escape.csv").exists() and not (tmp_path / "ok").exists()  # nothing written
     directory = store({"run_id": "ok", "files": {"rounds.csv": b"round\n1\n"}}, tmp_path)
     assert (directory / "rounds.csv").read_bytes() == b"round\n1\n"
 

@@ -189,21 +189,20 @@ class Simulation:
         self.round += 1
         sc, r = self.scenario, self.round
         offline: dict[int, float] = {}
-        available = self._everyone
-        by_trace = self.availability is not None and sc.trace is not None and sc.trace.sample_from == "online"
-        t0 = self.env.now
+        available = online = self._everyone
+        by_trace = sc.trace is not None and sc.trace.sample_from == "online"
         if self.availability is not None:
             # sample_from: population samples everyone; a sampled client offline now leaves at once
-            available = self._online() if by_trace else self._everyone
-            sampled = sample_clients(available, sc.sampling, sc.seed, r)
+            online = self._online() if by_trace else self.availability.online(self.env.now)
+            available = online if by_trace else self._everyone
+        sampled = sample_clients(available, sc.sampling, sc.seed, r)
+        if self.availability is not None:
             offline = {int(c): self.availability.offline_at(int(c), self.env.now) for c in sampled}
-        else:
-            sampled = sample_clients(available, sc.sampling, sc.seed, r)
         drops = self.dropout.plan(r, sampled)
         plan = private = None
         refused = ""
         rate = None
-        if by_trace and sc.sampling.clients_per_round is not None and len(available):
+        if self.availability is not None and by_trace and sc.sampling.clients_per_round is not None and len(available):
             # k of the clients online now: each had chance k / online, the others 0 (Hyades Theorem 1: the
             # round is accounted at that upper rate)
             rate = min(1.0, sc.sampling.clients_per_round / len(available))
@@ -213,8 +212,7 @@ class Simulation:
             except RoundSetupError as exc:  # e.g. too few clients this round for the collusion tolerance
                 refused = str(exc)
         record = self._play(r, sampled, drops, private, refused, offline)
-        # the clients online at the round's start (with sample_from: population, not whom it sampled from)
-        record.online = len(available) if by_trace or self.availability is None else len(self.availability.online(t0))
+        record.online = len(online)  # at the round's start (without a trace: everyone)
         privacy = None
         if self.privacy is not None:
             if plan is not None and private is not None and not refused:

@@ -20,6 +20,7 @@ import pandas as pd
 
 from sim.errors import InputError
 from sim.traces.model import Trace
+from sim.traces.select import RANKINGS
 
 __all__ = ["add_trace_parser", "cmd_trace"]
 
@@ -47,7 +48,7 @@ def add_trace_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("file", type=Path, help="trace (NAME.csv or NAME.parquet)")
     p.add_argument("--clients", type=int, required=True, metavar="N", help="clients to keep")
-    p.add_argument("--by", choices=("online", "sessions"), default="online", help="ranking (default: online)")
+    p.add_argument("--by", choices=RANKINGS, default="online", help="ranking (default: online)")
     p.add_argument("--out", type=Path, required=True, metavar="OUT", help="trace to write (NAME.csv or .parquet)")
 
     p = actions.add_parser("stats", help="summarise a trace: sessions, clients online over time; optionally plot")
