@@ -89,8 +89,8 @@ class Simulation:
         self.setup = RoundSetup(
             env=self.env,
             network=self.network,
-            server_up=Link("server.up", bps),
-            server_down=Link("server.down", bps),
+            server_up=Link("server.up", bps, shared=True),
+            server_down=Link("server.down", bps, shared=True),
             population=self.population,
             costs=self.costs,
             server_speed=sc.server.speed,

@@ -205,6 +205,16 @@ class SecAggConfig:
         in their total, and no partial sum of them can be unmasked."""
         if self.complete or len(members) <= 1:
             return True
+        key = frozenset(members)
+        if key not in self._connectivity:  # every client checks the same survivor set: search it once
+            self._connectivity[key] = self._search(key)
+        return self._connectivity[key]
+
+    @cached_property
+    def _connectivity(self) -> dict[frozenset[int], bool]:
+        return {}
+
+    def _search(self, members: frozenset[int]) -> bool:
         start = next(iter(members))
         seen, frontier = {start}, [start]
         while frontier:
