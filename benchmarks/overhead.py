@@ -1,0 +1,205 @@
+"""The simulator's overhead: wall time of full-fidelity rounds against their primitive work timed alone.
+
+A full-fidelity run (real training, real secure aggregation, real noise) is stepped round by round while
+every call of a primitive is recorded with its arguments: X25519 key generation and agreement, Ed25519
+signing and verification, AES-GCM sealing and opening, PRG mask expansion, Shamir sharing and
+reconstruction, noise sampling, the fixed-point and DSkellam encodings, modular sums, frame encoding and
+decoding, local training and the test-set evaluation. Only outermost calls are recorded (a primitive that
+calls another counts once). After the run, the recorded calls are replayed alone, back to back, each
+timed on its own; their sum is the work the rounds needed. The overhead is
+
+    wall seconds of the rounds / replayed primitive seconds - 1,
+
+what the SimPy engine, the protocol state machines, the network and compute model and the bookkeeping
+add. The target is at most 15 %. ``outside_s`` is the same difference measured directly, within the
+run: wall seconds not spent inside any primitive. Wall time covers ``Simulation.step`` only (not loading data, building
+the model or writing tables), after one unrecorded warm-up round (a long run is warm: the first round
+loads torch's optimiser machinery, about a second).
+
+    python benchmarks/overhead.py                       # scenarios/privacy.yaml (XNoise, SecAgg) and SecAgg+
+    python benchmarks/overhead.py --rounds 3 --set sampling.clients_per_round=32 --csv overhead.csv
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import platform
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+ROOT = Path(__file__).resolve().parents[1]
+
+PRIMITIVES: tuple[tuple[str, str, str], ...] = (
+    # (module, attribute, the name it is reported under)
+    ("sim.crypto.agreement", "generate", "x25519.keygen"),
+    ("sim.crypto.agreement", "agree", "x25519.agree"),
+    ("sim.crypto.agreement", "public_of", "x25519.public"),
+    ("sim.crypto.signatures", "sign", "ed25519.sign"),
+    ("sim.crypto.signatures", "verify", "ed25519.verify"),
+    ("sim.crypto.aead", "encrypt", "aead.seal"),
+    ("sim.crypto.aead", "decrypt", "aead.open"),
+    ("sim.crypto.prg", "expand", "prg.expand"),
+    ("sim.crypto.shamir", "share", "shamir.share"),
+    ("sim.crypto.shamir", "reconstruct", "shamir.reconstruct"),
+    ("sim.dp.noise", "sample", "noise"),
+    ("sim.protocol.encoding:FixedPoint", "encode", "encode.fixed_point"),
+    ("sim.protocol.encoding:FixedPoint", "decode_mean", "decode.fixed_point"),
+    ("sim.dp.dskellam:DSkellamEncoding", "encode", "encode.dskellam"),
+    ("sim.dp.dskellam:DSkellamEncoding", "wrap", "encode.dskellam"),
+    ("sim.dp.dskellam:DSkellamEncoding", "decode_sum", "decode.dskellam"),
+    ("sim.protocol.encoding", "add_mod", "vector.add"),
+    ("sim.protocol.encoding", "sub_mod", "vector.add"),
+    ("sim.protocol.wire:Message", "encode", "wire.encode"),
+    ("sim.protocol.wire", "decode", "wire.decode"),
+    ("sim.learning.trainer:Learner", "local_update", "training"),
+    ("sim.learning.trainer:Learner", "evaluate", "evaluation"),
+)
+"""Every primitive a full-fidelity round performs. Functions imported by name into other modules
+(``add_mod``, ``sub_mod``) are patched there too."""
+
+
+@dataclass
+class Recorder:
+    """Calls of primitives made while it is installed: ``(name, function, args, kwargs)``, outermost only."""
+
+    calls: list[tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
+    inside: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    """Seconds spent inside each primitive during the run."""
+    _depth: int = 0
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            if self._depth:
+                return fn(*args, **kwargs)
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.inside[name] += time.perf_counter() - start
+                self._depth -= 1
+                self.calls.append((name, fn, args, kwargs))
+
+        return recorded
+
+    def replay(self) -> dict[str, float]:
+        """Run every recorded call again, alone and in order; seconds per primitive."""
+        seconds: dict[str, float] = defaultdict(float)
+        for name, fn, args, kwargs in self.calls:
+            start = time.perf_counter()
+            fn(*args, **kwargs)
+            seconds[name] += time.perf_counter() - start
+        return dict(seconds)
+
+
+def _owner(path: str) -> Any:
+    module, _, cls = path.partition(":")
+    owner = importlib.import_module(module)
+    return getattr(owner, cls) if cls else owner
+
+
+@contextmanager
+def recording(recorder: Recorder) -> Iterator[Recorder]:
+    """Install ``recorder`` on every primitive (and on the names modules imported them under)."""
+    patched: list[tuple[Any, str, Any]] = []
+    for path, attribute, name in PRIMITIVES:
+        owner = _owner(path)
+        original = owner.__dict__[attribute] if isinstance(owner, type) else getattr(owner, attribute)
+        wrapped = recorder.wrap(name, original)
+        patched.append((owner, attribute, original))
+        setattr(owner, attribute, wrapped)
+        if not isinstance(owner, type):  # ``from module import fn`` elsewhere in sim
+            for module in list(sys.modules.values()):
+                if (
+                    module is not owner
+                    and getattr(module, "__name__", "").startswith("sim.")
+                    and (getattr(module, attribute, None) is original)
+                ):
+                    patched.append((module, attribute, original))
+                    setattr(module, attribute, wrapped)
+    try:
+        yield recorder
+    finally:
+        for owner, attribute, original in reversed(patched):
+            setattr(owner, attribute, original)
+
+
+def measure(scenario: Path, overrides: Sequence[str], rounds: int, label: str) -> dict[str, object]:
+    """One run of ``rounds`` full-fidelity rounds: wall seconds, replayed primitive seconds, overhead."""
+    import sim.protocol.plain
+    import sim.protocol.secagg  # noqa: F401  (loaded before patching, so their imported names are patched)
+    from sim.engine.simulation import Simulation
+    from sim.scenario import load
+
+    sc = load(scenario, [*overrides, f"rounds={rounds + 1}", "fidelity=full"]).base()
+    simulation = Simulation(sc)
+    simulation.step()  # warm: the first round loads torch's optimiser machinery and fills caches
+    recorder = Recorder()
+    with recording(recorder):
+        start = time.perf_counter()
+        for _ in range(rounds):
+            simulation.step()
+        wall = time.perf_counter() - start
+    alone = recorder.replay()
+    work = sum(alone.values())
+    row: dict[str, object] = {
+        "setup": label,
+        "protocol": sc.aggregation.protocol,
+        "privacy": sc.privacy.strategy if sc.privacy.enabled else "none",
+        "clients": sc.sampling.clients_per_round,
+        "dim": simulation.dim,
+        "rounds": rounds,
+        "wall_s": wall,
+        "primitives_s": work,
+        "overhead": wall / work - 1.0,
+        "outside_s": wall - sum(recorder.inside.values()),
+        "calls": len(recorder.calls),
+    }
+    for name, seconds in sorted(alone.items()):
+        row[f"{name}_s"] = seconds
+    return row
+
+
+SETUPS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "secagg-xnoise": ("scenarios/privacy.yaml", ()),
+    "secagg+-xnoise": ("scenarios/privacy.yaml", ("aggregation.protocol=secagg+", "sampling.clients_per_round=32")),
+    "secagg+": ("scenarios/secagg.yaml", ("aggregation.protocol=secagg+", "sampling.clients_per_round=32")),
+}
+"""Named setups: a scenario file and its overrides (full fidelity, the given number of rounds)."""
+
+
+def run(setups: Sequence[str], rounds: int, extra: Sequence[str]) -> pd.DataFrame:
+    rows = []
+    for name in setups:
+        path, overrides = SETUPS[name]
+        rows.append(measure(ROOT / path, [*overrides, *extra], rounds, name))
+    return pd.DataFrame(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--setups", nargs="+", default=list(SETUPS), choices=list(SETUPS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--set", action="append", default=[], help="scenario override for every setup")
+    parser.add_argument("--csv", type=Path, default=None)
+    args = parser.parse_args(argv)
+    table = run(args.setups, args.rounds, args.set)
+    print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}")
+    shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s"]
+    print(table[shown].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    if args.csv is not None:
+        table.to_csv(args.csv, index=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
