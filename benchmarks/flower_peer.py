@@ -1,0 +1,532 @@
+"""Peer benchmark: one round of Flower's own SecAgg+ (flwr 1.42) on this machine, for comparison with ours.
+
+Runs Flower's server workflow (``DefaultWorkflow`` with ``SecAggPlusWorkflow`` as the fit workflow, in a
+``ServerApp``) against ``n`` simulated SuperNodes whose ``ClientApp`` carries ``secaggplus_mod``, through
+``flwr.simulation.run_simulation`` on the Ray backend (one Ray actor per core). There is no training: each
+client's fit returns a fixed float32 vector of ``d`` values (seeded by its partition id, about 1e-3 in
+magnitude), so what is timed is the secure aggregation. Clients chosen to drop raise in their fit, that is
+in SecAgg+'s masked-input stage, after sharing keys: the server then reconstructs their mask keys and
+removes their pairwise masks.
+
+Measured, all in wall-clock seconds:
+
+* ``round_s``: the ``SecAggPlusWorkflow`` call inside the ServerApp (its four stages, from sending the
+  setup to the unmasked mean), with warm Ray actors; ``stage_s_*``: each stage.
+* ``client_s_mean`` / ``client_s_max``: per surviving client, time inside its ClientApp over the four
+  stages (measured by a mod wrapped around ``secaggplus_mod``), less the fit that makes the vector
+  (``fit_s_mean``, with Flower's legacy FitIns/FitRes conversion); ``server_s``: ``round_s`` less the time
+  the ServerApp is blocked in ``send_and_receive`` (the server's own SecAgg+ work plus message building,
+  sharing the GIL with the simulation engine's threads in the same process).
+* ``max_abs_error``: largest difference between the aggregate and the true mean of the survivors'
+  vectors (below ``quantisation_step`` when the round is right).
+* ``warmup_s``: one tiny message to every node and back, before the round (spawns and warms the actors).
+* ``ray_start_s``: ``ray.init`` alone; ``simulation_s``: ``run_simulation`` (simulation start-up,
+  warm-up, round, Ray shutdown); ``invocation_s``: the whole child process, seen from the caller.
+* ``peak_pss_mb``: peak of the summed proportional set size (MB) of every process of the run, sampled
+  every 0.25 s; ``client_mb_up``: bytes of one client's masked vector (MB).
+
+Ray binds sockets, so the run happens in a child process inside fresh network and PID namespaces
+(``unshare -npf``, only the loopback interface up): everything talks to 127.0.0.1, nothing can reach
+anything else, and when the child ends the kernel ends every process of the namespace, Ray's included.
+Telemetry is off (``FLWR_TELEMETRY_ENABLED=0``, ``RAY_USAGE_STATS_ENABLED=0``).
+
+SecAgg+ parameters, chosen to match ours (``secaggplus_parameters``): our graph has degree
+k = 2 ceil(log2 n) (made even, at most n - 1, :mod:`sim.protocol.graph`) and each client's secrets are
+shared among its k + 1 holders with threshold floor(0.5 (k + 1)) + 1. Flower's ``num_shares`` counts the
+same holders (the client and its neighbours on a shuffled ring, k/2 either side), so
+``num_shares = k + 1`` and ``reconstruction_threshold = floor(0.5 num_shares) + 1``. Our values are
+20-bit (modulus 2^20, room for the sum of n clients' updates of L2 norm at most clip = 1), so
+``modulus_range = 2^20``, ``clipping_range = 1.0`` (per coordinate, implied by the L2 bound) and
+``quantization_range = (2^20 - 1) // n``, so that the sum of n quantised values and of n weights cannot
+wrap; ``max_weight = 1`` with one example per client. Flower computes in int64 whatever the modulus,
+so these choices do not change its cost, only its precision.
+
+    python benchmarks/flower_peer.py --clients 16 --dims 100000
+    python benchmarks/flower_peer.py --clients 16 100 --dims 100000 --dropout 0 0.1 --csv flower.csv
+
+Needs ``pip install "flwr[simulation]==1.42.0"`` (the ``peer`` extra) and ``unshare`` (util-linux).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from sim.protocol.graph import auto_degree
+from sim.protocol.secagg import share_threshold
+
+BITS = 20
+CLIP = 1.0
+THRESHOLD = 0.5
+UPDATE_SCALE = 1e-3
+STAGES = ("setup_stage", "share_keys_stage", "collect_masked_vectors_stage", "unmask_stage")
+QUIET_ENV = {
+    "FLWR_TELEMETRY_ENABLED": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+    "RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO": "0",
+    "RAY_DEDUP_LOGS": "0",
+    "PYTHONWARNINGS": "ignore::DeprecationWarning,ignore::FutureWarning",
+}
+CHILD_FLAG = "--child-out"
+
+
+# ---------------------------------------------------------------- parameters and inputs (both sides)
+
+
+def secaggplus_parameters(n: int, bits: int = BITS, clip: float = CLIP) -> dict[str, int | float]:
+    """Flower ``SecAggPlusWorkflow`` arguments matching our SecAgg+ for ``n`` clients (see module doc)."""
+    degree = auto_degree(n)
+    if degree < n - 1 and degree % 2:
+        degree += 1
+    num_shares = min(n, degree + 1)
+    return {
+        "num_shares": num_shares,
+        "reconstruction_threshold": share_threshold(THRESHOLD, num_shares),
+        "clipping_range": clip,
+        "quantization_range": (2**bits - 1) // n,
+        "modulus_range": 2**bits,
+        "max_weight": 1.0,
+    }
+
+
+def client_update(partition: int, d: int) -> np.ndarray:
+    """The fixed float32 vector that client ``partition`` submits."""
+    rng = np.random.default_rng(partition)
+    return rng.standard_normal(d, dtype=np.float32) * np.float32(UPDATE_SCALE)
+
+
+def dropped_partitions(n: int, dropout: float) -> frozenset[int]:
+    """Partitions that leave in the masked-input stage: the first ``round(dropout n)``."""
+    return frozenset(range(math.floor(dropout * n + 0.5)))
+
+
+# ---------------------------------------------------------------- client side (runs in Ray actors)
+
+
+def _timing_mod(key: str) -> Callable[..., Any]:
+    """A Flower mod that records the seconds spent in the rest of the chain in a ConfigRecord ``key``."""
+
+    def mod(msg: Any, ctxt: Any, call_next: Callable[..., Any]) -> Any:
+        from flwr.app import ConfigRecord
+
+        start = time.perf_counter()
+        out = call_next(msg, ctxt)
+        if out.has_content():
+            out.content.config_records[key] = ConfigRecord({"s": time.perf_counter() - start})
+        return out
+
+    return mod
+
+
+def make_client_app(d: int, dropped: frozenset[int]) -> Any:
+    """ClientApp: ``secaggplus_mod`` around a NumPyClient whose fit returns the fixed vector."""
+    from flwr.client import ClientApp, NumPyClient
+    from flwr.client.mod import secaggplus_mod
+
+    class FixedClient(NumPyClient):
+        def __init__(self, partition: int) -> None:
+            self.partition = partition
+
+        def fit(self, parameters: list[np.ndarray], config: dict[str, Any]) -> tuple[list[np.ndarray], int, dict]:
+            if self.partition in dropped:
+                raise RuntimeError(f"client {self.partition} leaves before uploading its masked input")
+            return [client_update(self.partition, d)], 1, {}
+
+    def client_fn(context: Any) -> Any:
+        return FixedClient(int(context.node_config["partition-id"])).to_client()
+
+    return ClientApp(client_fn=client_fn, mods=[_timing_mod("bench"), secaggplus_mod, _timing_mod("bench_fit")])
+
+
+# ---------------------------------------------------------------- server side (ServerApp thread of the child)
+
+
+class _TimedGrid:
+    """Delegates to a Flower Grid, timing ``send_and_receive`` and collecting the clients' timing records."""
+
+    def __init__(self, grid: Any) -> None:
+        self._grid = grid
+        self.stage = ""
+        self.blocked_s = 0.0
+        self.client_s: dict[int, float] = {}
+        self.fit_s: dict[int, float] = {}
+        self.masked_bytes: dict[int, int] = {}
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._grid, name)
+
+    def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> list[Any]:
+        from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
+
+        start = time.perf_counter()
+        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
+        self.blocked_s += time.perf_counter() - start
+        for msg in replies:
+            if msg.has_error():
+                continue
+            node, records = msg.metadata.src_node_id, msg.content.config_records
+            self.client_s[node] = self.client_s.get(node, 0.0) + float(records["bench"]["s"])
+            if "bench_fit" in records:
+                self.fit_s[node] = float(records["bench_fit"]["s"])
+                masked = records[RECORD_KEY_CONFIGS][Key.MASKED_PARAMETERS]
+                self.masked_bytes[node] = sum(len(b) for b in masked)
+        return replies
+
+
+def make_timed_workflow(params: dict[str, int | float], out: dict[str, Any]) -> Any:
+    """A ``SecAggPlusWorkflow`` whose call and stages are timed into ``out``."""
+    from flwr.server.workflow import SecAggPlusWorkflow
+
+    class TimedSecAggPlus(SecAggPlusWorkflow):
+        def __init__(self) -> None:
+            super().__init__(**params)
+            self._grid: _TimedGrid | None = None
+            for name in STAGES:
+                setattr(self, name, self._timed(name, getattr(self, name)))
+
+        def _timed(self, name: str, stage: Callable[..., bool]) -> Callable[..., bool]:
+            def run(grid: Any, context: Any, state: Any) -> bool:
+                start = time.perf_counter()
+                ok = stage(grid, context, state)
+                out[f"stage_s_{name.removesuffix('_stage')}"] = time.perf_counter() - start
+                out["completed_stages"] = out.get("completed_stages", 0) + int(ok)
+                return ok
+
+            return run
+
+        def __call__(self, grid: Any, context: Any) -> None:
+            timed = _TimedGrid(grid)
+            start = time.perf_counter()
+            super().__call__(timed, context)
+            out["round_s"] = time.perf_counter() - start
+            out["server_s"] = out["round_s"] - timed.blocked_s
+            survivors = [c for c in timed.client_s if c in timed.fit_s]
+            work = [timed.client_s[c] - timed.fit_s[c] for c in survivors]
+            out["survivors"] = len(survivors)
+            out["client_s_mean"] = float(np.mean(work)) if work else math.nan
+            out["client_s_max"] = float(np.max(work)) if work else math.nan
+            out["fit_s_mean"] = float(np.mean([timed.fit_s[c] for c in survivors])) if survivors else math.nan
+            out["client_mb_up"] = float(np.mean(list(timed.masked_bytes.values()))) / 1e6 if survivors else math.nan
+
+    return TimedSecAggPlus()
+
+
+def _wait_for_nodes(grid: Any, n: int, timeout_s: float = 120.0) -> list[int]:
+    deadline = time.monotonic() + timeout_s
+    while len(nodes := list(grid.get_node_ids())) < n:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"only {len(nodes)} of {n} simulated nodes registered")
+        time.sleep(0.02)
+    return nodes
+
+
+def _warm_up(grid: Any, nodes: list[int]) -> float:
+    """One GetProperties message to every node and back: spawns the actors and imports the ClientApp."""
+    from flwr.app import Message
+    from flwr.common import GetPropertiesIns
+    from flwr.common.constant import MessageTypeLegacy
+    from flwr.compat.common import recorddict_compat as compat
+
+    start = time.perf_counter()
+    messages = [
+        Message(
+            content=compat.getpropertiesins_to_recorddict(GetPropertiesIns({})),
+            dst_node_id=node,
+            message_type=MessageTypeLegacy.GET_PROPERTIES,
+            group_id="warm-up",
+        )
+        for node in nodes
+    ]
+    replies = list(grid.send_and_receive(messages))
+    if any(r.has_error() for r in replies):
+        raise RuntimeError("a ClientApp failed during the warm-up")
+    return time.perf_counter() - start
+
+
+def _check_mean(params_record: Any, n: int, d: int, dropped: frozenset[int]) -> float:
+    """Largest |aggregated - true mean of the survivors| (compare with one quantisation step)."""
+    from flwr.common import parameters_to_ndarrays
+    from flwr.compat.common import recorddict_compat as compat
+
+    got = parameters_to_ndarrays(compat.arrayrecord_to_parameters(params_record, keep_input=True))[0]
+    survivors = [c for c in range(n) if c not in dropped]
+    want = np.zeros(d)
+    for c in survivors:
+        want += client_update(c, d)
+    want /= len(survivors)
+    return float(np.max(np.abs(got.astype(np.float64) - want)))
+
+
+def make_server_app(n: int, d: int, dropped: frozenset[int], out: dict[str, Any]) -> Any:
+    """ServerApp: wait for the nodes, warm up, then ``DefaultWorkflow(fit_workflow=timed SecAgg+)``."""
+    from flwr.common import ndarrays_to_parameters
+    from flwr.server import LegacyContext, ServerApp, ServerConfig
+    from flwr.server.strategy import FedAvg
+    from flwr.server.workflow import DefaultWorkflow
+    from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
+
+    params = secaggplus_parameters(n)
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Any, context: Any) -> None:
+        nodes = _wait_for_nodes(grid, n)
+        out["warmup_s"] = _warm_up(grid, nodes)
+        strategy = FedAvg(
+            fraction_fit=1.0,
+            fraction_evaluate=0.0,
+            min_fit_clients=n,
+            min_available_clients=n,
+            initial_parameters=ndarrays_to_parameters([np.zeros(d, dtype=np.float32)]),
+        )
+        legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1), strategy=strategy)
+        start = time.perf_counter()
+        DefaultWorkflow(fit_workflow=make_timed_workflow(params, out))(grid, legacy)
+        out["workflow_s"] = time.perf_counter() - start
+        if out.get("completed_stages") == len(STAGES):
+            step = 2 * params["clipping_range"] / params["quantization_range"]
+            out["max_abs_error"] = _check_mean(legacy.state.array_records[MAIN_PARAMS_RECORD], n, d, dropped)
+            out["quantisation_step"] = step
+
+    return app
+
+
+# ---------------------------------------------------------------- child process (inside the namespaces)
+
+
+def _summed_pss_mb() -> float:
+    """Summed Pss (MB) of every process visible in /proc (the child's PID namespace: all of the run)."""
+    total_kb = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            for line in (entry / "smaps_rollup").read_text().splitlines():
+                if line.startswith("Pss:"):
+                    total_kb += int(line.split()[1])
+                    break
+        except OSError:
+            continue
+    return total_kb / 1024
+
+
+def _sample_memory(stop: threading.Event, peak: list[float]) -> None:
+    while not stop.wait(0.25):
+        peak[0] = max(peak[0], _summed_pss_mb())
+
+
+def run_child(n: int, d: int, dropout: float, out_path: Path, ray_dir: Path, verbose: bool) -> dict[str, Any]:
+    """One simulation in this (namespaced) process: Ray start, ``run_simulation``, results to ``out_path``."""
+    os.environ.update(QUIET_ENV)
+    start = time.perf_counter()
+    import logging
+
+    import ray
+    from flwr.simulation import run_simulation
+
+    result: dict[str, Any] = {"import_s": time.perf_counter() - start}
+    stop, peak = threading.Event(), [0.0]
+    sampler = threading.Thread(target=_sample_memory, args=(stop, peak), daemon=True)
+    sampler.start()
+    start = time.perf_counter()
+    pythonpath = os.pathsep.join(sys.path)
+    os.environ["PYTHONPATH"] = pythonpath
+    ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=verbose,
+        runtime_env={"env_vars": {"PYTHONPATH": pythonpath}},
+        _node_ip_address="127.0.0.1",
+        _temp_dir=str(ray_dir),
+    )
+    result["ray_start_s"] = time.perf_counter() - start
+    if not verbose:
+        logging.getLogger("flwr").setLevel(logging.CRITICAL)
+    dropped = dropped_partitions(n, dropout)
+    start = time.perf_counter()
+    run_simulation(
+        server_app=make_server_app(n, d, dropped, result),
+        client_app=make_client_app(d, dropped),
+        num_supernodes=n,
+        backend_config={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}},
+        verbose_logging=verbose,
+    )
+    result["simulation_s"] = time.perf_counter() - start
+    stop.set()
+    sampler.join()
+    result["peak_pss_mb"] = peak[0]
+    result["ray_alive_after"] = bool(ray.is_initialized())
+    out_path.write_text(json.dumps(result))
+    return result
+
+
+# ---------------------------------------------------------------- caller side
+
+
+def _namespace_command(args: list[str]) -> list[str]:
+    """``args`` run in new network, PID and mount namespaces with only the loopback interface up."""
+    unshare = ["unshare", "--net", "--pid", "--fork", "--mount-proc"]
+    if os.geteuid() != 0:
+        unshare.append("--map-root-user")
+    return [*unshare, "--", "bash", "-c", 'ip link set lo up && exec "$@"', "bash", *args]
+
+
+def _namespace_inode(pid: int, wait_s: float = 5.0) -> str | None:
+    """The network namespace of ``unshare``'s forked child (None if it cannot be read)."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+            if children:
+                return str(Path(f"/proc/{children[0]}/ns/net").readlink())
+        except OSError:
+            return None
+        time.sleep(0.01)
+    return None
+
+
+def _kill_namespace(inode: str | None) -> int:
+    """SIGKILL every process left in our network namespace ``inode``; how many there were."""
+    if inode is None:
+        return 0
+    killed = 0
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if str((entry / "ns" / "net").readlink()) == inode:
+                os.kill(int(entry.name), signal.SIGKILL)
+                killed += 1
+        except OSError:
+            continue
+    return killed
+
+
+def flower_round(n: int, d: int, dropout: float = 0.0, timeout_s: float = 600.0, verbose: bool = False) -> dict:
+    """Run one Flower SecAgg+ round of ``n`` clients and ``d`` float32 values in a namespaced child process.
+
+    Returns the child's measurements (see the module docstring; seconds, MB) with the SecAgg+ parameters,
+    ``invocation_s`` and ``leftover_killed`` (processes of the run still alive after it, killed: 0 expected).
+    Raises ``RuntimeError`` if the child fails or runs past ``timeout_s``.
+    """
+    if shutil.which("unshare") is None:
+        raise RuntimeError("unshare (util-linux) is needed to keep Ray on a loopback-only network namespace")
+    work = Path(tempfile.mkdtemp(prefix="flwr-peer-"))
+    out_path, log_path = work / "result.json", work / "child.log"
+    script = str(Path(__file__).resolve())
+    args = [sys.executable, script, "--clients", str(n), "--dims", str(d), "--dropout", str(dropout)]
+    args += [CHILD_FLAG, str(out_path), "--ray-dir", str(work / "ray")] + (["--verbose"] if verbose else [])
+    env = {**os.environ, **QUIET_ENV}
+    start = time.perf_counter()
+    try:
+        with log_path.open("wb") as log:
+            child = subprocess.Popen(
+                _namespace_command(args), stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+            )
+            inode = _namespace_inode(child.pid)
+            try:
+                code = child.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+                code = None
+        elapsed = time.perf_counter() - start
+        leftover = _kill_namespace(inode)
+        text = log_path.read_text(errors="replace")
+        if verbose:
+            sys.stderr.write(text)
+        if code != 0 or not out_path.exists():
+            why = f"timed out after {timeout_s:g} s" if code is None else f"exit code {code}"
+            raise RuntimeError(f"Flower SecAgg+ n={n} d={d} dropout={dropout}: {why}\n{text[-4000:]}")
+        result = json.loads(out_path.read_text())
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    params = secaggplus_parameters(n)
+    return {
+        "clients": n,
+        "dim": d,
+        "dropout": dropout,
+        "dropped": len(dropped_partitions(n, dropout)),
+        **result,
+        "invocation_s": elapsed,
+        "leftover_killed": leftover,
+        **params,
+    }
+
+
+COLUMNS = (
+    "clients",
+    "dim",
+    "dropout",
+    "survivors",
+    "round_s",
+    "stage_s_setup",
+    "stage_s_share_keys",
+    "stage_s_collect_masked_vectors",
+    "stage_s_unmask",
+    "client_s_mean",
+    "client_s_max",
+    "server_s",
+    "client_mb_up",
+    "warmup_s",
+    "ray_start_s",
+    "simulation_s",
+    "invocation_s",
+    "peak_pss_mb",
+    "max_abs_error",
+    "num_shares",
+    "reconstruction_threshold",
+    "quantization_range",
+)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, nargs="+", default=[16, 100])
+    parser.add_argument("--dims", type=int, nargs="+", default=[100_000])
+    parser.add_argument("--dropout", type=float, nargs="+", default=[0.0])
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed to each round's process")
+    parser.add_argument("--csv", type=Path, default=Path("flower_peer.csv"))
+    parser.add_argument("--verbose", action="store_true", help="show Flower's and Ray's own logs")
+    parser.add_argument(CHILD_FLAG, type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--ray-dir", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child_out is not None:
+        run_child(args.clients[0], args.dims[0], args.dropout[0], args.child_out, args.ray_dir, args.verbose)
+        return 0
+
+    import pandas as pd
+
+    rows = []
+    for n in args.clients:
+        for d in args.dims:
+            for dropout in args.dropout:
+                rows.append(flower_round(n, d, dropout, args.timeout, args.verbose))
+                print(f"done: flower secagg+ n={n} d={d} dropout={dropout}", file=sys.stderr)
+    table = pd.DataFrame(rows)
+    print(f"# {platform.node()} {platform.processor() or platform.machine()}; flwr SecAgg+ over Ray, seconds")
+    shown = [c for c in COLUMNS if c in table.columns]
+    print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    table.to_csv(args.csv, index=False)
+    print(f"written: {args.csv}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
