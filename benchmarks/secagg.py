@@ -4,8 +4,9 @@ After a small warm-up round of each protocol (a long simulation runs warm), runs
 ``plain``, SecAgg and SecAgg+ through the in-memory driver
 (:func:`sim.protocol.loopback.run_loopback`, every frame really encoded and decoded) for each number of
 clients n, model size d and dropout rate (clients leaving before the masked-input upload, the case that
-makes the server reconstruct keys and recompute masks). Reports wall-clock seconds spent inside the
-machines (client mean and max, server), bytes per client up and down, and, side by side, what the
+makes the server reconstruct keys and recompute masks). Reports the round's wall-clock seconds (every
+client in turn in this process, frames encoded and decoded), seconds spent inside the machines (client
+mean and max, server), bytes per client up and down, and, side by side, what the
 shipped cost model charges for the same reported work, with the ratio measured / model.
 
     python benchmarks/secagg.py                    # n in {16, 100}, d in {1e5, 1e6}, dropout in {0, 0.1}
@@ -18,6 +19,7 @@ import argparse
 import math
 import platform
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +51,9 @@ def one_round(
     leave_step = "upload" if protocol == "plain" else "masked_input"
     k = math.floor(dropout * n + 0.5)
     leave = {c: leave_step for c in sampled[:k]}
+    start = time.perf_counter()
     result = run_loopback(server, clients, updates, leave)
+    round_s = time.perf_counter() - start
     if server.outcome != "ok":
         raise RuntimeError(f"{protocol} n={n} d={d}: {server.outcome}")
     alive = [c for c in sampled if c not in result.left]
@@ -61,6 +65,7 @@ def one_round(
         "clients": n,
         "dim": d,
         "dropout": dropout,
+        "round_s": round_s,
         "client_s_mean": float(np.mean(client_measured)),
         "client_s_max": float(np.max(client_measured)),
         "server_s": result.server_seconds,

@@ -1,0 +1,134 @@
+"""Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, and a population of 10^6.
+
+Three sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
+``peer.csv``, ``scale.csv``), with the machine in ``machine.txt``:
+
+1. **overhead** (:mod:`overhead`): full-fidelity rounds (real training, SecAgg and SecAgg+, XNoise) against
+   the same primitive calls replayed alone; ``overhead`` = wall / primitives - 1, target at most 15 %.
+2. **peer** (:mod:`flower_peer`): Flower's SecAgg+ (``flwr``, the ``peer`` extra; Ray inside a loopback-only
+   network namespace) and ours at the same n, d and dropout, in this run. ``ours_round_s`` is one round
+   of our SecAgg+ through the in-memory driver (every client in turn in this one process, every frame
+   encoded and decoded; :mod:`secagg`), ``flower_round_s`` Flower's workflow round with its clients on
+   Ray actors, ``ratio`` ours over theirs; the compute inside the clients and the server side by side.
+   Skipped, with a note, when ``flwr`` is not installed.
+3. **scale** (:mod:`scale`): timing fidelity, 10^6 clients, 100 to 1,000 sampled: rounds/s, events/s,
+   peak memory, bytes per idle client.
+
+Ratios are measured side by side in one run; absolute times on a shared machine drift.
+
+    python benchmarks/performance.py                           # everything, about 5 minutes on 2 cores
+    python benchmarks/performance.py --sections overhead scale --out results/performance
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import platform
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import overhead
+import scale
+import secagg
+
+SECTIONS = ("overhead", "peer", "scale")
+PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16, 1_000_000, 0.0))
+"""(clients, dimension, dropout) compared with Flower."""
+
+
+def machine() -> str:
+    """One line naming the machine the numbers come from."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    system = f"{platform.system()} {platform.release()}"
+    return f"{cpu}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
+
+
+def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
+    """Our SecAgg+ round and Flower's at each point, in this run; None without ``flwr``."""
+    if importlib.util.find_spec("flwr") is None:
+        print("peer: skipped, flwr is not installed (pip install -e '.[peer]')", file=sys.stderr)
+        return None
+    from flower_peer import flower_round
+
+    from sim.costs.model import CostModel
+
+    costs = CostModel.load()
+    secagg.one_round("secagg+", 8, 10_000, 0.0, costs)  # warm-up
+    rows = []
+    for n, d, dropout in points:
+        ours = secagg.one_round("secagg+", n, d, dropout, costs)
+        theirs = flower_round(n, d, dropout)
+        rows.append(
+            {
+                "clients": n,
+                "dim": d,
+                "dropout": dropout,
+                "ours_round_s": ours["round_s"],
+                "flower_round_s": theirs["round_s"],
+                "ratio": float(ours["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
+                "ours_client_s": ours["client_s_mean"],
+                "flower_client_s": theirs["client_s_mean"],
+                "ours_server_s": ours["server_s"],
+                "flower_server_s": theirs["server_s"],
+                "ours_mb_up": ours["client_mb_up"],
+                "flower_mb_up": theirs["client_mb_up"],
+                "flower_error": theirs["max_abs_error"],
+            }
+        )
+        print(f"peer: n={n} d={d} dropout={dropout} done", file=sys.stderr)
+    return pd.DataFrame(rows)
+
+
+def _show(title: str, table: pd.DataFrame, columns: Sequence[str]) -> None:
+    print(f"\n## {title}")
+    print(table[[c for c in columns if c in table.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=SECTIONS)
+    parser.add_argument("--out", type=Path, default=Path("results/performance"))
+    parser.add_argument("--rounds", type=int, default=3, help="measured rounds per overhead setup")
+    parser.add_argument("--scale-rounds", type=int, default=5, help="measured rounds per scale setting")
+    parser.add_argument("--population", type=int, default=1_000_000)
+    parser.add_argument("--sampled", type=int, nargs="+", default=[100, 300, 1000])
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    where = machine()
+    (args.out / "machine.txt").write_text(where + "\n")
+    print(f"# {where}")
+    if "overhead" in args.sections:
+        table = overhead.run(list(overhead.SETUPS), args.rounds, [])
+        table.to_csv(args.out / "overhead.csv", index=False)
+        shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s"]
+        _show("overhead: full-fidelity rounds against their primitive work alone", table, shown)
+    if "peer" in args.sections:
+        compared = peer(PEER_POINTS)
+        if compared is not None:
+            compared.to_csv(args.out / "peer.csv", index=False)
+            _show("peer: our SecAgg+ round and Flower's, same n, d, dropout", compared, list(compared.columns))
+    if "scale" in args.sections:
+        table = scale.run(args.population, args.sampled, args.scale_rounds)
+        table.to_csv(args.out / "scale.csv", index=False)
+        shown = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
+        _show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"])
+    print(f"\nwritten: {args.out}/", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

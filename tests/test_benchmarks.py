@@ -1,0 +1,58 @@
+"""The benchmark scripts run and measure what they say (no timing assertions: times are not tested)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import overhead  # noqa: E402
+import scale  # noqa: E402
+
+from sim.crypto import agreement  # noqa: E402
+
+
+@pytest.mark.slow
+def test_overhead_replays_every_primitive_of_a_private_secagg_round() -> None:
+    original = agreement.generate
+    row = overhead.measure(
+        ROOT / "scenarios" / "privacy.yaml",
+        ["population=12", "sampling.clients_per_round=4", "dropout.rate=0.25"],
+        rounds=1,
+        label="tiny",
+    )
+    assert agreement.generate is original  # the recording is taken off again
+    assert (row["protocol"], row["privacy"], row["clients"], row["rounds"]) == ("secagg", "xnoise", 4, 1)
+    # the round's work, as recorded: key agreement, masks, Shamir, noise, encoding, frames and training
+    for name in (
+        "x25519.keygen",
+        "x25519.agree",
+        "aead.seal",
+        "shamir.share",
+        "prg.expand",
+        "noise",
+        "encode.dskellam",
+        "decode.dskellam",
+        "vector.add",
+        "wire.encode",
+        "wire.decode",
+        "training",
+    ):
+        assert float(row[f"{name}_s"]) > 0, name
+    assert float(row["primitives_s"]) == pytest.approx(
+        sum(v for k, v in row.items() if k.endswith("_s") and k not in ("wall_s", "primitives_s", "outside_s"))
+    )
+    assert int(row["calls"]) > 0
+
+
+@pytest.mark.slow
+def test_scale_counts_events_and_memory_in_a_fresh_process() -> None:
+    result = scale.measure(population=5_000, sampled=20, rounds=1)
+    assert (result["population"], result["sampled"], result["rounds"]) == (5_000, 20, 1)
+    assert result["events_per_round"] > 20  # every client's messages are events
+    assert result["virtual_s_per_round"] > 0
+    assert result["peak_rss_mb"] > 0
