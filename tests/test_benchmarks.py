@@ -24,6 +24,7 @@ def test_overhead_replays_every_primitive_of_a_private_secagg_round() -> None:
         ["population=12", "sampling.clients_per_round=4", "dropout.rate=0.25"],
         rounds=1,
         label="tiny",
+        repeats=1,
     )
     assert agreement.generate is original  # the recording is taken off again
     assert (row["protocol"], row["privacy"], row["clients"], row["rounds"]) == ("secagg", "xnoise", 4, 1)
