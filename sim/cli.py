@@ -103,6 +103,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--quick", action="store_true", help="few sizes, one repeat: a rough profile in seconds, for trying things out"
     )
     p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="OP",
+        help="measure again only these operations (e.g. noise.skellam) and update them in the existing --out profile",
+    )
+    p.add_argument(
         "--pipeline",
         metavar="SCENARIO",
         help="fit Dordis eq. 3 per stage from short simulated runs of this scenario (secagg or secagg+) and "
@@ -310,8 +316,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         print(f"dropsim: {args.out}: the folder {folder} does not exist; create it first", file=sys.stderr)
         return EXIT_BAD_INPUT
-    doc = run_profile(args.out, quick=args.quick, progress=lambda m: print(f"profiling {m}", file=sys.stderr))
-    rows = [{"operation": op, **e["coef"], "r2": e["r2"]} for op, e in doc["operations"].items()]
+    say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
+    if args.only:
+        from sim.costs.model import CostModelError
+        from sim.costs.profiler import update_profile
+
+        try:
+            doc = update_profile(args.out, args.only, quick=args.quick, progress=say)
+        except CostModelError as exc:
+            print(f"dropsim: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    else:
+        doc = run_profile(args.out, quick=args.quick, progress=say)
+    shown = args.only or list(doc["operations"])
+    rows = [{"operation": op, **doc["operations"][op]["coef"], "r2": doc["operations"][op]["r2"]} for op in shown]
     _print_table(rows)
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
     if args.quick:

@@ -24,6 +24,7 @@ of the profiling machine; a client's slow-down factor and the server's speed sca
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
 import time
@@ -203,6 +204,44 @@ def run_profile(
     torch.set_num_threads(1)
     with threadpool_limits(limits=1):  # BLAS (the clipping norm) on one core too, as a deployed party's
         return _run_profile(out, quick, progress, shapes)
+
+
+def update_profile(
+    path: Path, ops: Sequence[str], quick: bool = False, progress: Callable[[str], None] | None = None
+) -> dict[str, Any]:
+    """Measure again only the operations ``ops`` (of :data:`~sim.costs.micro.BENCHMARKS` and the transport
+    operations) and replace their entries in the profile at ``path``, each stamped with its own
+    ``measured_at``; the rest of the profile is kept. Returns the updated profile.
+
+    For when one primitive changed (a faster sampler, say): the other fits stay as measured."""
+    from sim.costs.model import CostModel, CostModelError
+
+    doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
+    if doc is None:
+        raise CostModelError(f"cost profile {path}: does not exist; write a whole profile first")
+    CostModel.from_dict(doc, str(path))  # a dropsim profile, or a clear error
+    benches = {bench.op: bench for bench in (*BENCHMARKS, *TRANSPORT)}
+    unknown = [op for op in ops if op not in benches]
+    if unknown:
+        raise CostModelError(
+            f"cannot re-measure {', '.join(unknown)}: not a measured operation ({', '.join(sorted(benches))})"
+        )
+    repeats = 1 if quick else 5
+    say = progress or (lambda _msg: None)
+    torch.set_num_threads(1)
+    with threadpool_limits(limits=1):
+        for op in ops:
+            say(op)
+            rows, seconds = [], []
+            for point in benches[op].points(quick):
+                rows.append(point.features)
+                seconds.append(_median_seconds(point.run, repeats))
+            entry = fit_nonnegative(benches[op].features, rows, seconds)
+            entry["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            entry["quick"] = quick
+            doc["operations"][op] = entry
+    write_json(path, doc)
+    return dict(doc)
 
 
 def _run_profile(
