@@ -221,6 +221,8 @@ class Round:
         stages = setup.aggregation.dropout_stages()
         self.leave_before = {c: stages[stage] for c, stage in drops.items()}
         """Client -> the step it leaves before (``""``: before the download)."""
+        if setup.learner is not None and not setup_error:  # training.workers > 1: train them in the background
+            setup.learner.prefetch(number, [c for c in self.sampled if self.leave_before.get(c) != ""])
         self.drops = drops
         self.inbox = simpy.Store(self.env)
         self.client_inbox = {c: simpy.Store(self.env) for c in self.sampled}

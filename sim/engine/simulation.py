@@ -177,7 +177,10 @@ class Simulation:
         return record
 
     def close(self) -> None:
-        """Release what the run holds (nothing in virtual time; the deployment's processes and sockets)."""
+        """Release what the run holds (in virtual time, the training workers; the deployment's processes and
+        sockets)."""
+        if self.learner is not None:
+            self.learner.close()
 
     @property
     def dim(self) -> int:

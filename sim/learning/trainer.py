@@ -19,6 +19,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from sim.learning.federated import FederatedData
 from sim.learning.models import build_model
+from sim.learning.pool import TrainingPool
 from sim.scenario.schema import Training
 from sim.seeds import Stream, int_seed
 
@@ -37,6 +38,28 @@ class Learner:
         self.seed = seed
         self.params = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
         self._loss = nn.CrossEntropyLoss()
+        self._model_name = model_name
+        self._pool: TrainingPool | None = None
+
+    def prefetch(self, round: int, clients: list[int]) -> None:
+        """With ``training.workers`` > 1, start training ``clients`` for ``round`` in worker processes;
+        :meth:`local_update` then returns their (identical) updates. Without, nothing."""
+        if self.training.workers <= 1 or not clients:
+            return
+        if next(self.model.buffers(), None) is not None:
+            raise ValueError(
+                "training.workers > 1 needs a model whose state is its parameters; this one has buffers "
+                "(e.g. batch-norm statistics) that would differ between processes"
+            )
+        if self._pool is None:
+            self._pool = TrainingPool(self._model_name, self.data, self.training, self.seed, self.training.workers)
+        self._pool.start(self.params, round, clients)
+
+    def close(self) -> None:
+        """Stop the training workers, if any."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
 
     @property
     def dim(self) -> int:
@@ -47,6 +70,10 @@ class Learner:
 
     def local_update(self, client: int, round: int) -> tuple[np.ndarray, float]:
         """Train ``client`` from the global model; returns ``(delta float32, weight = sample count)``."""
+        if self._pool is not None:
+            started = self._pool.take(client, round)
+            if started is not None:
+                return started
         x_np, y_np = self.data.client_data(client)
         x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
         self._load(self.params)

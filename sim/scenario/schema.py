@@ -264,6 +264,8 @@ class Training:
     """Step size of the server's FedAvg update (1.0 = plain weighted average of client models)."""
     threads: int
     """Torch CPU threads used for real training (results are reproducible for a fixed value)."""
+    workers: int = 1
+    """Processes that train a round's clients in parallel (``full`` fidelity; the same results as 1)."""
 
 
 @dataclass(frozen=True)
@@ -742,6 +744,7 @@ def _training(r: Reader) -> Training:
         weight_decay=r.number("weight_decay", 0.0, lo=0),
         server_lr=r.number("server_lr", 1.0, lo=0, lo_open=True),
         threads=r.integer("threads", 1, lo=1, hi=256),
+        workers=r.integer("workers", 1, lo=1, hi=256),
     )
     r.finish()
     return t

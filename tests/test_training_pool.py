@@ -1,0 +1,46 @@
+"""Training a round's clients in worker processes gives the updates training here gives."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.engine.simulation import Simulation
+from sim.scenario import load
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run(workers: int, rounds: int = 3) -> list[tuple[object, ...]]:
+    sc = load(
+        ROOT / "scenarios" / "secagg.yaml",
+        [f"rounds={rounds}", "sampling.clients_per_round=6", "training.local_epochs=1", f"training.workers={workers}"],
+    ).base()
+    simulation = Simulation(sc)
+    try:
+        out = []
+        for _ in range(rounds):
+            result = simulation.step()
+            record = result.record
+            out.append((result.model_sha256, result.accuracy, record.t_end, record.outcome, record.survivors))
+        assert simulation.learner is not None
+        assert (simulation.learner._pool is not None) == (workers > 1)  # the workers did train
+        return out
+    finally:
+        simulation.close()
+
+
+@pytest.mark.slow
+def test_two_training_workers_give_the_same_rounds_bit_for_bit() -> None:
+    alone, pooled = _run(1), _run(2)
+    assert pooled == alone
+    assert len({digest for digest, *_ in alone}) == 3  # the model changed every round
+
+
+def test_the_pool_is_not_started_with_one_worker() -> None:
+    sc = load(ROOT / "scenarios" / "secagg.yaml", ["rounds=1", "sampling.clients_per_round=3"]).base()
+    simulation = Simulation(sc)
+    simulation.step()
+    assert simulation.learner is not None and simulation.learner._pool is None
+    simulation.close()
