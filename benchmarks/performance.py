@@ -18,6 +18,7 @@ Ratios are measured side by side in one run; absolute times on a shared machine 
 
     python benchmarks/performance.py                           # everything, about 5 minutes on 2 cores
     python benchmarks/performance.py --sections overhead scale --out results/performance
+    python benchmarks/performance.py --doc docs/performance.md      # and rewrite its measured tables
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import os
 import platform
 import sys
 from collections.abc import Sequence
+from datetime import date
 from pathlib import Path
 
 import pandas as pd
@@ -93,9 +95,37 @@ def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
     return pd.DataFrame(rows)
 
 
-def _show(title: str, table: pd.DataFrame, columns: Sequence[str]) -> None:
+def _show(title: str, table: pd.DataFrame, columns: Sequence[str]) -> pd.DataFrame:
+    shown = table[[c for c in columns if c in table.columns]]
     print(f"\n## {title}")
-    print(table[[c for c in columns if c in table.columns]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(shown.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    return shown
+
+
+def markdown(table: pd.DataFrame) -> str:
+    """``table`` as a Markdown table, numbers to 4 significant digits."""
+
+    def cell(v: object) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+    lines = ["| " + " | ".join(table.columns) + " |", "|" + " --- |" * len(table.columns)]
+    lines += ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def rewrite_doc(path: Path, blocks: dict[str, str]) -> None:
+    """Replace the text between ``<!-- performance:NAME:begin -->`` and ``<!-- performance:NAME:end -->`` of
+    ``path`` with ``blocks[NAME]``, for the sections measured in this run."""
+    text = path.read_text(encoding="utf-8")
+    for name, body in blocks.items():
+        begin, end = f"<!-- performance:{name}:begin -->", f"<!-- performance:{name}:end -->"
+        if begin not in text or end not in text:
+            raise SystemExit(f"{path}: has no {begin} ... {end} block")
+        head, rest = text.split(begin, 1)
+        text = head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -106,26 +136,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--scale-rounds", type=int, default=5, help="measured rounds per scale setting")
     parser.add_argument("--population", type=int, default=1_000_000)
     parser.add_argument("--sampled", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--doc", type=Path, default=None, help="rewrite the measured sections' blocks of this file")
     args = parser.parse_args(argv)
+    blocks: dict[str, str] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     where = machine()
     (args.out / "machine.txt").write_text(where + "\n")
     print(f"# {where}")
+    blocks["machine"] = f"{where}; `python benchmarks/performance.py`, {date.today().isoformat()}."
     if "overhead" in args.sections:
         table = overhead.run(list(overhead.SETUPS), args.rounds, [])
         table.to_csv(args.out / "overhead.csv", index=False)
         shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s"]
-        _show("overhead: full-fidelity rounds against their primitive work alone", table, shown)
+        title = "overhead: full-fidelity rounds against their primitive work"
+        blocks["overhead"] = markdown(_show(title, table, shown))
     if "peer" in args.sections:
         compared = peer(PEER_POINTS)
         if compared is not None:
             compared.to_csv(args.out / "peer.csv", index=False)
-            _show("peer: our SecAgg+ round and Flower's, same n, d, dropout", compared, list(compared.columns))
+            title = "peer: our SecAgg+ round and Flower's, same n, d, dropout"
+            blocks["peer"] = markdown(_show(title, compared, list(compared.columns)))
     if "scale" in args.sections:
         table = scale.run(args.population, args.sampled, args.scale_rounds)
         table.to_csv(args.out / "scale.csv", index=False)
         shown = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
-        _show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"])
+        blocks["scale"] = markdown(_show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"]))
+    if args.doc is not None:
+        rewrite_doc(args.doc, blocks)
     print(f"\nwritten: {args.out}/", file=sys.stderr)
     return 0
 
