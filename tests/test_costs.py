@@ -70,3 +70,24 @@ def test_quick_profile_measures_every_operation(tmp_path):
     model = CostModel.load(tmp_path / "p.json")
     assert set(model.operations) == set(CostModel.load().operations) == set(doc["operations"])
     assert model.seconds("train.cnn.1x8x8.10", {"samples": 100, "batches": 10}) > 0
+
+
+def test_only_the_named_operations_are_measured_again(tmp_path, capsys):
+    from sim.cli import main
+    from sim.costs.model import DEFAULT_PROFILE
+
+    profile = tmp_path / "profile.json"
+    profile.write_text(DEFAULT_PROFILE.read_text())
+    before = json.loads(profile.read_text())
+    assert main(["profile", "--only", "vector.add", "prg.expand", "--quick", "--out", str(profile)]) == 0
+    after = json.loads(profile.read_text())
+    for op in ("vector.add", "prg.expand"):
+        assert after["operations"][op]["quick"] is True and "measured_at" in after["operations"][op]
+        assert after["operations"][op]["coef"] != before["operations"][op]["coef"]
+    unchanged = {op: e for op, e in before["operations"].items() if op not in ("vector.add", "prg.expand")}
+    assert {op: after["operations"][op] for op in unchanged} == unchanged
+    assert after["machine"] == before["machine"]
+    CostModel.load(profile)  # still a valid profile
+    assert main(["profile", "--only", "noise.nonsense", "--out", str(profile)]) == 2
+    assert "noise.nonsense" in capsys.readouterr().err
+    assert main(["profile", "--only", "vector.add", "--out", str(tmp_path / "missing.json")]) == 2

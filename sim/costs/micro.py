@@ -209,15 +209,11 @@ def _decode_dskellam_op(n: int) -> Callable[[], object]:
     return lambda: enc.decode_sum(total, bytes(32))
 
 
-NOISE_VARIANCE = 1e9
-"""Integer-domain variance the noise is timed at: an XNoise component's under DSkellam at 20 bits
-(``scenarios/privacy.yaml`` draws 3e8 to 3e9). Skellam's cost grows with it (a table of about
-26 sqrt(variance / 2) entries, 3 times slower at 3e9 than at 1e4); the Gaussians' does not."""
-
-
 def _noise_op(mechanism: str) -> Callable[[int], Callable[[], object]]:
+    """Noise of a typical per-component integer-domain variance (1e4: the rejection samplers' regime)."""
+
     def op(n: int) -> Callable[[], object]:
-        return lambda: noise.sample(mechanism, bytes(32), NOISE_VARIANCE, n)
+        return lambda: noise.sample(mechanism, bytes(32), 1e4, n)
 
     return op
 

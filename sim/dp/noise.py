@@ -14,14 +14,9 @@ separation makes a mistaken reuse harmless (mask and noise keystreams of one see
 
 Order of consumption (part of the output's definition, pinned by regression tests):
 - ``skellam``: ``2 size`` Poisson(variance/2) draws ``N_0 .. N_(2 size - 1)``; output ``i`` is
-  ``N_i - N_(size+i)``. Poisson mean up to 2^32 (variance up to 2^33, every DSkellam setting of up to 32
-  bits): inversion, uniform ``i`` gives draw ``i`` (below mean 10 over a fixed 128-term table, from 10 over
-  a window of the mean +- 13 standard deviations). Above: Hormann's PTRS; each pass gives every
-  still-pending draw, in increasing index order, the next two uniforms ``(U, V)``; the rejected ones are
-  pending in the next pass.
-
-Inversion costs one keystream word and, mostly, one table lookup per Poisson draw: 7-15 ns against PTRS's
-25-40 ns (two words per candidate and a dozen vector passes), measured at variances 1e4 to 3e9.
+  ``N_i - N_(size+i)``. Poisson mean < 10: inversion, uniform ``i`` gives draw ``i``. Mean >= 10: Hormann's
+  PTRS; each pass gives every still-pending draw, in increasing index order, the next two uniforms ``(U, V)``;
+  the rejected ones are pending in the next pass.
 - ``gaussian``: uniform pair ``(u_2j, u_2j+1)`` gives outputs ``2j`` and ``2j + 1`` (Box-Muller).
 - ``dgaussian``: each pass gives every pending output, in index order, the next three uniforms.
 
@@ -35,7 +30,6 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Callable
-from functools import lru_cache
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -50,16 +44,8 @@ MAX_VARIANCE = 2.0**50
 """Largest accepted variance, integer units squared (far beyond any 32-bit modulus)."""
 MAX_PASSES = 1000
 """Rejection passes after which a sampler gives up (each pass accepts most pending draws)."""
-WINDOW_MIN_MEAN = 10.0
-"""Poisson means from which the windowed inversion (and above ``WINDOW_MAX_MEAN``, PTRS) is used; below it,
-inversion over a fixed 128-term table."""
-WINDOW_MAX_MEAN = 2.0**32
-"""Largest Poisson mean drawn by windowed inversion: its table has about 26 sqrt(mean) float64 entries (14 MB
-at this mean) and a guide of at most 2^20 + 1 int32 (4 MB); the last 8 means' tables are kept. Above it,
-Hormann's PTRS."""
-_WINDOW_SDS = 13.0
-_WINDOW_SLACK = 10
-_WINDOW_GUIDE_BITS = 20
+PTRS_MIN_MEAN = 10.0
+"""Poisson means from which PTRS is used (Hormann's stated range); below it, inversion."""
 
 _INVERSION_TERMS = 128
 """Poisson(mean < 10) support kept for inversion: P(X >= 128) < 1e-91."""
@@ -248,68 +234,11 @@ def _poisson_ptrs(stream: Keystream, mean: float, size: int) -> np.ndarray:
     return _rejection(stream, size, 2, propose, f"PTRS for Poisson({mean})")
 
 
-@lru_cache(maxsize=8)
-def _window_table(mean: float) -> tuple[int, np.ndarray, np.ndarray, int]:
-    """``(lo, cdf, guide, bits)`` for Poisson(mean) by inversion over the window ``lo .. hi`` of the mean
-    +- 13 standard deviations and 10 (outside it the mass is below 1e-37).
-
-    ``cdf[i] = P(X <= lo + i)``: from the left up to the mode, summed smallest terms first, and from the
-    right as one minus the upper tail, likewise summed from the far end, so both tails keep their relative
-    accuracy (the pmf comes from :func:`log_poisson_pmf`). ``guide[b]`` (``b = 0 .. 2^bits``) is the count of
-    cdf values below ``b / 2^bits`` when no cdf value falls inside bucket b, and is that count plus one,
-    negated, when one does (Chen and Asau's guide table, flagged so that most draws read it once)."""
-    sd = math.sqrt(mean)
-    lo = max(0, math.floor(mean - _WINDOW_SDS * sd) - _WINDOW_SLACK)
-    hi = math.ceil(mean + _WINDOW_SDS * sd) + _WINDOW_SLACK
-    pmf = np.exp(log_poisson_pmf(np.arange(lo, hi + 1, dtype=np.float64), mean))
-    mode = int(np.argmax(pmf))
-    cdf = np.empty(pmf.size)
-    cdf[:mode] = np.cumsum(pmf[:mode])
-    upper = np.cumsum(pmf[:mode:-1])[::-1]  # upper[j] = P(X >= lo + mode + 1 + j)
-    cdf[mode:-1] = 1.0 - upper
-    cdf[-1] = 1.0
-    np.maximum.accumulate(cdf, out=cdf)  # the two halves meet within an ulp: keep it non-decreasing
-    bits = min(_WINDOW_GUIDE_BITS, max(12, math.ceil(math.log2(32 * pmf.size))))
-    buckets = np.arange((1 << bits) + 1, dtype=np.float64) * 2.0**-bits
-    below = np.searchsorted(cdf, buckets, side="left")
-    guide = np.where(below[1:] == below[:-1], below[:-1], -below[:-1] - 1)
-    return lo, cdf, np.append(guide, below[-1]).astype(np.int32), bits
-
-
-def _poisson_window(stream: Keystream, mean: float, size: int) -> np.ndarray:
-    """Poisson(10 <= mean <= 2^32) by inversion: ``X = #{x >= 0 : P(X <= x) < u}`` for one uniform ``u`` each
-    (one keystream word per draw), from :func:`_window_table`. The top bits of the word pick a guide
-    bucket; a bucket holding no cdf value fixes X (one table read), one holding one needs a comparison,
-    and the few holding more (in the tails) a binary search."""
-    lo, cdf, guide, bits = _window_table(mean)
-    out = np.empty(size, dtype=np.int64)
-    for start in range(0, size, _BLOCK_DRAWS):
-        words = stream.words(min(_BLOCK_DRAWS, size - start))
-        bucket = (words >> np.uint64(64 - bits)).astype(np.intp)
-        block = out[start : start + words.size]
-        block[:] = guide[bucket]
-        unsure = np.flatnonzero(block < 0)
-        if unsure.size:
-            below = -block[unsure] - 1
-            after = guide[bucket[unsure] + 1].astype(np.int64)
-            u = _uniforms(words[unsure])
-            x = np.where(after < 0, -after - 1, after)  # cdf values below the next bucket
-            one = x - below == 1
-            x[one] = below[one] + (cdf[below[one]] < u[one])
-            many = ~one
-            x[many] = np.searchsorted(cdf, u[many], side="left")
-            block[unsure] = x
-        block += lo
-    return out
-
-
 def _poisson(stream: Keystream, mean: float, size: int) -> np.ndarray:
     if mean == 0.0 or size == 0:
         return np.zeros(size, dtype=np.int64)
-    if mean < WINDOW_MIN_MEAN:
+    if mean < PTRS_MIN_MEAN:
         return _poisson_inversion(stream, mean, size)
-    if mean <= WINDOW_MAX_MEAN:
-        return _poisson_window(stream, mean, size)
     return _poisson_ptrs(stream, mean, size)
 
 
