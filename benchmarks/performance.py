@@ -16,7 +16,7 @@ Three sections, each printed as a table and written as CSV under ``--out`` (``ov
 
 Ratios are measured side by side in one run; absolute times on a shared machine drift.
 
-    python benchmarks/performance.py                           # everything, about 5 minutes on 2 cores
+    python benchmarks/performance.py                           # everything, about 6 minutes on 2 cores
     python benchmarks/performance.py --sections overhead scale --out results/performance
     python benchmarks/performance.py --doc docs/performance.md      # and rewrite its measured tables
 """
