@@ -44,3 +44,18 @@ def test_the_pool_is_not_started_with_one_worker() -> None:
     simulation.step()
     assert simulation.learner is not None and simulation.learner._pool is None
     simulation.close()
+
+
+@pytest.mark.slow
+def test_closing_stops_the_workers_with_training_still_running() -> None:
+    sc = load(ROOT / "scenarios" / "secagg.yaml", ["training.workers=2", "training.local_epochs=20"]).base()
+    simulation = Simulation(sc)
+    learner = simulation.learner
+    assert learner is not None
+    learner.prefetch(1, list(range(40)))  # far more training than the test waits for
+    pool = learner._pool
+    assert pool is not None
+    processes = list(pool._executor._processes.values())  # type: ignore[attr-defined]
+    simulation.close()
+    assert processes and not any(p.is_alive() for p in processes)
+    assert learner._pool is None

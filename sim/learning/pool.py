@@ -77,5 +77,12 @@ class TrainingPool:
         return future.result()[i]
 
     def close(self) -> None:
+        """Stop the workers now: training still running (of clients that left, or after Ctrl-C) is dropped."""
         self._pending.clear()
-        self._executor.shutdown(wait=True, cancel_futures=True)
+        processes = list(getattr(self._executor, "_processes", {}).values())  # before shutdown forgets them
+        self._executor.shutdown(wait=False, cancel_futures=True)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+        for process in processes:
+            process.join(timeout=10)
