@@ -148,7 +148,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         table = overhead.run(list(overhead.SETUPS), args.rounds, [])
         table.to_csv(args.out / "overhead.csv", index=False)
         shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s"]
-        shown.append("overhead_in_run")
+        shown += ["overhead_in_run", "recorded_wall_s", "noise_s", "training_s"]
         title = "overhead: full-fidelity rounds against their primitive work"
         blocks["overhead"] = markdown(_show(title, table, shown))
     if "peer" in args.sections:

@@ -208,7 +208,8 @@ def run_scenario(
             wall_seconds=time.perf_counter() - started,
         )
         raise
-    _close(sim)
+    finally:
+        _close(sim)  # also on SystemExit; closing twice is harmless
     wall = time.perf_counter() - started
     writer.close("complete", wall_seconds=wall, virtual_seconds=t_end)
     return RunSummary(

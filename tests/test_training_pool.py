@@ -59,3 +59,50 @@ def test_closing_stops_the_workers_with_training_still_running() -> None:
     simulation.close()
     assert processes and not any(p.is_alive() for p in processes)
     assert learner._pool is None
+
+
+_ORPHAN_SCRIPT = """
+import sys, time
+from sim.engine.simulation import Simulation
+from sim.scenario import load
+sc = load(sys.argv[1], ["training.workers=2", "training.local_epochs=20"]).base()
+simulation = Simulation(sc)
+simulation.learner.prefetch(1, list(range(40)))
+print(" ".join(str(p.pid) for p in simulation.learner._pool._executor._processes.values()), flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.slow
+def test_workers_exit_when_their_parent_is_killed() -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    child = subprocess.Popen(
+        [sys.executable, "-c", _ORPHAN_SCRIPT, str(ROOT / "scenarios" / "secagg.yaml")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout is not None
+        pids = [int(p) for p in child.stdout.readline().split()]
+        assert pids
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    for _ in range(100):  # at most 20 s
+        if not any(alive(p) for p in pids):
+            break
+        time.sleep(0.2)
+    assert not any(alive(p) for p in pids)

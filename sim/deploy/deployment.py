@@ -193,6 +193,7 @@ class Deployment(Simulation):
 
     def close(self) -> None:
         """Tell the workers to exit and wait for them (killing any that do not within 10 s)."""
+        super().close()
         if self.loop.is_closed():
             return
         try:

@@ -73,7 +73,7 @@ class Simulation:
         self.learner: Learner | None = None
         if sc.fidelity == "full":
             assert sc.model.name is not None  # the parser allows model.params only with fidelity timing
-            self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed)
+            self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed, (sc.data, sc.population, sc.seed))
         shape, classes = self.data.input_shape, self.data.num_classes
         dim = self.learner.dim if self.learner is not None else update_dimension(sc.model, shape, classes)
         op = model_train_op(sc.model, shape, classes)

@@ -2,45 +2,63 @@
 
 At the start of a round the engine names the sampled clients that will train; :class:`TrainingPool`
 splits them into one group per worker and sends each group the global model once. Every worker holds its
-own :class:`~sim.learning.trainer.Learner` built from the same model name, data, training settings and
-seed, so a client's update depends only on the global model, the client's data and its ``TRAINING``
-stream for the round, as it does in this process: the results are bit-identical to ``workers: 1`` (tested)
-for the models here, which hold no state besides their parameters (no batch-norm statistics; a model with
-buffers is refused). The engine still consumes each update at the client's moment in virtual time; only
-wall time changes.
+own :class:`~sim.learning.trainer.Learner` built from the same model name, data set (loaded in the worker
+from the same configuration), training settings and seed. A client's update depends only on the global
+model, the client's data and its ``TRAINING`` stream for the round, as it does in this process, so the
+models are bit-identical to ``workers: 1`` (tested) for the models here, which hold no state besides
+their parameters (a model with buffers, such as batch-norm statistics, is refused). The engine still
+consumes each update at the client's moment in virtual time; only wall time changes.
 
 The workers are spawned (a fresh interpreter each, torch with ``training.threads`` threads) on first use
-and kept for the run. Work is pickled between this process and its own children only.
+and kept for the run. They ignore Ctrl-C (this process stops them) and exit when this process dies. Work
+is pickled between this process and its own children only.
 """
 
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.connection
+import os
+import signal
+import threading
 from concurrent.futures import Future, ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from sim.learning.federated import FederatedData
-from sim.scenario.schema import Training
+from sim.scenario.schema import Data, Training
 
 if TYPE_CHECKING:
     from sim.learning.trainer import Learner
 
 Update = tuple[np.ndarray, float]
+DataSource = tuple[Data, int, int]
+"""How a worker builds the data set: ``(data config, population, seed)`` for
+:func:`~sim.learning.federated.load_federated` (the same partition as this process's)."""
 
-_worker: dict[str, Learner] = {}
-"""The worker process's own learner (under ``"learner"``)."""
+_worker: list[Learner] = []
+"""The worker process's own learner (one, once started)."""
 
 
-def _start_worker(model_name: str, data: FederatedData, training: Training, seed: int) -> None:
+def _exit_with_parent() -> None:
+    """End this worker when its parent dies (killed, or exiting without closing the pool)."""
+    parent = multiprocessing.parent_process()
+    if parent is not None:
+        multiprocessing.connection.wait([parent.sentinel])
+        os._exit(1)
+
+
+def _start_worker(model_name: str, source: DataSource, training: Training, seed: int) -> None:
+    from sim.learning.federated import load_federated
     from sim.learning.trainer import Learner
 
-    _worker["learner"] = Learner(model_name, data, training, seed)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
+    threading.Thread(target=_exit_with_parent, daemon=True).start()
+    _worker.append(Learner(model_name, load_federated(*source), training, seed, source))
 
 
 def _train(params: np.ndarray, round: int, clients: list[int]) -> list[Update]:
-    learner = _worker["learner"]
+    learner = _worker[0]
     learner.params = params
     return [learner.local_update(c, round) for c in clients]
 
@@ -48,19 +66,22 @@ def _train(params: np.ndarray, round: int, clients: list[int]) -> list[Update]:
 class TrainingPool:
     """``workers`` processes training clients for one learner."""
 
-    def __init__(self, model_name: str, data: FederatedData, training: Training, seed: int, workers: int) -> None:
+    def __init__(self, model_name: str, source: DataSource, training: Training, seed: int, workers: int) -> None:
         self.workers = workers
         self._executor = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
-            initargs=(model_name, data, training, seed),
+            initargs=(model_name, source, training, seed),
         )
         self._pending: dict[tuple[int, int], tuple[Future[list[Update]], int]] = {}
 
     def start(self, params: np.ndarray, round: int, clients: list[int]) -> None:
         """Train ``clients`` for ``round`` from the global model ``params``, in the background."""
-        self._pending = {key: value for key, value in self._pending.items() if key[0] >= round}
+        for key, (future, _) in list(self._pending.items()):
+            if key[0] < round:  # clients of earlier rounds that never asked (they left): drop their work
+                future.cancel()
+                del self._pending[key]
         for w in range(self.workers):
             group = clients[w :: self.workers]
             if group:

@@ -17,9 +17,10 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
+from sim.errors import InputError
 from sim.learning.federated import FederatedData
 from sim.learning.models import build_model
-from sim.learning.pool import TrainingPool
+from sim.learning.pool import DataSource, TrainingPool
 from sim.scenario.schema import Training
 from sim.seeds import Stream, int_seed
 
@@ -29,7 +30,11 @@ _EVAL_BATCH = 1024
 class Learner:
     """The global model and the means to train it locally and test it."""
 
-    def __init__(self, model_name: str, data: FederatedData, training: Training, seed: int) -> None:
+    def __init__(
+        self, model_name: str, data: FederatedData, training: Training, seed: int, source: DataSource | None = None
+    ) -> None:
+        """``source`` (the data set's configuration, population and seed) lets ``training.workers`` > 1
+        processes build the same data set themselves."""
         torch.set_num_threads(training.threads)
         torch.manual_seed(int_seed(seed, Stream.MODEL_INIT))
         self.model: nn.Module = build_model(model_name, data.input_shape, data.num_classes)
@@ -39,20 +44,25 @@ class Learner:
         self.params = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
         self._loss = nn.CrossEntropyLoss()
         self._model_name = model_name
+        self._source = source
         self._pool: TrainingPool | None = None
+        if training.workers > 1:
+            if source is None:
+                raise ValueError("training.workers > 1 needs the data set's source, to build it in the workers")
+            if next(self.model.buffers(), None) is not None:
+                raise InputError(
+                    f"training.workers: {training.workers} needs a model whose state is its parameters; "
+                    f"{model_name} has buffers (e.g. batch-norm statistics) that would differ between processes"
+                )
 
     def prefetch(self, round: int, clients: list[int]) -> None:
         """With ``training.workers`` > 1, start training ``clients`` for ``round`` in worker processes;
         :meth:`local_update` then returns their (identical) updates. Without, nothing."""
         if self.training.workers <= 1 or not clients:
             return
-        if next(self.model.buffers(), None) is not None:
-            raise ValueError(
-                "training.workers > 1 needs a model whose state is its parameters; this one has buffers "
-                "(e.g. batch-norm statistics) that would differ between processes"
-            )
         if self._pool is None:
-            self._pool = TrainingPool(self._model_name, self.data, self.training, self.seed, self.training.workers)
+            assert self._source is not None
+            self._pool = TrainingPool(self._model_name, self._source, self.training, self.seed, self.training.workers)
         self._pool.start(self.params, round, clients)
 
     def close(self) -> None:
