@@ -10,7 +10,8 @@ Three sections, each printed as a table and written as CSV under ``--out`` (``ov
    of our SecAgg+ through the in-memory driver (every client in turn in this one process, every frame
    encoded and decoded; :mod:`secagg`), ``flower_round_s`` Flower's workflow round with its clients on
    Ray actors, ``ratio`` ours over theirs; the compute inside the clients and the server side by side.
-   Skipped, with a note, when ``flwr`` is not installed.
+   Skipped, with a note, when ``flwr`` is not installed or its round cannot run (it needs ``unshare`` and
+   ``ip`` and unprivileged network namespaces).
 3. **scale** (:mod:`scale`): timing fidelity, 10^6 clients, 100 to 1,000 sampled: rounds/s, events/s,
    peak memory, bytes per idle client.
 
@@ -73,7 +74,11 @@ def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
     rows = []
     for n, d, dropout in points:
         ours = secagg.one_round("secagg+", n, d, dropout, costs)
-        theirs = flower_round(n, d, dropout)
+        try:
+            theirs = flower_round(n, d, dropout)
+        except RuntimeError as exc:  # no unshare, user namespaces not allowed, Ray failing to start, ...
+            print(f"peer: skipped, Flower's round did not run: {str(exc).splitlines()[0]}", file=sys.stderr)
+            return None
         rows.append(
             {
                 "clients": n,
@@ -143,25 +148,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     where = machine()
     (args.out / "machine.txt").write_text(where + "\n")
     print(f"# {where}")
-    blocks["machine"] = f"{where}; `python benchmarks/performance.py`, {date.today().isoformat()}."
+    stamp = f"Measured on {where}, {date.today().isoformat()}."
     if "overhead" in args.sections:
         table = overhead.run(list(overhead.SETUPS), args.rounds, [])
         table.to_csv(args.out / "overhead.csv", index=False)
         shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s"]
         shown += ["overhead_in_run", "recorded_wall_s", "noise_s", "training_s"]
         title = "overhead: full-fidelity rounds against their primitive work"
-        blocks["overhead"] = markdown(_show(title, table, shown))
+        blocks["overhead"] = stamp + "\n\n" + markdown(_show(title, table, shown))
     if "peer" in args.sections:
         compared = peer(PEER_POINTS)
         if compared is not None:
             compared.to_csv(args.out / "peer.csv", index=False)
             title = "peer: our SecAgg+ round and Flower's, same n, d, dropout"
-            blocks["peer"] = markdown(_show(title, compared, list(compared.columns)))
+            blocks["peer"] = stamp + "\n\n" + markdown(_show(title, compared, list(compared.columns)))
     if "scale" in args.sections:
         table = scale.run(args.population, args.sampled, args.scale_rounds)
         table.to_csv(args.out / "scale.csv", index=False)
         shown = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
-        blocks["scale"] = markdown(_show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"]))
+        scaled = _show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"])
+        blocks["scale"] = stamp + "\n\n" + markdown(scaled)
     if args.doc is not None:
         rewrite_doc(args.doc, blocks)
     print(f"\nwritten: {args.out}/", file=sys.stderr)

@@ -96,10 +96,12 @@ def measure(population: int, sampled: int, rounds: int) -> dict[str, float]:
     """:func:`child` in a fresh interpreter."""
     out = subprocess.run(
         [sys.executable, __file__, "--child", str(population), str(sampled), str(rounds)],
-        check=True,
+        check=False,
         capture_output=True,
         text=True,
     )
+    if out.returncode != 0:
+        raise RuntimeError(f"scale: population {population}, {sampled} sampled failed:\n{out.stderr[-4000:]}")
     result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
     return result
 

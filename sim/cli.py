@@ -307,6 +307,9 @@ def cmd_plot(args: argparse.Namespace) -> int:
 def cmd_profile(args: argparse.Namespace) -> int:
     from sim.costs.profiler import run_profile
 
+    if args.pipeline is not None and args.only:
+        print("dropsim: --only re-measures operations of a profile; it does not go with --pipeline", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.pipeline is not None:
         return cmd_profile_pipeline(args)
     if args.overrides or args.check or args.csv:

@@ -75,9 +75,14 @@ def test_quick_profile_measures_every_operation(tmp_path):
 def test_only_the_named_operations_are_measured_again(tmp_path, capsys):
     from sim.cli import main
     from sim.costs.model import DEFAULT_PROFILE
+    from sim.results.manifest import host
 
     profile = tmp_path / "profile.json"
-    profile.write_text(DEFAULT_PROFILE.read_text())
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    elsewhere = tmp_path / "elsewhere.json"
+    elsewhere.write_text(json.dumps({**doc, "machine": {**doc["machine"], "processor": "another CPU", "cpus": 64}}))
+    doc["machine"].update(host())  # as if measured here
+    profile.write_text(json.dumps(doc))
     before = json.loads(profile.read_text())
     assert main(["profile", "--only", "vector.add", "prg.expand", "--quick", "--out", str(profile)]) == 0
     after = json.loads(profile.read_text())
@@ -91,3 +96,9 @@ def test_only_the_named_operations_are_measured_again(tmp_path, capsys):
     assert main(["profile", "--only", "noise.nonsense", "--out", str(profile)]) == 2
     assert "noise.nonsense" in capsys.readouterr().err
     assert main(["profile", "--only", "vector.add", "--out", str(tmp_path / "missing.json")]) == 2
+    assert main(["profile", "--only", "vector.add", "--out", str(elsewhere)]) == 2
+    assert "another machine" in capsys.readouterr().err
+    (tmp_path / "broken.json").write_text("{not json")
+    assert main(["profile", "--only", "vector.add", "--out", str(tmp_path / "broken.json")]) == 2
+    assert "broken.json:1" in capsys.readouterr().err
+    assert main(["profile", "--only", "vector.add", "--pipeline", "scenarios/secagg.yaml"]) == 2

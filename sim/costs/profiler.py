@@ -206,25 +206,44 @@ def run_profile(
         return _run_profile(out, quick, progress, shapes)
 
 
+def _measure(bench: Any, quick: bool, repeats: int) -> dict[str, Any]:
+    """Time ``bench`` at its sizes and fit its linear cost."""
+    rows, seconds = [], []
+    for point in bench.points(quick):
+        rows.append(point.features)
+        seconds.append(_median_seconds(point.run, repeats))
+    return fit_nonnegative(bench.features, rows, seconds)
+
+
 def update_profile(
     path: Path, ops: Sequence[str], quick: bool = False, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Measure again only the operations ``ops`` (of :data:`~sim.costs.micro.BENCHMARKS` and the transport
     operations) and replace their entries in the profile at ``path``, each stamped with its own
-    ``measured_at``; the rest of the profile is kept. Returns the updated profile.
+    ``measured_at`` and ``host``; the rest of the profile is kept. Refuses a profile measured on another
+    kind of machine (another processor or core count: its other fits would describe a different one).
+    Returns the updated profile.
 
     For when one primitive changed (a faster sampler, say): the other fits stay as measured."""
     from sim.costs.model import CostModel, CostModelError
 
-    doc = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
-    if doc is None:
-        raise CostModelError(f"cost profile {path}: does not exist; write a whole profile first")
-    CostModel.from_dict(doc, str(path))  # a dropsim profile, or a clear error
+    if not path.is_file():
+        raise CostModelError(f"cost profile {path}: is not a file; write a whole profile first (dropsim profile)")
+    CostModel.load(path)  # a readable dropsim profile, or a clear error
+    doc = json.loads(path.read_text(encoding="utf-8"))
     benches = {bench.op: bench for bench in (*BENCHMARKS, *TRANSPORT)}
     unknown = [op for op in ops if op not in benches]
     if unknown:
         raise CostModelError(
             f"cannot re-measure {', '.join(unknown)}: not a measured operation ({', '.join(sorted(benches))})"
+        )
+    here = host()
+    there = doc.get("machine", {})
+    differs = [key for key in ("processor", "cpus") if key in there and there[key] != here.get(key)]
+    if differs:
+        raise CostModelError(
+            f"cost profile {path}: was measured on another machine ({', '.join(f'{k} {there[k]!r}' for k in differs)}, "
+            f"here {', '.join(repr(here.get(k)) for k in differs)}); measure a whole profile here instead"
         )
     repeats = 1 if quick else 5
     say = progress or (lambda _msg: None)
@@ -232,13 +251,10 @@ def update_profile(
     with threadpool_limits(limits=1):
         for op in ops:
             say(op)
-            rows, seconds = [], []
-            for point in benches[op].points(quick):
-                rows.append(point.features)
-                seconds.append(_median_seconds(point.run, repeats))
-            entry = fit_nonnegative(benches[op].features, rows, seconds)
+            entry = _measure(benches[op], quick, repeats)
             entry["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             entry["quick"] = quick
+            entry["host"] = here
             doc["operations"][op] = entry
     write_json(path, doc)
     return dict(doc)
@@ -264,11 +280,7 @@ def _run_profile(
     )
     for bench in (*BENCHMARKS, *TRANSPORT):
         say(bench.op)
-        rows, seconds = [], []
-        for point in bench.points(quick):
-            rows.append(point.features)
-            seconds.append(_median_seconds(point.run, repeats))
-        operations[bench.op] = fit_nonnegative(bench.features, rows, seconds)
+        operations[bench.op] = _measure(bench, quick, repeats)
     doc = {
         "format": FORMAT,
         "machine": {

@@ -86,13 +86,6 @@ class Flow:
         """Bits not yet delivered."""
         return float(self._net._remaining[self._slot]) if self._net is not None else self._remaining
 
-    @remaining.setter
-    def remaining(self, value: float) -> None:
-        if self._net is not None:
-            self._net._remaining[self._slot] = value
-        else:
-            self._remaining = value
-
 
 class Network:
     """The set of active flows of one SimPy environment.

@@ -76,14 +76,21 @@ class TrainingPool:
         )
         self._pending: dict[tuple[int, int], tuple[Future[list[Update]], int]] = {}
 
-    def start(self, params: np.ndarray, round: int, clients: list[int]) -> None:
-        """Train ``clients`` for ``round`` from the global model ``params``, in the background."""
+    def start(self, params: np.ndarray, round: int, clients: list[int], samples: list[int]) -> None:
+        """Train ``clients`` (with ``samples`` local samples each) for ``round`` from the global model
+        ``params``, in the background: one batch per worker, the largest clients first to the least loaded
+        worker (longest-processing-time first), so the batches end at about the same time."""
         for key, (future, _) in list(self._pending.items()):
             if key[0] < round:  # clients of earlier rounds that never asked (they left): drop their work
                 future.cancel()
                 del self._pending[key]
-        for w in range(self.workers):
-            group = clients[w :: self.workers]
+        groups: list[list[int]] = [[] for _ in range(self.workers)]
+        load = [0] * self.workers
+        for n, c in sorted(zip(samples, clients, strict=True), key=lambda pair: -pair[0]):
+            w = load.index(min(load))
+            groups[w].append(c)
+            load[w] += n
+        for group in groups:
             if group:
                 future = self._executor.submit(_train, params, round, group)
                 for i, c in enumerate(group):

@@ -63,7 +63,7 @@ class Learner:
         if self._pool is None:
             assert self._source is not None
             self._pool = TrainingPool(self._model_name, self._source, self.training, self.seed, self.training.workers)
-        self._pool.start(self.params, round, clients)
+        self._pool.start(self.params, round, clients, [self.data.num_samples(c) for c in clients])
 
     def close(self) -> None:
         """Stop the training workers, if any."""
