@@ -56,3 +56,18 @@ def test_scale_counts_events_and_memory_in_a_fresh_process() -> None:
     assert result["events_per_round"] > 20  # every client's messages are events
     assert result["virtual_s_per_round"] > 0
     assert result["peak_rss_mb"] > 0
+
+
+def test_the_doc_blocks_are_rewritten_in_place(tmp_path: Path) -> None:
+    import pandas as pd
+    import performance
+
+    doc = tmp_path / "doc.md"
+    doc.write_text("intro\n<!-- performance:scale:begin -->\nold\n<!-- performance:scale:end -->\nafter\n")
+    table = performance.markdown(pd.DataFrame({"sampled": [100], "rounds_per_s": [6.7278]}))
+    assert table == "| sampled | rounds_per_s |\n| --- | --- |\n| 100 | 6.728 |"
+    performance.rewrite_doc(doc, {"scale": table})
+    block = f"<!-- performance:scale:begin -->\n{table}\n<!-- performance:scale:end -->"
+    assert doc.read_text() == f"intro\n{block}\nafter\n"
+    with pytest.raises(SystemExit, match="peer"):
+        performance.rewrite_doc(doc, {"peer": table})
