@@ -196,11 +196,9 @@ def run_scenario(
                 writer.manifest.update(stopped=f"after round {rec.round}: {sim.stopped}")
                 break
     except KeyboardInterrupt:
-        _close(sim)
         writer.close("interrupted", wall_seconds=time.perf_counter() - started)
         raise
     except Exception as exc:
-        _close(sim)
         writer.close(
             "failed",
             error=f"{type(exc).__name__}: {exc}",
@@ -209,7 +207,7 @@ def run_scenario(
         )
         raise
     finally:
-        _close(sim)  # also on SystemExit; closing twice is harmless
+        _close(sim)  # on every exit, SystemExit included
     wall = time.perf_counter() - started
     writer.close("complete", wall_seconds=wall, virtual_seconds=t_end)
     return RunSummary(

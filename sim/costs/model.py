@@ -96,13 +96,7 @@ class CostModel:
     def load(cls, path: str | Path | None = None) -> CostModel:
         """Read a profile (the shipped default when ``path`` is None)."""
         p = Path(path) if path is not None else DEFAULT_PROFILE
-        try:
-            doc = json.loads(p.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise CostModelError(f"cost profile {p}: cannot be read: {exc.strerror}") from None
-        except json.JSONDecodeError as exc:
-            raise CostModelError(f"cost profile {p}:{exc.lineno}: not valid JSON: {exc.msg}") from None
-        return cls.from_dict(doc, str(p))
+        return cls.from_dict(read_profile(p), str(p))
 
     @classmethod
     def from_dict(cls, doc: Any, source: str) -> CostModel:
@@ -146,3 +140,13 @@ class CostModel:
     def work_seconds(self, work: tuple[Work, ...] | list[Work]) -> float:
         """Reference-device seconds of a machine's reported work."""
         return sum(self.seconds(w.op, w.size) for w in work)
+
+
+def read_profile(path: Path) -> Any:
+    """The parsed JSON document of the profile at ``path`` (checked by :meth:`CostModel.from_dict`)."""
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise CostModelError(f"cost profile {path}: cannot be read: {exc.strerror}") from None
+    except json.JSONDecodeError as exc:
+        raise CostModelError(f"cost profile {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None

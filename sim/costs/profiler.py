@@ -24,7 +24,6 @@ of the profiling machine; a client's slow-down factor and the server's speed sca
 
 from __future__ import annotations
 
-import json
 import platform
 import statistics
 import time
@@ -225,12 +224,12 @@ def update_profile(
     Returns the updated profile.
 
     For when one primitive changed (a faster sampler, say): the other fits stay as measured."""
-    from sim.costs.model import CostModel, CostModelError
+    from sim.costs.model import CostModel, CostModelError, read_profile
 
     if not path.is_file():
         raise CostModelError(f"cost profile {path}: is not a file; write a whole profile first (dropsim profile)")
-    CostModel.load(path)  # a readable dropsim profile, or a clear error
-    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc = read_profile(path)
+    CostModel.from_dict(doc, str(path))  # a dropsim profile, or a clear error
     benches = {bench.op: bench for bench in (*BENCHMARKS, *TRANSPORT)}
     unknown = [op for op in ops if op not in benches]
     if unknown:
