@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import math
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
@@ -47,14 +49,40 @@ def test_noise_keystream_is_separated_from_the_mask_keystream():
     assert noise.NOISE_DOMAIN != noise.SIGNS_DOMAIN
 
 
-def test_uniforms_are_the_documented_53_bit_values_strictly_inside_0_1():
+def test_uniforms_are_the_documented_values_on_0_1_with_1_for_the_largest_word():
     u = noise.Keystream(SEED, noise.NOISE_DOMAIN).uniforms(10_000)
     np.testing.assert_array_equal(u, _raw_uniforms(SEED, 10_000))
-    assert u.min() > 0.0
-    assert u.max() < 1.0
-    extremes = noise._uniforms(np.array([0, 2**64 - 1], dtype=np.uint64))
-    assert extremes[0] == 2.0**-54
-    assert extremes[1] == 1.0 - 2.0**-54
+    words = np.array([0, 2**11, 2**63 - 2**11, 2**63, 2**63 + 2**11, 2**64 - 2**11 - 1, 2**64 - 1], dtype=np.uint64)
+    below, above = 2.0**-53, 2.0**-52  # the grid below and above 1/2
+    expected = [0.5 * below, 1.5 * below, 0.5 - 0.5 * below, 0.5, 0.5 + above, 1.0 - above, 1.0]
+    assert noise._uniforms(words).tolist() == expected
+
+
+@pytest.mark.parametrize("mechanism", noise.MECHANISMS)
+@pytest.mark.parametrize("variance", [3.0, 1e4])
+def test_a_uniform_of_exactly_1_is_accepted_by_every_sampler(monkeypatch, mechanism, variance):
+    # the largest keystream word gives 1.0: every sampler must take it without a warning or an absurd value
+    def ones(self, buf, n):
+        buf[:n] = 0xFF
+        return buf[:n]
+
+    monkeypatch.setattr(noise.Keystream, "read_into", ones)
+    monkeypatch.setattr(noise, "MAX_PASSES", 3)  # PTRS and the discrete Gaussian reject a 1 every time
+    with np.errstate(all="raise"):
+        try:
+            x = noise.sample(mechanism, SEED, variance, 10)
+        except RuntimeError as error:  # rejection samplers: every candidate rejected, which they report
+            assert "rejected after 3 passes" in str(error)
+        else:
+            assert x.dtype == np.int64 and (np.abs(x) <= 10 * math.sqrt(variance) + 10).all()
+
+
+def test_keystream_into_a_short_buffer_is_refused():
+    stream = noise.Keystream(SEED, noise.NOISE_DOMAIN)
+    with pytest.raises(ValueError, match="too small for 100"):
+        stream.read_into(np.empty(100, dtype=np.uint8), 100)
+    got = stream.read_into(np.empty(115, dtype=np.uint8), 100)
+    assert got.tobytes() == _raw_keystream(SEED, b"dp-noise" + bytes(8), 100)
 
 
 # --- determinism and pinned values ----------------------------------------------------------------------------
@@ -77,6 +105,33 @@ def test_first_values_are_pinned():
     assert noise.sample("skellam", SEED, 1e4, 8).tolist() == [-104, -64, -2, 33, 4, -20, -53, -22]
     assert noise.sample("gaussian", SEED, 10, 8).tolist() == [7, 3, 4, -1, 3, -1, -2, 0]
     assert noise.sample("dgaussian", SEED, 10, 8).tolist() == [-1, -2, -2, -2, 2, -2, 0, 2]
+
+
+PINNED_DIGESTS = {
+    ("skellam", 3.0): "cf54bcdca35bf59fd7d99e5372d844bf",
+    ("skellam", 1e4): "b36b832ea16c87aaf2f13fef24089122",
+    ("skellam", 3e7): "7542896fcef392819c9edb3e49ebb6e4",
+    ("gaussian", 1e4): "019fec9d346051751e6f3e810f98d053",
+    ("dgaussian", 1e4): "ecdc226aee1d0787d34f97f4259395b7",
+}
+"""SHA-256 (first 128 bits) of 150,001 draws from SEED, recorded from this implementation: several blocks and
+rejection passes, so a rewrite of the block loop that changed any value or the keystream order shows here."""
+
+
+@pytest.mark.parametrize(("mechanism", "variance"), list(PINNED_DIGESTS))
+def test_many_values_are_pinned(mechanism, variance):
+    x = noise.sample(mechanism, SEED, variance, 150_001)
+    assert hashlib.sha256(x.astype("<i8").tobytes()).hexdigest()[:32] == PINNED_DIGESTS[mechanism, variance]
+
+
+def test_threads_sampling_at_once_get_the_values_of_one_thread():
+    # the samplers' scratch buffers are per thread (Dask workers run tasks in threads)
+    cases = [(mechanism, _seed(i), variance) for i, (mechanism, variance) in enumerate(PINNED_DIGESTS)] * 2
+    alone = [noise.sample(m, seed, v, 70_001) for m, seed, v in cases]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        together = list(pool.map(lambda case: noise.sample(case[0], case[1], case[2], 70_001), cases))
+    for a, b in zip(alone, together, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_gaussian_is_box_muller_of_the_keystream_rounded():
