@@ -1,7 +1,7 @@
-"""Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, and a population of 10^6.
+"""Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, a population of 10^6, and noise.
 
-Three sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
-``peer.csv``, ``scale.csv``), with the machine in ``machine.txt``:
+Four sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
+``peer.csv``, ``scale.csv``, ``noise.csv``), with the machine in ``machine.txt``:
 
 1. **overhead** (:mod:`overhead`): full-fidelity rounds (real training, SecAgg and SecAgg+, XNoise) against
    the same primitive calls replayed alone; ``overhead`` = wall / primitives - 1, target at most 15 %.
@@ -14,6 +14,8 @@ Three sections, each printed as a table and written as CSV under ``--out`` (``ov
    ``ip`` and unprivileged network namespaces).
 3. **scale** (:mod:`scale`): timing fidelity, 10^6 clients, 100 to 1,000 sampled: rounds/s, events/s,
    peak memory, bytes per idle client.
+4. **noise** (:mod:`skellam`): Skellam noise from a seed (the XNoise hot path) against numpy's and torch's
+   compiled Poisson samplers, nanoseconds per Poisson draw.
 
 Ratios are measured side by side in one run; absolute times on a shared machine drift.
 
@@ -40,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import overhead
 import scale
 import secagg
+import skellam
 
-SECTIONS = ("overhead", "peer", "scale")
+SECTIONS = ("overhead", "peer", "scale", "noise")
 PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16, 1_000_000, 0.0))
 """(clients, dimension, dropout) compared with Flower."""
 
@@ -168,6 +171,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         shown = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
         scaled = _show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"])
         blocks["scale"] = stamp + "\n\n" + markdown(scaled)
+    if "noise" in args.sections:
+        table = skellam.run(skellam.VARIANCES, skellam.SIZES)
+        table.to_csv(args.out / "noise.csv", index=False)
+        title = "noise: Skellam from a seed against compiled Poisson samplers"
+        blocks["noise"] = stamp + "\n\n" + markdown(_show(title, table, list(table.columns)))
     if args.doc is not None:
         rewrite_doc(args.doc, blocks)
     print(f"\nwritten: {args.out}/", file=sys.stderr)

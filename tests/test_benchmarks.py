@@ -12,6 +12,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import overhead  # noqa: E402
 import scale  # noqa: E402
+import skellam  # noqa: E402
 
 from sim.crypto import agreement  # noqa: E402
 
@@ -56,6 +57,14 @@ def test_scale_counts_events_and_memory_in_a_fresh_process() -> None:
     assert result["events_per_round"] > 20  # every client's messages are events
     assert result["virtual_s_per_round"] > 0
     assert result["peak_rss_mb"] > 0
+
+
+def test_skellam_benchmark_times_ours_and_both_references() -> None:
+    table = skellam.run([3.0, 1e6], [1_000], repeats=1)
+    assert table[["variance", "values"]].values.tolist() == [[3.0, 1_000], [1e6, 1_000]]
+    for column in ("ours_ns_per_value", "ours_ns_per_draw", "numpy_ns_per_draw", "torch_ns_per_draw"):
+        assert (table[column] > 0).all(), column
+    assert (table["ours_ns_per_draw"] == table["ours_ns_per_value"] / 2).all()
 
 
 def test_the_doc_blocks_are_rewritten_in_place(tmp_path: Path) -> None:
