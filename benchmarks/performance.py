@@ -19,7 +19,7 @@ Four sections, each printed as a table and written as CSV under ``--out`` (``ove
 
 Ratios are measured side by side in one run; absolute times on a shared machine drift.
 
-    python benchmarks/performance.py                           # everything, about 6 minutes on 2 cores
+    python benchmarks/performance.py                           # everything, about 4 minutes on 2 cores
     python benchmarks/performance.py --sections overhead scale --out results/performance
     python benchmarks/performance.py --doc docs/performance.md      # and rewrite its measured tables
 """
