@@ -3,7 +3,8 @@
 Our ``sim.dp.noise.skellam`` draws ``2 size`` Poisson(variance/2) values from the AES-256-CTR keystream of a
 seed (PTRS for means from 10, inversion below; vectorised in blocks), so that the server can regenerate a
 client's XNoise component. The references draw the same number of Poisson values with no seed to honour:
-numpy's ``Generator(PCG64).poisson`` (PTRS in C, one draw at a time) and ``torch.poisson`` (CPU). The default
+numpy's ``Generator(PCG64).poisson`` (in C, one draw at a time: PTRS from a mean of 10, multiplication
+of uniforms below) and ``torch.poisson`` (CPU). The default
 points are the variances and the 65,536-value calls of a 32-client XNoise round of ``scenarios/privacy.yaml``
 (integer units), a small variance, and a model of 2^21 values.
 
@@ -47,7 +48,15 @@ def _best(call: Callable[[], object], repeats: int) -> float:
 
 def run(variances: Sequence[float], sizes: Sequence[int], repeats: int = 5) -> pd.DataFrame:
     """One row per (variance, size): ours and the references, in nanoseconds."""
+    threads = torch.get_num_threads()
     torch.set_num_threads(1)  # ours runs on one thread; so does numpy's
+    try:
+        return _run(variances, sizes, repeats)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _run(variances: Sequence[float], sizes: Sequence[int], repeats: int) -> pd.DataFrame:
     rng = np.random.default_rng(1)
     rows = []
     for variance in variances:
