@@ -107,10 +107,16 @@ class TrainingPool:
     def close(self) -> None:
         """Stop the workers now: training still running (of clients that left, or after Ctrl-C) is dropped."""
         self._pending.clear()
-        processes = list(getattr(self._executor, "_processes", {}).values())  # before shutdown forgets them
+        # both before shutdown forgets them
+        processes = list(getattr(self._executor, "_processes", {}).values())
+        manager = getattr(self._executor, "_executor_manager_thread", None)
         self._executor.shutdown(wait=False, cancel_futures=True)
         for process in processes:
             if process.is_alive():
                 process.terminate()
+        # The executor's manager thread reaps the workers too: until it has, a worker it reaped first still
+        # looks alive here (its exit code is set by whichever thread's waitpid won). Wait for it, then join.
+        if manager is not None:
+            manager.join(timeout=10)
         for process in processes:
             process.join(timeout=10)
