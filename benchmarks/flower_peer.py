@@ -53,7 +53,6 @@ import argparse
 import json
 import math
 import os
-import platform
 import shutil
 import signal
 import subprocess
@@ -68,11 +67,11 @@ from typing import Any
 import numpy as np
 
 from sim.protocol.graph import auto_degree
-from sim.protocol.secagg import share_threshold
+from sim.protocol.registry import AggregationParams, reconstruction_threshold
+from sim.results.manifest import host
 
-BITS = 20
-CLIP = 1.0
-THRESHOLD = 0.5
+OURS = AggregationParams(protocol="secagg+")
+"""Our SecAgg+ at its defaults (20-bit values, clip 1, threshold 0.5, auto degree), which Flower's matches."""
 UPDATE_SCALE = 1e-3
 STAGES = ("setup_stage", "share_keys_stage", "collect_masked_vectors_stage", "unmask_stage")
 QUIET_ENV = {
@@ -88,15 +87,12 @@ CHILD_FLAG = "--child-out"
 # ---------------------------------------------------------------- parameters and inputs (both sides)
 
 
-def secaggplus_parameters(n: int, bits: int = BITS, clip: float = CLIP) -> dict[str, int | float]:
+def secaggplus_parameters(n: int, bits: int = OURS.bits, clip: float = OURS.clip) -> dict[str, int | float]:
     """Flower ``SecAggPlusWorkflow`` arguments matching our SecAgg+ for ``n`` clients (see module doc)."""
     degree = auto_degree(n)
-    if degree < n - 1 and degree % 2:
-        degree += 1
-    num_shares = min(n, degree + 1)
     return {
-        "num_shares": num_shares,
-        "reconstruction_threshold": share_threshold(THRESHOLD, num_shares),
+        "num_shares": min(n, degree + degree % 2 + 1),  # the holders, as reconstruction_threshold counts them
+        "reconstruction_threshold": reconstruction_threshold(OURS, n),
         "clipping_range": clip,
         "quantization_range": (2**bits - 1) // n,
         "modulus_range": 2**bits,
@@ -161,7 +157,6 @@ class _TimedGrid:
 
     def __init__(self, grid: Any) -> None:
         self._grid = grid
-        self.stage = ""
         self.blocked_s = 0.0
         self.client_s: dict[int, float] = {}
         self.fit_s: dict[int, float] = {}
@@ -295,9 +290,7 @@ def make_server_app(n: int, d: int, dropped: frozenset[int], out: dict[str, Any]
             initial_parameters=ndarrays_to_parameters([np.zeros(d, dtype=np.float32)]),
         )
         legacy = LegacyContext(context=context, config=ServerConfig(num_rounds=1), strategy=strategy)
-        start = time.perf_counter()
         DefaultWorkflow(fit_workflow=make_timed_workflow(params, out))(grid, legacy)
-        out["workflow_s"] = time.perf_counter() - start
         if out.get("completed_stages") == len(STAGES):
             step = 2 * params["clipping_range"] / params["quantization_range"]
             out["max_abs_error"] = _check_mean(legacy.state.array_records[MAIN_PARAMS_RECORD], n, d, dropped)
@@ -332,14 +325,12 @@ def _sample_memory(stop: threading.Event, peak: list[float]) -> None:
 
 def run_child(n: int, d: int, dropout: float, out_path: Path, ray_dir: Path, verbose: bool) -> dict[str, Any]:
     """One simulation in this (namespaced) process: Ray start, ``run_simulation``, results to ``out_path``."""
-    os.environ.update(QUIET_ENV)
-    start = time.perf_counter()
     import logging
 
     import ray
     from flwr.simulation import run_simulation
 
-    result: dict[str, Any] = {"import_s": time.perf_counter() - start}
+    result: dict[str, Any] = {}
     stop, peak = threading.Event(), [0.0]
     sampler = threading.Thread(target=_sample_memory, args=(stop, peak), daemon=True)
     sampler.start()
@@ -371,7 +362,6 @@ def run_child(n: int, d: int, dropout: float, out_path: Path, ray_dir: Path, ver
     stop.set()
     sampler.join()
     result["peak_pss_mb"] = peak[0]
-    result["ray_alive_after"] = bool(ray.is_initialized())
     out_path.write_text(json.dumps(result))
     return result
 
@@ -455,6 +445,13 @@ def flower_round(n: int, d: int, dropout: float = 0.0, timeout_s: float = 600.0,
             why = f"timed out after {timeout_s:g} s" if code is None else f"exit code {code}"
             raise RuntimeError(f"Flower SecAgg+ n={n} d={d} dropout={dropout}: {why}\n{text[-4000:]}")
         result = json.loads(out_path.read_text())
+        if result.get("completed_stages") != len(STAGES) or result["max_abs_error"] > result["quantisation_step"]:
+            # Flower logs a failed stage and returns: its round then has no mean to time or check
+            done = result.get("completed_stages", 0)
+            raise RuntimeError(
+                f"Flower SecAgg+ n={n} d={d} dropout={dropout}: the round did not aggregate correctly "
+                f"({done} of {len(STAGES)} stages, error {result.get('max_abs_error')})\n{text[-4000:]}"
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     params = secaggplus_parameters(n)
@@ -502,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dims", type=int, nargs="+", default=[100_000])
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.0])
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds allowed to each round's process")
-    parser.add_argument("--csv", type=Path, default=Path("flower_peer.csv"))
+    parser.add_argument("--csv", type=Path, default=None)
     parser.add_argument("--verbose", action="store_true", help="show Flower's and Ray's own logs")
     parser.add_argument(CHILD_FLAG, type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--ray-dir", type=Path, help=argparse.SUPPRESS)
@@ -520,11 +517,13 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(flower_round(n, d, dropout, args.timeout, args.verbose))
                 print(f"done: flower secagg+ n={n} d={d} dropout={dropout}", file=sys.stderr)
     table = pd.DataFrame(rows)
-    print(f"# {platform.node()} {platform.processor() or platform.machine()}; flwr SecAgg+ over Ray, seconds")
+    machine = host()
+    print(f"# {machine['hostname']} {machine['processor']}; flwr SecAgg+ over Ray, seconds")
     shown = [c for c in COLUMNS if c in table.columns]
     print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    table.to_csv(args.csv, index=False)
-    print(f"written: {args.csv}", file=sys.stderr)
+    if args.csv is not None:
+        table.to_csv(args.csv, index=False)
+        print(f"written: {args.csv}", file=sys.stderr)
     return 0
 
 

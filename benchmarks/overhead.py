@@ -203,6 +203,11 @@ SETUPS: dict[str, tuple[str, tuple[str, ...]]] = {
 """Named setups: a scenario file and its overrides (full fidelity, the given number of rounds)."""
 
 
+SHOWN = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s", "overhead_in_run"]
+SHOWN += ["recorded_wall_s", "noise_s", "training_s"]
+"""The columns the tables print (the CSV has every one)."""
+
+
 def run(setups: Sequence[str], rounds: int, extra: Sequence[str], repeats: int = 2) -> pd.DataFrame:
     rows = []
     for name in setups:
@@ -221,9 +226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     table = run(args.setups, args.rounds, args.set, args.repeats)
     print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s", "overhead_in_run"]
-    shown += ["recorded_wall_s", "noise_s"]
-    print(table[shown].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+    print(table[SHOWN].to_string(index=False, float_format=lambda v: f"{v:.3f}"))
     if args.csv is not None:
         table.to_csv(args.csv, index=False)
     return 0

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -36,6 +35,9 @@ from datetime import date
 from pathlib import Path
 
 import pandas as pd
+
+from sim.results.manifest import host
+from sim.results.writer import write_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -50,17 +52,10 @@ PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16,
 
 
 def machine() -> str:
-    """One line naming the machine the numbers come from."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    """One line naming the machine the numbers come from (as run manifests and profiles record it)."""
+    here = host()
     system = f"{platform.system()} {platform.release()}"
-    return f"{cpu}, {os.cpu_count()} cores, {system}, Python {platform.python_version()}"
+    return f"{here['processor'] or here['machine']}, {here['cpus']} cores, {system}, Python {platform.python_version()}"
 
 
 def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
@@ -131,9 +126,7 @@ def rewrite_doc(path: Path, blocks: dict[str, str]) -> None:
             raise SystemExit(f"{path}: has no {begin} ... {end} block")
         head, rest = text.split(begin, 1)
         text = head + begin + "\n" + body + "\n" + end + rest.split(end, 1)[1]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, text.encode("utf-8"))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -146,6 +139,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sampled", type=int, nargs="+", default=[100, 300, 1000])
     parser.add_argument("--doc", type=Path, default=None, help="rewrite the measured sections' blocks of this file")
     args = parser.parse_args(argv)
+    if "scale" in args.sections and args.population <= scale.IDLE_REFERENCE:
+        parser.error(f"--population must exceed {scale.IDLE_REFERENCE:,}, the scale section's idle-memory reference")
     blocks: dict[str, str] = {}
     args.out.mkdir(parents=True, exist_ok=True)
     where = machine()
@@ -155,10 +150,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "overhead" in args.sections:
         table = overhead.run(list(overhead.SETUPS), args.rounds, [])
         table.to_csv(args.out / "overhead.csv", index=False)
-        shown = ["setup", "clients", "dim", "rounds", "wall_s", "primitives_s", "overhead", "outside_s"]
-        shown += ["overhead_in_run", "recorded_wall_s", "noise_s", "training_s"]
         title = "overhead: full-fidelity rounds against their primitive work"
-        blocks["overhead"] = stamp + "\n\n" + markdown(_show(title, table, shown))
+        blocks["overhead"] = stamp + "\n\n" + markdown(_show(title, table, overhead.SHOWN))
     if "peer" in args.sections:
         compared = peer(PEER_POINTS)
         if compared is not None:
@@ -168,8 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "scale" in args.sections:
         table = scale.run(args.population, args.sampled, args.scale_rounds)
         table.to_csv(args.out / "scale.csv", index=False)
-        shown = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
-        scaled = _show("scale: timing fidelity", table, [*shown, "bytes_per_idle_client"])
+        scaled = _show("scale: timing fidelity", table, scale.SHOWN)
         blocks["scale"] = stamp + "\n\n" + markdown(scaled)
     if "noise" in args.sections:
         table = skellam.run(skellam.VARIANCES, skellam.SIZES)

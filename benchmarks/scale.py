@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -43,7 +42,7 @@ def peak_rss_mb() -> float:
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    raise RuntimeError("scale: /proc/self/status has no VmHWM (this benchmark needs Linux)")
 
 
 def child(population: int, sampled: int, rounds: int) -> dict[str, float]:
@@ -106,7 +105,14 @@ def measure(population: int, sampled: int, rounds: int) -> dict[str, float]:
     return result
 
 
+SHOWN = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
+SHOWN += ["bytes_per_idle_client"]
+"""The columns the tables print (the CSV has every one)."""
+
+
 def run(population: int, sampled: Sequence[int], rounds: int) -> pd.DataFrame:
+    if population <= IDLE_REFERENCE:
+        raise ValueError(f"scale: the population must exceed {IDLE_REFERENCE:,}, the idle-memory reference")
     rows = [measure(population, k, rounds) for k in sampled]
     table = pd.DataFrame(rows)
     base = min(sampled)
@@ -128,10 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.child:
         print(json.dumps(child(*args.child)))
         return 0
-    table = run(args.population, args.sampled, args.rounds)
+    try:
+        table = run(args.population, args.sampled, args.rounds)
+    except ValueError as exc:
+        parser.error(str(exc))
     print(f"# {platform.processor() or platform.machine()}, Python {platform.python_version()}")
-    shown = ["population", "sampled", "rounds_per_s", "events_per_s", "events_per_round", "peak_rss_mb"]
-    print(table[[*shown, "bytes_per_idle_client"]].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+    print(table[SHOWN].to_string(index=False, float_format=lambda v: f"{v:.4g}"))
     if args.csv is not None:
         table.to_csv(args.csv, index=False)
     return 0

@@ -64,7 +64,6 @@ def test_skellam_benchmark_times_ours_and_both_references() -> None:
     assert table[["variance", "values"]].values.tolist() == [[3.0, 1_000], [1e6, 1_000]]
     for column in ("ours_ns_per_value", "ours_ns_per_draw", "numpy_ns_per_draw", "torch_ns_per_draw"):
         assert (table[column] > 0).all(), column
-    assert (table["ours_ns_per_draw"] == table["ours_ns_per_value"] / 2).all()
 
 
 def test_the_doc_blocks_are_rewritten_in_place(tmp_path: Path) -> None:

@@ -193,7 +193,7 @@ class Simulation:
         sc, r = self.scenario, self.round
         offline: dict[int, float] = {}
         available = online = self._everyone
-        by_trace = sc.trace is not None and sc.trace.sample_from == "online"
+        by_trace = self.availability is not None and sc.trace is not None and sc.trace.sample_from == "online"
         if self.availability is not None:
             # sample_from: population samples everyone; a sampled client offline now leaves at once
             online = self._online() if by_trace else self.availability.online(self.env.now)
@@ -205,7 +205,7 @@ class Simulation:
         plan = private = None
         refused = ""
         rate = None
-        if self.availability is not None and by_trace and sc.sampling.clients_per_round is not None and len(available):
+        if by_trace and sc.sampling.clients_per_round is not None and len(available):
             # k of the clients online now: each had chance k / online, the others 0 (Hyades Theorem 1: the
             # round is accounted at that upper rate)
             rate = min(1.0, sc.sampling.clients_per_round / len(available))
