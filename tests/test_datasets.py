@@ -1,8 +1,9 @@
-"""Tests for sim.learning.datasets and sim.safepickle, on tiny files written in the real formats."""
+"""Tests for sim.learning.datasets, on tiny files written in the real formats.
+
+The restricted unpickler the CIFAR-10 python batches go through is tested in test_safepickle.py."""
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import os
@@ -18,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim.learning.datasets import DataError, Dataset, load_cifar10, load_digits, load_femnist
-from sim.safepickle import PickleFormatError, UnsafePickleError, restricted_load, restricted_loads
+from sim.safepickle import UnsafePickleError
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -432,124 +433,3 @@ def test_digits_split_sizes_and_partition(fraction: float, seed: int) -> None:
 def test_digits_rejects_bad_fraction(fraction: float) -> None:
     with pytest.raises(ValueError, match="test_fraction"):
         load_digits(fraction, np.random.default_rng(0))
-
-
-# ------------------------------------------------------------------------------------------- safepickle
-
-_plain = st.recursive(
-    st.none()
-    | st.booleans()
-    | st.integers()
-    | st.floats(allow_nan=False)
-    | st.complex_numbers(allow_nan=False)
-    | st.text(max_size=8)
-    | st.binary(max_size=8)
-    | st.frozensets(st.integers(), max_size=4),
-    lambda inner: (
-        st.lists(inner, max_size=4)
-        | st.tuples(inner, inner)
-        | st.dictionaries(st.text(max_size=4) | st.binary(max_size=4), inner, max_size=4)
-        | st.sets(st.integers() | st.text(max_size=4), max_size=4)
-        | st.builds(bytearray, st.binary(max_size=8))
-    ),
-    max_leaves=12,
-)
-
-
-@settings(max_examples=150, deadline=None)
-@given(value=_plain, protocol=st.integers(0, pickle.HIGHEST_PROTOCOL))
-def test_plain_containers_round_trip(value: object, protocol: int) -> None:
-    data = pickle.dumps(value, protocol=protocol)
-    assert restricted_loads(data) == value
-    assert restricted_loads(data, allow_numpy=True) == value
-
-
-@pytest.mark.parametrize("protocol", [0, 2, 3, 4])
-@pytest.mark.parametrize("dtype", ["uint8", "int64", "float32", ">f8", "complex64", "bool", "U3"])
-def test_numpy_arrays_need_allow_numpy(protocol: int, dtype: str) -> None:
-    array = np.arange(6).astype(dtype).reshape(2, 3)
-    data = pickle.dumps({"a": array, "s": array.reshape(-1)[1]}, protocol=protocol)
-    with pytest.raises(UnsafePickleError, match="numpy"):
-        restricted_loads(data)
-    loaded = restricted_loads(data, allow_numpy=True)
-    reference = pickle.loads(data)  # trusted here; old protocols may normalise byte order, as pickle does
-    assert loaded["a"].dtype == reference["a"].dtype
-    assert loaded["s"].dtype == reference["s"].dtype
-    np.testing.assert_array_equal(loaded["a"], array)
-    assert loaded["s"] == array.reshape(-1)[1]
-
-
-@pytest.mark.parametrize(
-    "value",
-    [
-        np.array([1, "x"], dtype=object),
-        {"nested": [np.zeros(2), (np.array([None]),)]},
-        np.zeros(2, dtype=[("a", "i4"), ("b", "O")]),
-    ],
-)
-def test_object_arrays_rejected(value: object) -> None:
-    with pytest.raises(UnsafePickleError, match="object") as info:
-        restricted_loads(pickle.dumps(value, protocol=2), allow_numpy=True, source="blob.pkl")
-    assert "blob.pkl" in str(info.value)
-
-
-@pytest.mark.parametrize(
-    ("value", "global_name"),
-    [
-        (_CallOnLoad(eval, "1"), "builtins.eval"),
-        (_CallOnLoad(getattr, 1, "real"), "builtins.getattr"),
-        (_CallOnLoad(os.getcwd), f"{os.getcwd.__module__}.getcwd"),
-        (_CallOnLoad(np.load, "x"), "numpy.load"),
-        (_CallOnLoad(pickle.loads, b"."), "_pickle.loads"),
-    ],
-)
-def test_forbidden_globals_named(value: object, global_name: str) -> None:
-    data = pickle.dumps(value, protocol=4)
-    with pytest.raises(UnsafePickleError) as info:
-        restricted_loads(data, allow_numpy=True, source="trace.pkl")
-    assert info.value.global_name == global_name
-    assert global_name in str(info.value)
-    assert "trace.pkl" in str(info.value)
-
-
-def test_codecs_allowed_only_as_encode() -> None:
-    assert restricted_loads(pickle.dumps(b"\x00\xff", protocol=2)) == b"\x00\xff"
-    forged = pickle.dumps(b"ab", protocol=2).replace(b"_codecs\nencode", b"_codecs\ndecode")
-    with pytest.raises(UnsafePickleError, match=r"_codecs\.decode"):
-        restricted_loads(forged)
-
-
-def test_python2_builtin_spelling_accepted() -> None:
-    data = b"c__builtin__\nset\n((lp0\nI1\naI2\natp1\nRp2\n."  # Python 2: set([1, 2]), protocol 0
-    assert restricted_loads(data) == {1, 2}
-
-
-@settings(max_examples=60, deadline=None)
-@given(value=_plain, protocol=st.integers(0, pickle.HIGHEST_PROTOCOL), cut=st.floats(0.0, 0.999))
-def test_truncated_data_is_a_clear_value_error(value: object, protocol: int, cut: float) -> None:
-    data = pickle.dumps(value, protocol=protocol)
-    with pytest.raises(PickleFormatError, match="<bytes>: not a valid pickle"):
-        restricted_loads(data[: int(cut * len(data))])
-
-
-@settings(max_examples=200, deadline=None)
-@given(garbage=st.binary(max_size=40))
-def test_garbage_raises_only_value_errors(garbage: bytes) -> None:
-    with contextlib.suppress(ValueError):  # any other exception type fails the test
-        restricted_loads(garbage, allow_numpy=True)
-
-
-def test_restricted_load_names_the_file(tmp_path: Path) -> None:
-    good = tmp_path / "ok.pkl"
-    good.write_bytes(pickle.dumps({"a": (1, 2.5, None)}))
-    assert restricted_load(good) == {"a": (1, 2.5, None)}
-    bad = tmp_path / "bad.pkl"
-    bad.write_bytes(b"\x80\x04garbage")
-    with pytest.raises(PickleFormatError) as info:
-        restricted_load(bad)
-    assert str(bad) in str(info.value)
-    assert isinstance(info.value, ValueError)
-    evil = tmp_path / "evil.pkl"
-    evil.write_bytes(pickle.dumps(_CallOnLoad(os.getcwd)))
-    with pytest.raises(UnsafePickleError, match=r"evil\.pkl"):
-        restricted_load(evil)

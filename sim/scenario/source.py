@@ -4,6 +4,12 @@ A scenario is read twice from the same text: ``yaml.safe_load`` gives the plain 
 lists, strings, numbers, booleans and null: no Python objects are ever constructed), and ``yaml.compose``
 gives the node tree whose marks tell, for every key path, the file and line it was written on. Errors
 name that origin. Keys given on the command line (``--set``) or by a sweep carry their own origin.
+
+Before either, the text's event stream (PyYAML's parser is iterative) is checked for what would make the
+recursive composer, the key-path walk or a later deep copy fail or blow up: lists and mappings nested
+deeper than :data:`MAX_DEPTH`, an alias inside the node it names (a document that contains itself), and
+aliases that expand to more than :data:`MAX_VALUES` values ("billion laughs"). Each is a
+:class:`ScenarioError` naming the line.
 """
 
 from __future__ import annotations
@@ -19,6 +25,11 @@ import yaml
 from sim.scenario.errors import Problem, ScenarioError
 
 KeyPath = tuple[str | int, ...]
+
+MAX_DEPTH = 50
+"""Deepest nesting of lists and mappings a scenario document may have (the shipped ones nest 4 deep)."""
+MAX_VALUES = 100_000
+"""Most values (scalars, lists and mappings) a document may hold once its aliases are expanded."""
 
 
 def format_path(path: KeyPath) -> str:
@@ -82,6 +93,7 @@ class Document:
 def parse_text(text: str, name: str) -> Document:
     """Parse YAML ``text`` (from file ``name``) into a :class:`Document`."""
     try:
+        _check_shape(text, name)
         data = yaml.safe_load(text)
         root = yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
@@ -102,6 +114,46 @@ def parse_text(text: str, name: str) -> Document:
     if problems:
         raise ScenarioError(problems)
     return Document(data, origins, name)
+
+
+def _check_shape(text: str, name: str) -> None:
+    """Refuse nesting deeper than MAX_DEPTH, self-containing aliases and more than MAX_VALUES expanded values.
+
+    Reads only the event stream, tracking for each open list or mapping its anchor and its expanded size
+    (an alias counts the size of the node it names); raises :class:`ScenarioError`, or lets the parser's
+    ``yaml.YAMLError`` through."""
+    expanded: dict[str, int] = {}
+    open_nodes: list[tuple[str | None, list[int]]] = []  # (anchor, [expanded size so far])
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        problem = ""
+        if isinstance(event, yaml.CollectionStartEvent):
+            if len(open_nodes) >= MAX_DEPTH:
+                problem = f"nests lists and mappings more than {MAX_DEPTH} levels deep; at most {MAX_DEPTH} are allowed"
+            open_nodes.append((event.anchor, [1]))
+            size = 0
+        elif isinstance(event, yaml.CollectionEndEvent):
+            anchor, (size,) = open_nodes.pop()
+            if anchor is not None:
+                expanded[anchor] = size
+        elif isinstance(event, yaml.ScalarEvent):
+            size = 1
+            if event.anchor is not None:
+                expanded[event.anchor] = 1
+        elif isinstance(event, yaml.AliasEvent):
+            if any(event.anchor == anchor for anchor, _ in open_nodes):
+                problem = (
+                    f"alias *{event.anchor} is inside the node &{event.anchor} it names; a document cannot hold itself"
+                )
+            size = expanded.get(str(event.anchor), 1)
+        else:
+            continue  # stream and document boundaries
+        if size > MAX_VALUES:
+            problem = f"expands to more than {MAX_VALUES} values through its aliases; at most {MAX_VALUES} are allowed"
+        if problem:
+            line = event.start_mark.line + 1 if event.start_mark is not None else 1
+            raise ScenarioError([Problem(f"{name}:{line}", "(file)", problem)])
+        if open_nodes and not isinstance(event, yaml.CollectionStartEvent):
+            open_nodes[-1][1][0] += size
 
 
 def load_file(path: str | Path) -> Document:

@@ -30,10 +30,13 @@ from typing import Any
 import numpy as np
 
 from sim.errors import InputError
-from sim.safepickle import restricted_load
+from sim.safepickle import restricted_load, short_repr
 from sim.traces.model import Trace
 
 __all__ = ["FedScaleError", "ImportReport", "import_fedscale", "import_fedscale_report"]
+
+_MAX_ID_DIGITS = 19
+"""Digits of the largest client id, 2^63 - 1."""
 
 
 class FedScaleError(InputError):
@@ -73,12 +76,15 @@ class ImportReport:
 
 def _client_id(key: object, path: Path) -> int:
     """A FedScale client key as a non-negative int (ints, numpy ints and numeric strings are accepted)."""
+    text = key.strip() if isinstance(key, str) else ""
     if isinstance(key, Integral) and not isinstance(key, bool):
         value = int(key)
-    elif isinstance(key, str) and key.strip().isdigit():
-        value = int(key.strip())
+    elif text.isascii() and text.isdigit() and len(text) <= _MAX_ID_DIGITS:
+        value = int(text)  # ASCII digits only: str.isdigit also admits digits int() refuses, such as "²"
     else:
-        raise FedScaleError(f"{path}: client key {key!r} is not a client id; expected an integer or a numeric string")
+        raise FedScaleError(
+            f"{path}: client key {short_repr(key)} is not a client id; expected an integer or a numeric string"
+        )
     if value < 0 or value > 2**63 - 1:
         raise FedScaleError(f"{path}: client id {value} is outside 0..2^63-1")
     return value
@@ -86,8 +92,11 @@ def _client_id(key: object, path: Path) -> int:
 
 def _number(value: object, path: Path, client: int, what: str) -> float:
     if isinstance(value, bool) or not isinstance(value, Real):
-        raise FedScaleError(f"{path}: client {client}: {what} is {value!r}, not a number")
-    x = float(value)
+        raise FedScaleError(f"{path}: client {client}: {what} is {short_repr(value)}, not a number")
+    try:
+        x = float(value)
+    except OverflowError:  # an int beyond float's range
+        raise FedScaleError(f"{path}: client {client}: {what} is {short_repr(value)}, beyond any float") from None
     if not math.isfinite(x):
         raise FedScaleError(f"{path}: client {client}: {what} is {x}, not a finite number")
     return x
@@ -104,7 +113,10 @@ def _times(value: object, path: Path, client: int, key: str) -> list[Any]:
 def _load_dict(path: Path, what: str) -> Mapping[Any, Any]:
     if not path.is_file():
         raise FedScaleError(f"{path}: no such file ({what})")
-    data = restricted_load(path, allow_numpy=True)
+    try:
+        data = restricted_load(path, allow_numpy=True)
+    except OSError as exc:
+        raise FedScaleError(f"{path}: cannot read ({what}): {exc.strerror or exc}") from None
     if not isinstance(data, Mapping):
         raise FedScaleError(f"{path}: holds a {type(data).__name__}; a FedScale {what} is a dict client id -> entry")
     return data
@@ -201,8 +213,8 @@ def import_fedscale_report(
                 continue
             if not isinstance(entry, Mapping) or not {"computation", "communication"} <= set(entry):
                 raise FedScaleError(
-                    f"{cpath}: client {client}: entry {entry!r} lacks computation and communication; expected "
-                    "{'computation': ms per sample, 'communication': kbit/s}"
+                    f"{cpath}: client {client}: entry {short_repr(entry)} lacks computation and communication; "
+                    "expected {'computation': ms per sample, 'communication': kbit/s}"
                 )
             for key, out in (("computation", compute), ("communication", bandwidth)):
                 x = _number(entry[key], cpath, client, key)

@@ -1,0 +1,544 @@
+"""Bounded, seeded fuzzing of every decoder that reads files from outside: availability traces
+(sim.traces.io), FedScale pickles (sim.traces.fedscale, also through ``dropsim trace import-fedscale``),
+CIFAR-10 batches (sim.learning.datasets) and scenario YAML (sim.scenario).
+
+Each test starts from small valid files in the real format, applies a few random mutations -- bit flips,
+byte changes, deletions, insertions, duplications, truncations, splices from another valid file, and
+tokens of the format (some repeated hundreds of times, for nesting) -- and every eighth input is random
+bytes. It writes the result where the decoder expects its file and asserts that only the decoder's
+documented errors escape: :class:`sim.errors.InputError` and its subclasses (for scenario files,
+:class:`sim.scenario.ScenarioError`). Randomness comes from one fixed seed per test and the counts are
+fixed, so a run is reproducible and takes a few seconds; each test also checks that some inputs were
+accepted and some refused, so that it exercised both paths. Byte edits mostly stop at the pickle layer, so
+the pickle formats are also fuzzed value by value: hypothesis (derandomized) builds well-formed pickles of
+odd values -- wrong types, huge ints, NaN, arrays of every plain dtype and shape -- to reach the checks of
+the FedScale and CIFAR-10 readers behind the unpickler.
+
+Inputs the fuzzer found that escaped, hung or allocated without bound are kept below as regression tests,
+with what they did before their fix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pickle
+import tempfile
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+from sim.cli import main
+from sim.errors import InputError
+from sim.learning.datasets import DataError, load_cifar10
+from sim.scenario import ScenarioError, load
+from sim.traces.fedscale import FedScaleError, import_fedscale_report
+from sim.traces.io import load_trace, write_trace
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# ------------------------------------------------------------------------------------------- the mutator
+
+
+def _mutate(rng: np.random.Generator, data: bytes, tokens: list[bytes], pool: list[bytes]) -> bytes:
+    """``data`` after 1 to 4 random edits; ``tokens`` are pieces of the format, ``pool`` other valid files."""
+    out = bytearray(data)
+    for _ in range(int(rng.integers(1, 5))):
+        n = len(out)
+        at = int(rng.integers(0, n + 1))
+        op = int(rng.integers(0, 9))
+        if op == 0 and n:  # flip one bit
+            i = int(rng.integers(0, n))
+            out[i] ^= 1 << int(rng.integers(0, 8))
+        elif op == 1 and n:  # set one byte
+            out[int(rng.integers(0, n))] = int(rng.integers(0, 256))
+        elif op == 2 and n:  # delete a run
+            del out[at : at + int(rng.integers(1, 16))]
+        elif op == 3:  # insert random bytes
+            out[at:at] = rng.bytes(int(rng.integers(1, 8)))
+        elif op == 4 and n:  # duplicate a run elsewhere
+            i = int(rng.integers(0, n))
+            out[at:at] = out[i : i + int(rng.integers(1, 32))]
+        elif op == 5 and n:  # truncate
+            del out[int(rng.integers(0, n)) :]
+        elif op == 6 and tokens:  # a token of the format
+            out[at:at] = tokens[int(rng.integers(0, len(tokens)))]
+        elif op == 7 and tokens:  # a token many times over (deep nesting, long runs)
+            out[at:at] = tokens[int(rng.integers(0, len(tokens)))] * int(rng.integers(2, 1500))
+        elif op == 8 and pool:  # splice in a piece of another valid file
+            other = pool[int(rng.integers(0, len(pool)))]
+            i = int(rng.integers(0, max(len(other), 1)))
+            out[at:at] = other[i : i + int(rng.integers(1, 64))]
+    return bytes(out)
+
+
+def _inputs(seed: int, count: int, valid: list[bytes], tokens: list[bytes]) -> Iterator[tuple[int, bytes]]:
+    """``count`` numbered inputs: mutated valid files, and every eighth one random bytes."""
+    rng = np.random.default_rng(seed)
+    for i in range(count):
+        if i % 8 == 7:
+            yield i, rng.bytes(int(rng.integers(0, 256)))
+        else:
+            yield i, _mutate(rng, valid[int(rng.integers(0, len(valid)))], tokens, valid)
+
+
+def _only(
+    errors: type[Exception] | tuple[type[Exception], ...],
+    check: Callable[[bytes], object],
+    seed: int,
+    count: int,
+    valid: list[bytes],
+    tokens: list[bytes],
+) -> tuple[int, int]:
+    """Run ``check`` on each input; fail on any exception outside ``errors``. Returns (accepted, refused)."""
+    accepted = refused = 0
+    for i, data in _inputs(seed, count, valid, tokens):
+        try:
+            check(data)
+        except errors:
+            refused += 1
+        except Exception as exc:
+            raise AssertionError(
+                f"input {i} of seed {seed} ({len(data)} bytes: {data[:400]!r}) raised {type(exc).__name__}: {exc}"
+            ) from exc
+        else:
+            accepted += 1
+    return accepted, refused
+
+
+# ------------------------------------------------------------------------------------------- traces
+
+_TRACE = (
+    b"# dropsim availability trace v1\n# a comment\nclient,start_s,end_s\n"
+    b"0,0,10\n0,20,30.5\n2,5,15\n3,0,4\n5,0,2\n5,8,10\n7,0,6\n"
+)
+_SIDECAR = b"# dropsim availability trace clients v1\nclient,period_s,compute_ms_per_sample,bandwidth_kbps\n" + (
+    b"3,10,,\n5,10,25.5,\n7,6,,800\n"
+)
+_CSV_TOKENS = [
+    b",",
+    b"\n",
+    b"\r\n",
+    b"#",
+    b'"',
+    b" ",
+    b"\x00",
+    b"\xef\xbb\xbf",
+    b"\xff",
+    b"nan",
+    b"inf",
+    b"-1",
+    b"1e309",
+    b"0x10",
+    b"1_0",
+    b"9223372036854775808",
+    b"18446744073709551616",
+    b"client,start_s,end_s\n",
+]
+
+
+def _write_bytes(path: Path, data: bytes) -> Path:
+    path.write_bytes(data)
+    return path
+
+
+def test_fuzz_trace_file(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    accepted, refused = _only(
+        InputError, lambda data: load_trace(_write_bytes(path, data)), 1, 500, [_TRACE, _SIDECAR], _CSV_TOKENS
+    )
+    assert accepted > 10 and refused > 200
+
+
+def test_fuzz_trace_sidecar(tmp_path: Path) -> None:
+    path = _write_bytes(tmp_path / "t.csv", _TRACE)
+    sidecar = tmp_path / "t.clients.csv"
+
+    def check(data: bytes) -> None:
+        sidecar.write_bytes(data)
+        load_trace(path)
+
+    accepted, refused = _only(InputError, check, 2, 400, [_SIDECAR], _CSV_TOKENS)
+    assert accepted > 10 and refused > 200
+
+
+def test_fuzz_trace_parquet(tmp_path: Path) -> None:
+    """Parquet when pyarrow is installed (it is optional); without it every .parquet is a clear TraceError."""
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        valid = [b"PAR1" + bytes(32) + b"PAR1"]
+    else:
+        trace = load_trace(_write_bytes(tmp_path / "seed.csv", _TRACE))
+        write_trace(trace, tmp_path / "seed.parquet")
+        valid = [(tmp_path / "seed.parquet").read_bytes()]
+    path = tmp_path / "t.parquet"
+    _, refused = _only(InputError, lambda data: load_trace(_write_bytes(path, data)), 3, 120, valid, [])
+    assert refused > 50
+
+
+# ------------------------------------------------------------------------------------------- FedScale
+
+_BEHAVE = {
+    1: {"duration": 100, "active": [0, 30, 50], "inactive": [10, 50, 100], "finish_time": 100, "model": "Pixel"},
+    "2": {"duration": 50, "active": [5, 20], "inactive": [5, 40], "finish_time": 60.0, "model": "x"},
+    np.int64(3): {"active": np.array([7.0, 9.5]), "inactive": [np.float64(8.5), 20], "finish_time": np.int64(60)},
+}
+_CAPACITY = {1: {"computation": 32.5, "communication": 1500.0}, 2: {"computation": 80, "communication": 90}, 9: {}}
+_BEHAVE_PICKLES = [pickle.dumps(_BEHAVE, protocol=p) for p in range(5)]
+_CAPACITY_PICKLES = [pickle.dumps(_CAPACITY, protocol=p) for p in range(5)]
+_PICKLE_TOKENS = [
+    *(bytes([op]) for op in b"()]}ldetRbNIKJ.\x85\x86\x87\x93\x94"),
+    b"h\x01",
+    b"q\x07",
+    b"r\xff\xff\xff\x7f",  # LONG_BINPUT to a huge memo index
+    b"p99999999999\n",
+    b"J\xff\xff\xff\x7f",
+    b"\x8a\x09" + b"\xff" * 9,  # a 9-byte LONG1
+    b"\x96\xff\xff\xff\xff\x00\x00\x00\x00",  # BYTEARRAY8 of 4 GiB
+    b"\x8e\x00\x00\x00\x00\x01\x00\x00\x00",  # BINBYTES8 of 4 GiB
+    b"\x95\xff\xff\xff\x0f\x00\x00\x00\x00",  # a FRAME of 256 MiB
+    b"X\x02\x00\x00\x00\xc2\xb2",  # '²', a digit that int() refuses
+    b"cbuiltins\nbytearray\n",
+    b"cnumpy\ndtype\n",
+    b"cnumpy._core.multiarray\n_reconstruct\n",
+    b"\x8c\x02O8",
+    b"\x8c\x02V8",
+]
+
+
+def test_fuzz_fedscale_behave_trace(tmp_path: Path) -> None:
+    capacity = _write_bytes(tmp_path / "client_device_capacity", _CAPACITY_PICKLES[2])
+    behave = tmp_path / "client_behave_trace"
+    accepted, refused = _only(
+        InputError,
+        lambda data: import_fedscale_report(_write_bytes(behave, data), capacity),
+        4,
+        500,
+        _BEHAVE_PICKLES,
+        _PICKLE_TOKENS,
+    )
+    assert accepted > 0 and refused > 200  # most byte edits break the pickle: test_fuzz_fedscale_values goes deeper
+
+
+def test_fuzz_fedscale_capacity(tmp_path: Path) -> None:
+    behave = _write_bytes(tmp_path / "client_behave_trace", _BEHAVE_PICKLES[4])
+    capacity = tmp_path / "client_device_capacity"
+    accepted, refused = _only(
+        InputError,
+        lambda data: import_fedscale_report(behave, _write_bytes(capacity, data)),
+        5,
+        400,
+        _CAPACITY_PICKLES,
+        _PICKLE_TOKENS,
+    )
+    assert accepted > 0 and refused > 200
+
+
+# Value-level fuzzing: byte mutations mostly stop at the pickle layer, so these build well-formed pickles of
+# values of every type and shape near what FedScale and CIFAR-10 files hold, to reach the checks behind it.
+_PLAIN_DTYPES = ["bool", "int8", "int64", "uint8", "uint64", "float16", "float32", "float64", "complex128", ">f8"]
+_arrays = hnp.arrays(
+    dtype=st.sampled_from(_PLAIN_DTYPES), shape=hnp.array_shapes(min_dims=0, max_dims=2, min_side=0, max_side=4)
+)
+_scalars = st.one_of(
+    st.integers(-(2**70), 2**70),
+    st.integers(0, 200),
+    st.floats(),
+    st.booleans(),
+    st.none(),
+    st.complex_numbers(),
+    st.text(alphabet="0123456789 x.\u00b2\u0661-", max_size=6),
+    st.binary(max_size=3),
+    st.integers(-(2**63), 2**63 - 1).map(np.int64),
+    st.floats(width=16).map(np.float16),
+    st.floats().map(np.float64),
+)
+_values = st.one_of(_scalars, _arrays, st.lists(_scalars, max_size=5), st.tuples(_scalars, _scalars))
+_FEDSCALE_KEYS = ["active", "inactive", "finish_time", "duration", "model", "computation", "communication"]
+_entry_dicts = st.fixed_dictionaries(
+    {
+        "active": st.lists(st.integers(0, 50) | st.floats(0, 60), max_size=4) | _arrays,
+        "inactive": st.lists(st.integers(0, 60) | st.floats(0, 60), max_size=4) | _arrays,
+        "finish_time": st.integers(-1, 60) | st.floats(allow_nan=True) | st.integers(2**1030, 2**1031),
+    },
+    optional={"duration": _values, "model": _values},
+)
+_entries = st.one_of(
+    _entry_dicts,
+    _entry_dicts.map(lambda entry: {**entry, "inactive": entry["active"]}),  # same lengths: reaches the times
+    st.dictionaries(st.sampled_from(_FEDSCALE_KEYS) | st.text(max_size=2), _values, max_size=7),
+    _values,
+)
+_client_ids = (
+    st.integers(0, 40) | st.text(alphabet="0123456789", min_size=1, max_size=3) | st.integers(0, 40).map(np.int64)
+)
+_keys = st.one_of(_client_ids, _client_ids, _client_ids, _scalars.filter(lambda k: not isinstance(k, float) or k == k))
+_fedscale = st.dictionaries(_keys, _entries, min_size=1, max_size=4)
+
+
+@settings(max_examples=250, deadline=None, derandomize=True)
+@given(behave=_fedscale, capacity=st.none() | _fedscale, protocol=st.integers(0, 4))
+def test_fuzz_fedscale_values(behave: object, capacity: object, protocol: int) -> None:
+    """Well-formed pickles of odd values: only FedScaleError escapes (nothing here is unsafe to load)."""
+    with tempfile.TemporaryDirectory() as folder:
+        bpath = _write_bytes(Path(folder) / "client_behave_trace", pickle.dumps(behave, protocol=protocol))
+        cpath = None
+        if capacity is not None:
+            cpath = _write_bytes(Path(folder) / "client_device_capacity", pickle.dumps(capacity, protocol=protocol))
+        with contextlib.suppress(FedScaleError):
+            import_fedscale_report(bpath, cpath)
+
+
+def test_fuzz_fedscale_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``dropsim trace import-fedscale FILE --out OUT``: status 0, or 2 with ``dropsim: FILE: ...``."""
+    behave = tmp_path / "client_behave_trace"
+    statuses: list[int] = []
+
+    def run(data: bytes) -> None:
+        _write_bytes(behave, data)
+        status = main(["trace", "import-fedscale", str(behave), "--out", str(tmp_path / "out.csv")])
+        err = capsys.readouterr().err
+        assert status in (0, 2), err
+        assert status == 0 or err.startswith(f"dropsim: {behave}: "), err
+        statuses.append(status)
+
+    _only((), run, 6, 40, _BEHAVE_PICKLES, _PICKLE_TOKENS)
+    assert 0 in statuses and 2 in statuses
+
+
+# ------------------------------------------------------------------------------------------- CIFAR-10
+
+_CIFAR_NAMES = [*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]
+
+
+def _cifar_folder(folder: Path) -> list[bytes]:
+    """Six valid one-row python batches in ``folder``; returns the last one (test_batch) at protocols 0-4."""
+    rng = np.random.default_rng(7)
+    batches = [
+        {
+            b"batch_label": name.encode(),
+            b"labels": [int(rng.integers(0, 10))],
+            b"data": rng.integers(0, 256, size=(1, 3072), dtype=np.uint8),
+            b"filenames": [b"img_0.png"],
+        }
+        for name in _CIFAR_NAMES
+    ]
+    for name, batch in zip(_CIFAR_NAMES, batches, strict=True):
+        (folder / name).write_bytes(pickle.dumps(batch, protocol=2))
+    return [pickle.dumps(batches[-1], protocol=p) for p in range(5)]
+
+
+def test_fuzz_cifar_python_batch(tmp_path: Path) -> None:
+    valid = _cifar_folder(tmp_path)
+    small = [pickle.dumps({b"data": np.zeros((1, 4), np.uint8), b"labels": [1]}, protocol=p) for p in range(5)]
+    batch = tmp_path / "test_batch"
+
+    def check(data: bytes) -> None:
+        batch.write_bytes(data)
+        load_cifar10(tmp_path)
+
+    accepted, refused = _only(InputError, check, 8, 400, valid + small, _PICKLE_TOKENS)
+    assert accepted > 5 and refused > 200
+
+
+_cifar_batches = st.dictionaries(
+    st.sampled_from([b"data", b"labels", "data", "labels", b"batch_label"]),
+    st.one_of(
+        _values,
+        hnp.arrays(dtype=st.sampled_from(["uint8", "int8", "float32"]), shape=st.sampled_from([(1, 3072), (2, 3072)])),
+        st.lists(st.integers(-(2**65), 2**65) | st.integers(0, 12) | st.booleans(), max_size=3),
+    ),
+    max_size=4,
+)
+
+
+@settings(max_examples=150, deadline=None, derandomize=True)
+@given(batch=_cifar_batches | _values, protocol=st.integers(0, 4))
+def test_fuzz_cifar_batch_values(tmp_path_factory: pytest.TempPathFactory, batch: object, protocol: int) -> None:
+    """Well-formed pickles of odd batches: only DataError escapes."""
+    folder = tmp_path_factory.mktemp("cifar")
+    _cifar_folder(folder)
+    _write_bytes(folder / "data_batch_3", pickle.dumps(batch, protocol=protocol))
+    with contextlib.suppress(DataError):
+        load_cifar10(folder)
+
+
+def test_fuzz_cifar_binary_batch(tmp_path: Path) -> None:
+    record = bytes([3]) + bytes(range(256)) * 12
+    for name in _CIFAR_NAMES:
+        (tmp_path / f"{name}.bin").write_bytes(record)
+    batch = tmp_path / "test_batch.bin"
+
+    def check(data: bytes) -> None:
+        batch.write_bytes(data)
+        load_cifar10(tmp_path)
+
+    accepted, refused = _only(InputError, check, 9, 150, [record, record * 2], [bytes(3073), b"\x0a"])
+    assert accepted > 0 and refused > 50
+
+
+# ------------------------------------------------------------------------------------------- scenarios
+
+_SCENARIOS = ["quickstart.yaml", "trace_replay.yaml", "privacy.yaml", "dropout_sweep.yaml", "pipeline.yaml"]
+_ANCHORED = b"name: anchors\nclients: &c\n  compute: {zipf_a: 1.2, slowdown: [1.0, 3.0]}\nsweep: {seed: [1, 2]}\n"
+_YAML_TOKENS = [
+    b"[",
+    b"]",
+    b"{",
+    b"}",
+    b"- ",
+    b": ",
+    b"? ",
+    b"\n  ",
+    b"\t",
+    b"'",
+    b'"',
+    b"&a ",
+    b"*a",
+    b"&a [*a]",
+    b"&b {k: *b}",
+    b"<<: *c\n",
+    b"[*c, *c, *c, *c, *c, *c, *c, *c]",
+    b"!!python/object/apply:os.system ['true']",
+    b"!!binary ",
+    b"!!set ",
+    b"---\n",
+    b"...\n",
+    b"%YAML 1.1\n",
+    b"~",
+    b"null",
+    b".nan",
+    b"-.inf",
+    b"1e999",
+    b"0x1F",
+    b"2001-12-14",
+    b"\xef\xbb\xbf",
+    b"\xff",
+    b"\x00",
+]
+
+
+def test_fuzz_scenario_yaml(tmp_path: Path) -> None:
+    valid = [(ROOT / "scenarios" / name).read_bytes() for name in _SCENARIOS] + [_ANCHORED]
+    path = tmp_path / "scenario.yaml"
+    accepted, refused = _only(ScenarioError, lambda data: load(_write_bytes(path, data)), 10, 500, valid, _YAML_TOKENS)
+    assert accepted > 10 and refused > 200
+
+
+# ------------------------------------------------------------------------------------------- found by the fuzzer
+
+
+def _bounded(check: Callable[[], object], seconds: float, peak_bytes: int) -> BaseException | None:
+    """Run ``check``; assert it took under ``seconds`` and traced under ``peak_bytes``; return what it raised."""
+    tracemalloc.start()
+    start = time.perf_counter()
+    raised: BaseException | None = None
+    try:
+        check()
+    except InputError as exc:
+        raised = exc
+    finally:
+        elapsed = time.perf_counter() - start
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert elapsed < seconds, f"took {elapsed:.1f} s"
+    assert peak < peak_bytes, f"traced {peak} bytes"
+    return raised
+
+
+# Found by an early run of the FedScale fuzzer: a capacity pickle whose mutated BINPUT became LONG_BINPUT to memo
+# slot 0x28947d02. pickle's C unpickler (used before the fix) grows its memo to twice that and zeroes it:
+# 5.4 GB, 24 to 50 s.
+_MEMO_INDEX = (
+    b"\x80\x04\x95M\x00\x00\x00\x00\x00\x00\x00}\x94(K\x01}\x94(\x8c\x0bcomputation\x94G@@@\x00\x00\x00\x00\x00"
+    b"\x8c\rcommunication\x94G@\x97p\x00\x00\x00\x00\x00ur\x02}\x94(h\x02KPh\x03KZuK\t}\x94u."
+)
+
+
+def test_regression_memo_index_allocates_nothing(tmp_path: Path) -> None:
+    behave = _write_bytes(tmp_path / "client_behave_trace", _BEHAVE_PICKLES[4])
+    capacity = _write_bytes(tmp_path / "client_device_capacity", _MEMO_INDEX)
+    raised = _bounded(lambda: import_fedscale_report(behave, capacity), 5.0, 8 << 20)
+    assert raised is None or str(raised).startswith(str(capacity))
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (b"name: x\nrounds: &a [*a]\n", ":2: (file): alias *a is inside the node &a it names"),
+        (b"a: &a {b: *a}\n", ":1: (file): alias *a is inside the node &a it names"),
+        (b"name: x\nrounds: " + b"[" * 3000 + b"]" * 3000 + b"\n", ":2: (file): nests lists and mappings more than 50"),
+        (b"name: x\nrounds: " + b"{a: " * 3000 + b"1" + b"}" * 3000 + b"\n", ":2: (file): nests lists and mappings"),
+    ],
+    ids=["recursive-list", "recursive-mapping", "deep-lists", "deep-mappings"],
+)
+def test_regression_scenario_nesting_is_a_scenario_error(tmp_path: Path, text: bytes, words: str) -> None:
+    """Before the fix each of these raised RecursionError from PyYAML's composer or the key-path walk."""
+    path = _write_bytes(tmp_path / "s.yaml", text)
+    with pytest.raises(ScenarioError) as info:
+        load(path)
+    assert f"{path}{words}" in str(info.value)
+
+
+def test_regression_scenario_alias_expansion_is_bounded(tmp_path: Path) -> None:
+    """Nine aliases per level, eight levels: 43 million values once expanded. Before the fix loading it took
+    220 s (and it was accepted)."""
+    lines = [b"a: &a [x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 8):
+        name, below = bytes([ord("a") + level]), bytes([ord("a") + level - 1])
+        lines.append(name + b": &" + name + b" [" + b", ".join([b"*" + below] * 9) + b"]")
+    path = _write_bytes(tmp_path / "s.yaml", b"\n".join(lines) + b"\n")
+    raised = _bounded(lambda: load(path), 5.0, 64 << 20)
+    assert isinstance(raised, ScenarioError)
+    assert f"{path}:6: (file): expands to more than 100000 values through its aliases" in str(raised)
+
+
+@pytest.mark.parametrize(
+    ("behave", "words"),
+    [
+        (
+            {1: {"active": [0], "inactive": [10**400], "finish_time": 9}},
+            "inactive[0] is <int of 1329 bits>, beyond any float",
+        ),
+        (
+            {1: {"active": [0], "inactive": [1], "finish_time": 10**400}},
+            "finish_time is <int of 1329 bits>, beyond any float",
+        ),
+        ({"\u00b2": {}}, "client key '²' is not a client id"),
+        ({"1" * 5000: {}}, "...111111111111111111' is not a client id"),
+    ],
+    ids=["huge-time", "huge-period", "superscript-digit", "5000-digits"],
+)
+def test_regression_fedscale_numbers_that_float_or_int_refuse(tmp_path: Path, behave: object, words: str) -> None:
+    """Before the fix: OverflowError from float(), ValueError from int("²"), ValueError from int() of more
+    than 4300 digits -- tracebacks from ``dropsim trace import-fedscale``."""
+    path = _write_bytes(tmp_path / "behave", pickle.dumps(behave, protocol=2))
+    with pytest.raises(FedScaleError) as info:
+        import_fedscale_report(path)
+    assert str(info.value).startswith(f"{path}: ")
+    assert words in str(info.value)
+
+
+def test_regression_fedscale_messages_stay_short(tmp_path: Path) -> None:
+    deep: Any = 1
+    for _ in range(100):
+        deep = [deep, deep]  # 2**100 paths: a full repr would never finish
+    path = _write_bytes(tmp_path / "behave", pickle.dumps({1: {"active": [deep], "inactive": [1], "finish_time": 9}}))
+    with pytest.raises(FedScaleError, match=r"active\[0\] is \[\[\[") as info:
+        import_fedscale_report(path)
+    assert len(str(info.value)) < 300
+
+
+def test_fuzz_inputs_are_reproducible() -> None:
+    """The same seed gives the same inputs (a failure message names seed and input number to replay)."""
+    first = list(_inputs(11, 50, [_TRACE], _CSV_TOKENS))
+    assert first == list(_inputs(11, 50, [_TRACE], _CSV_TOKENS))
+    assert len({data for _, data in first}) > 40
