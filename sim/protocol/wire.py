@@ -5,6 +5,9 @@ little-endian. A message type is a frozen dataclass deriving :class:`Message` wi
 number and a ``FIELDS`` list of ``(attribute, codec)``; the body is the fields' encodings in order.
 Decoding checks the magic, version, type, body length, every field's bounds and that no bytes are left
 over, and raises :class:`WireError` naming what is wrong: the real-socket mode sends exactly these bytes.
+A receiver that knows how large a legal message can be passes :class:`Limits` (``max_elements``: values in
+any vector, ``max_items``: items in any list), checked against each count before anything is allocated;
+otherwise what a frame makes the decoder allocate is at most the decoded values plus a few times the frame.
 
 In ``timing`` fidelity a vector is a :class:`Blank` (length and dtype, no data): :meth:`Message.wire_size`
 gives the same size the real vector would encode to, without making it.
@@ -12,9 +15,11 @@ gives the same size the real vector would encode to, without making it.
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, ClassVar
 
 import numpy as np
@@ -83,28 +88,87 @@ class ModVector:
         return vector_length(self.values)
 
 
+@lru_cache(maxsize=32)
+def _layout(bits: int) -> tuple[int, int, tuple[tuple[int, int], ...]]:
+    """How ``bits``-bit values fill 64-bit words: a period of lcm(bits, 64) bits holds ``per`` values in
+    ``words`` words, value j of a period starting at bit ``64 * word + shift`` of it (``(word, shift)`` each)."""
+    g = math.gcd(bits, 64)
+    per, words = 64 // g, bits // g
+    return per, words, tuple(divmod(j * bits, 64) for j in range(per))
+
+
 def pack_bits(values: np.ndarray, bits: int) -> bytes:
-    """Little-endian bit packing of values < 2^bits, ``bits`` bits each, zero-padded to a whole byte."""
-    v = np.ascontiguousarray(values, dtype="<u4")
+    """Little-endian bit packing of values < 2^bits, ``bits`` bits each, zero-padded to a whole byte.
+
+    Value i occupies bits ``[i * bits, (i + 1) * bits)`` of the little-endian bit string (higher bits of a
+    value are dropped). Other widths than 8, 16 and 32 are shifted into 64-bit words one position of the
+    period at a time (:func:`_layout`), so no array is larger than 8 bytes per value.
+    """
+    v = np.ascontiguousarray(values, dtype="<u4").reshape(-1)
     if bits == 32:
         return v.tobytes()
     if bits in (8, 16):
         return v.astype(f"<u{bits // 8}").tobytes()
-    bitmat = np.unpackbits(v.view(np.uint8).reshape(-1, 4), axis=1, bitorder="little")[:, :bits]
-    return np.packbits(bitmat.reshape(-1), bitorder="little").tobytes()
+    per, words, layout = _layout(bits)
+    rows = -(-v.size // per)
+    flat = np.zeros(rows * per, dtype=np.uint32)
+    np.bitwise_and(v, np.uint32((1 << bits) - 1), out=flat[: v.size])
+    cols = flat.reshape(rows, per)
+    out = np.zeros((rows, words), dtype=np.uint64)
+    for j, (word, shift) in enumerate(layout):
+        x = cols[:, j].astype(np.uint64)
+        out[:, word] |= x << np.uint64(shift)
+        if shift + bits > 64:  # the value runs into the next word
+            out[:, word + 1] |= x >> np.uint64(64 - shift)
+    return out.astype("<u8", copy=False).tobytes()[: -(-v.size * bits // 8)]
 
 
 def unpack_bits(data: bytes | memoryview, count: int, bits: int) -> np.ndarray:
-    """Inverse of :func:`pack_bits`: ``count`` values as uint32."""
+    """Inverse of :func:`pack_bits`: ``count`` values as uint32; bits after the last value must be zero.
+
+    Works on 64-bit words as :func:`pack_bits` does: besides the result (4 bytes per value), it allocates
+    one zero-padded copy of the packed bytes and one 8-byte word per period at a time.
+    """
     raw = np.frombuffer(data, dtype=np.uint8)
     if bits in (8, 16, 32):
         return raw.view(f"<u{bits // 8}").astype(np.uint32)
-    bitarr = np.unpackbits(raw, bitorder="little")
-    if bitarr[count * bits :].any():
+    if not 1 <= bits <= 32:
+        raise WireError(f"packed vector bit width {bits} is not in 1..32")
+    used = count * bits
+    need = -(-used // 8)
+    if raw.size < need:
+        raise WireError(f"{count} values of {bits} bits need {need} packed bytes, not {raw.size}")
+    if raw[need:].any() or (used % 8 and int(raw[used // 8]) >> (used % 8)):
         raise WireError("non-zero padding bits after a packed vector")
-    full = np.zeros((count, 32), dtype=np.uint8)
-    full[:, :bits] = bitarr[: count * bits].reshape(count, bits)
-    return np.packbits(full, axis=1, bitorder="little").view("<u4").reshape(count).astype(np.uint32)
+    per, words, layout = _layout(bits)
+    rows = -(-count // per)
+    padded = np.zeros(rows * words * 8, dtype=np.uint8)
+    padded[:need] = raw[:need]
+    packed = padded.view("<u8").reshape(rows, words)
+    out = np.empty((rows, per), dtype=np.uint32)
+    mask = np.uint64((1 << bits) - 1)
+    for j, (word, shift) in enumerate(layout):
+        x = packed[:, word] >> np.uint64(shift)
+        if shift + bits > 64:
+            x |= packed[:, word + 1] << np.uint64(64 - shift)
+        out[:, j] = x & mask
+    return out.reshape(-1)[:count]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What one decode may allocate, checked against each count a frame announces before allocating.
+
+    ``elements`` bounds the values of any vector or packed vector (a receiver passes the dimension it
+    expects), ``items`` the items of any list (e.g. the clients of a round); None leaves the codec's own
+    limit. A frame over a limit raises :class:`WireError`.
+    """
+
+    elements: int | None = None
+    items: int | None = None
+
+
+UNLIMITED = Limits()
 
 
 class Codec:
@@ -118,7 +182,7 @@ class Codec:
     def write(self, value: Any, out: list[bytes]) -> None:
         raise NotImplementedError
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         raise NotImplementedError
 
     def _need(self, buf: memoryview, offset: int, n: int) -> None:
@@ -140,7 +204,7 @@ class _Int(Codec):
             raise ValueError(f"{self.name} value {value} is out of range [{self.lo}, {self.hi}]")
         out.append(self.struct.pack(int(value)))
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, self.struct.size)
         return self.struct.unpack_from(buf, offset)[0], offset + self.struct.size
 
@@ -162,7 +226,7 @@ class _Float(Codec):
     def write(self, value: Any, out: list[bytes]) -> None:
         out.append(self._s.pack(float(value)))
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, 8)
         return self._s.unpack_from(buf, offset)[0], offset + 8
 
@@ -182,7 +246,7 @@ class _Bytes(Codec):
         out.append(struct.pack("<I", len(value)))
         out.append(bytes(value))
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, 4)
         (n,) = struct.unpack_from("<I", buf, offset)
         if n > self.limit:
@@ -229,12 +293,14 @@ class _Vector(Codec):
         out.append(struct.pack("<BQ", _DTYPE_CODES[dt], arr.shape[0]))
         out.append(arr.tobytes())
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, 9)
         code, count = struct.unpack_from("<BQ", buf, offset)
         dt = DTYPES.get(code)
         if dt is None or (self.allowed is not None and dt not in self.allowed):
             raise WireError(f"vector dtype code {code} is not allowed here")
+        if limits.elements is not None and count > limits.elements:
+            raise WireError(f"vector of {count} values exceeds the limit of {limits.elements}")
         n = count * dt.itemsize
         self._need(buf, offset + 9, n)
         arr = np.frombuffer(buf, dtype=dt, count=count, offset=offset + 9).copy()
@@ -258,7 +324,7 @@ class _FixedBytes(Codec):
             raise ValueError(f"expected {self.n} bytes, got {len(value)}")
         out.append(bytes(value))
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, self.n)
         return bytes(buf[offset : offset + self.n]), offset + self.n
 
@@ -279,15 +345,16 @@ class _List(Codec):
         for v in value:
             self.item.write(v, out)
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, 4)
         (n,) = struct.unpack_from("<I", buf, offset)
-        if n > self.limit:
-            raise WireError(f"{self.name} of {n} items exceeds the limit of {self.limit}")
+        limit = self.limit if limits.items is None else min(self.limit, limits.items)
+        if n > limit:
+            raise WireError(f"{self.name} of {n} items exceeds the limit of {limit}")
         offset += 4
         items = []
         for _ in range(n):
-            item, offset = self.item.read(buf, offset)
+            item, offset = self.item.read(buf, offset, limits)
             items.append(item)
         return tuple(items), offset
 
@@ -308,10 +375,10 @@ class _Tuple(Codec):
         for c, v in zip(self.items, value, strict=True):
             c.write(v, out)
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         values = []
         for c in self.items:
-            v, offset = c.read(buf, offset)
+            v, offset = c.read(buf, offset, limits)
             values.append(v)
         return tuple(values), offset
 
@@ -335,11 +402,13 @@ class _Packed(Codec):
         out.append(struct.pack("<BQ", value.bits, values.shape[0]))
         out.append(pack_bits(values, value.bits))
 
-    def read(self, buf: memoryview, offset: int) -> tuple[Any, int]:
+    def read(self, buf: memoryview, offset: int, limits: Limits = UNLIMITED) -> tuple[Any, int]:
         self._need(buf, offset, 9)
         bits, count = struct.unpack_from("<BQ", buf, offset)
         if not 1 <= bits <= 32:
             raise WireError(f"packed vector bit width {bits} is not in 1..32")
+        if limits.elements is not None and count > limits.elements:
+            raise WireError(f"packed vector of {count} values exceeds the limit of {limits.elements}")
         n = -(-count * bits // 8)
         self._need(buf, offset + 9, n)
         values = unpack_bits(buf[offset + 9 : offset + 9 + n], count, bits)
@@ -412,8 +481,10 @@ class Message:
         return HEADER.pack(MAGIC, VERSION, self.TYPE, len(body)) + body
 
 
-def decode(data: bytes | memoryview) -> Message:
-    """Decode one whole frame; raises :class:`WireError` on anything malformed."""
+def decode(data: bytes | memoryview, *, max_elements: int | None = None, max_items: int | None = None) -> Message:
+    """Decode one whole frame; raises :class:`WireError` on anything malformed or over the :class:`Limits`
+    ``max_elements`` (values of any vector) and ``max_items`` (items of any list)."""
+    limits = Limits(max_elements, max_items) if max_elements is not None or max_items is not None else UNLIMITED
     buf = memoryview(data)
     if len(buf) < HEADER.size:
         raise WireError(f"frame of {len(buf)} bytes is shorter than the {HEADER.size}-byte header")
@@ -431,7 +502,7 @@ def decode(data: bytes | memoryview) -> Message:
     values: dict[str, Any] = {}
     for name, codec in cls.FIELDS:
         try:
-            values[name], offset = codec.read(buf, offset)
+            values[name], offset = codec.read(buf, offset, limits)
         except WireError as exc:
             raise WireError(f"{cls.__name__}.{name}: {exc}") from None
     if offset != len(buf):
