@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from functools import partial
 
 from sim.protocol import wire
-from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, ServerMachine, Work
+from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, RoundAbortedError, ServerMachine, Work
 from sim.protocol.wire import Message, Vector
 
 
@@ -35,6 +35,10 @@ class LoopbackResult:
     client_work: dict[int, list[Work]] = field(default_factory=dict)
     """The work each client's machine reported (for comparing the cost model with the clock)."""
     server_work: list[Work] = field(default_factory=list)
+    round_error: RoundAbortedError | None = None
+    server_liars: dict[int, str] = field(default_factory=dict)
+    """Clients whose shares the server outvoted while closing a step (``Reaction.liars``), with why."""
+    """The error with which the server machine aborted the round while closing a step, if it did."""
 
 
 def run_loopback(
@@ -85,6 +89,7 @@ def run_loopback(
         reaction = call()
         result.server_seconds += time.perf_counter() - start
         result.server_work.extend(reaction.work)
+        result.server_liars.update(reaction.liars)
         for send in reaction.sends:
             message = tamper(send.to, send.message) if tamper is not None else send.message
             delivered, n = carry(message)
@@ -109,7 +114,10 @@ def run_loopback(
                 except RemoteProtocolError as exc:
                     result.server_rejected[sender] = exc.reason
         to_server.clear()
-        server_call(server.close_step)
+        try:
+            server_call(server.close_step)
+        except RoundAbortedError as exc:  # the machine is aborted already: the loop ends
+            result.round_error = exc
         deliveries = sorted(to_clients, key=lambda item: item[0])
         to_clients.clear()
         for c, message in deliveries:

@@ -232,7 +232,9 @@ def _entries(quick: bool) -> Iterator[Point]:
     """The SecAgg server's per-entry bookkeeping: key lists, then checking and routing ciphertexts."""
     for n in (8, 16, 32) if quick else (10, 50, 100, 200):
         sampled = tuple(range(n))
-        adverts = [AdvertiseKeys(1, c, c.to_bytes(32, "little"), bytes(31) + b"s", b"") for c in sampled]
+        # distinct keys, none of low order (the server refuses repeated and low-order keys)
+        keys = [((2 * c + 2).to_bytes(32, "little"), (2 * c + 3).to_bytes(32, "little")) for c in sampled]
+        adverts = [AdvertiseKeys(1, c, *keys[c], b"") for c in sampled]
         shares = [ShareKeys(1, c, tuple((v, bytes(132)) for v in sampled if v != c)) for c in sampled]
 
         def run(sampled: tuple[int, ...] = sampled, adverts: list[Any] = adverts, shares: list[Any] = shares) -> None:

@@ -35,6 +35,31 @@ def public_of(private: bytes) -> bytes:
     return sk.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
 
+_P = 2**255 - 19
+_SMALL_ORDER = (
+    0,
+    1,
+    _P - 1,
+    325606250916557431795983626356110631294008115727848805560023387167927233504,
+    39382357235489614581723060781553021112529911719440698176882885853963445705823,
+)
+"""u-coordinates (mod p) of the points of order 1, 2, 4 and 8 on Curve25519 and its twist."""
+_LOW_ORDER = frozenset(
+    (u + wrap + top).to_bytes(KEY_BYTES, "little")
+    for u in _SMALL_ORDER
+    for wrap in (0, _P)
+    for top in (0, 1 << 255)
+    if u + wrap < 1 << 255
+)
+"""Every 32-byte encoding of them: X25519 ignores the top bit and reduces u mod p (RFC 7748, section 5)."""
+
+
+def low_order(public: bytes) -> bool:
+    """Whether X25519 with ``public`` gives the all-zero secret for every private key: a point of small order
+    (RFC 7748, section 6.1). Every clamped private key is a multiple of 8, which sends exactly these to zero."""
+    return bytes(public) in _LOW_ORDER
+
+
 def hkdf(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
     """HKDF-SHA256 with no salt (RFC 5869)."""
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(secret)

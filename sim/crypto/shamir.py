@@ -10,12 +10,23 @@ the same survivors. Fewer than t shares reveal nothing about the secret (Shamir 
 
 Byte strings (keys, seeds) are split into 3-byte little-endian chunks, each below p, so a 32-byte key is
 11 field elements and its share 44 bytes on the wire.
+
+Wrong shares. The n >= t shares of one secret are a codeword of a Reed-Solomon code of length n and
+dimension t, so those beyond the t interpolated can check them: :func:`consistent` runs up to
+:data:`CHECKS` parity checks of the dual code, which see any lie told by up to that many holders (at the
+cost of CHECKS reconstructions). :func:`decode` then looks for the polynomial that agrees with more than the
+others by trying bases of t shares, fewest left out first. With e lying holders among n it is the only one
+that can be taken when n >= t + 2e (any other polynomial of degree < t agrees with at most t - 1 + e
+shares), and with an ``accept`` test of the secret itself (a key against its public key) any base of t
+honest shares gives it. The search is bounded (:data:`DECODE_BASES`): one liar is always found (t + 1
+bases at most), several only if a base without them comes up in time; otherwise decode gives up.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import lru_cache
+from itertools import combinations
 
 import numpy as np
 
@@ -109,6 +120,138 @@ def reconstruct(xs: Sequence[int], shares: np.ndarray) -> np.ndarray:
         raise ValueError("shares must be field elements in 0..p-1")
     lam = lagrange_at_zero(tuple(int(v) for v in xs))
     return ((lam[:, None] * y) % PRIME).sum(axis=0) % PRIME
+
+
+CHECKS = 8
+"""Parity checks :func:`consistent` runs: a lie by at most this many of a secret's holders always shows."""
+DECODE_BASES = 256
+"""Bases of t shares :func:`decode` tries at most (each costs about n reconstructions)."""
+
+
+def _products_except(d: np.ndarray) -> np.ndarray:
+    """``out[i, j] = prod_{l != j} d[i, l] mod p`` by prefix and suffix products (no inverse needed)."""
+    rows, cols = d.shape
+    prefix = np.ones((rows, cols), dtype=np.int64)
+    suffix = np.ones((rows, cols), dtype=np.int64)
+    for j in range(1, cols):
+        prefix[:, j] = prefix[:, j - 1] * d[:, j - 1] % PRIME
+        suffix[:, cols - 1 - j] = suffix[:, cols - j] * d[:, cols - j] % PRIME
+    return prefix * suffix % PRIME
+
+
+def _row_products(d: np.ndarray) -> np.ndarray:
+    """``prod_l d[i, l] mod p`` for every row i."""
+    out = np.ones(d.shape[0], dtype=np.int64)
+    for j in range(d.shape[1]):
+        out = out * d[:, j] % PRIME
+    return out
+
+
+def _inverses(values: np.ndarray) -> np.ndarray:
+    """Inverses mod p (Fermat) of non-zero elements."""
+    return np.asarray([pow(int(v), PRIME - 2, PRIME) for v in values], dtype=np.int64)
+
+
+def _weights(x: np.ndarray) -> np.ndarray:
+    """Barycentric weights ``1 / prod_{j != i} (x_i - x_j)`` of distinct points."""
+    diff = (x[:, None] - x[None, :]) % PRIME
+    np.fill_diagonal(diff, 1)
+    return _inverses(_row_products(diff))
+
+
+@lru_cache(maxsize=4096)
+def parity_checks(xs: tuple[int, ...], threshold: int) -> np.ndarray:
+    """Rows ``c_k`` (``k < min(n - t, CHECKS)``) with ``sum_i c_k[i] f(x_i) = 0`` for every polynomial f of
+    degree < t (cached per set of parties).
+
+    ``c_k[i] = x_i^k / prod_{j != i} (x_i - x_j)``: the sum is the coefficient of ``x^(n-1)`` of the
+    polynomial of degree < n through ``(x_i, x_i^k f(x_i))``, which is ``x^k f`` itself, of degree at most
+    ``k + t - 1 <= n - 2``. The K rows restricted to any K parties are a Vandermonde matrix times an
+    invertible diagonal, so an error on at most K shares never passes all of them.
+    """
+    x = _check_xs(xs)
+    n, k = x.size, max(0, min(x.size - threshold, CHECKS))
+    if k == 0:
+        return np.zeros((0, n), dtype=np.int64)
+    rows = [_weights(x)]
+    for _ in range(1, k):
+        rows.append(rows[-1] * x % PRIME)
+    return np.stack(rows)
+
+
+def consistent(xs: Sequence[int], shares: np.ndarray, threshold: int) -> bool:
+    """Whether the shares (shape ``(len(xs), m)``) pass the :func:`parity_checks` of degree < ``threshold``."""
+    checks = parity_checks(xs if isinstance(xs, tuple) else tuple(int(v) for v in xs), threshold)
+    if checks.size == 0:
+        return True
+    y = np.asarray(shares, dtype=np.int64)
+    if y.shape[0] >= 1 << 16:
+        return not (((checks[:, :, None] * y[None, :, :]) % PRIME).sum(axis=1) % PRIME).any()
+    # Two integer products over the 16-bit halves of y: each term stays below 2^47, each sum below 2^63.
+    low = checks @ (y & 0xFFFF) % PRIME
+    high = checks @ (y >> 16) % PRIME
+    return not ((high * 65536 + low) % PRIME).any()
+
+
+def evaluate(xs: Sequence[int], shares: np.ndarray, at: Sequence[int]) -> np.ndarray:
+    """Values at the points ``at`` of the polynomials of degree < len(xs) through the shares of ``xs``:
+    shape ``(len(at), m)``, by Lagrange's basis ``L_j(a) = prod_{l != j} (a - x_l) / (x_j - x_l)``."""
+    x, a = _check_xs(xs), np.asarray(at, dtype=np.int64)
+    basis = _products_except((a[:, None] - x[None, :]) % PRIME) * _weights(x) % PRIME
+    y = np.asarray(shares, dtype=np.int64)
+    return ((basis[:, :, None] * y[None, :, :]) % PRIME).sum(axis=1) % PRIME
+
+
+def _bases(order: list[int], threshold: int, most_left_out: int, first: tuple[int, ...]) -> Iterator[tuple[int, ...]]:
+    """Bases of ``threshold`` rows: without ``first`` (suspects already known), then leaving out k = 0, 1, ..
+    of the first t + k rows (the base is the first t of the rest; leaving out later rows changes nothing)."""
+    if first:
+        rest = [i for i in order if i not in first]
+        if len(rest) >= threshold:
+            yield tuple(rest[:threshold])
+    for k in range(min(most_left_out, len(order) - threshold) + 1):
+        for skip in combinations(range(threshold + k), k):
+            yield tuple(order[i] for i in range(threshold + k) if i not in skip)
+
+
+def decode(
+    xs: Sequence[int],
+    shares: np.ndarray,
+    threshold: int,
+    accept: Callable[[np.ndarray], bool] | None = None,
+    first: Sequence[int] = (),
+) -> tuple[np.ndarray | None, tuple[int, ...]]:
+    """``(secret, rows that disagree with it)`` despite wrong shares, or ``(None, ())`` if it cannot be told.
+
+    Without ``accept`` a base's polynomial is taken when it agrees with at least t more shares than it
+    disagrees with: the unique decoding radius, so for n >= t + 2e with e liars the honest polynomial is
+    found and no other can be. With ``accept`` (a check of the secret itself), the first base whose secret
+    passes it is taken, which needs only t honest shares. ``first`` lists rows suspected already (tried left
+    out first); at most :data:`DECODE_BASES` bases are tried.
+    """
+    x = _check_xs(xs)
+    y = np.asarray(shares, dtype=np.int64)
+    n, t = x.size, threshold
+    if y.ndim != 2 or y.shape[0] != n:
+        raise ValueError(f"need one row of shares per party: {n} parties, shares of shape {y.shape}")
+    in_field = np.all((y >= 0) & (y < PRIME), axis=1)
+    order = [int(i) for i in np.flatnonzero(in_field)]
+    most_left_out = len(order) - t if accept is not None else (n - t) // 2
+    tried: set[tuple[int, ...]] = set()
+    for base in _bases(order, t, most_left_out, tuple(first)):
+        if base in tried:
+            continue
+        if len(tried) == DECODE_BASES:
+            break
+        tried.add(base)
+        xb, yb = [int(x[i]) for i in base], y[list(base)]
+        agree = (evaluate(xb, yb, xs) == y).all(axis=1)
+        secret = reconstruct(xb, yb)
+        disagree = n - int(agree.sum())
+        taken = accept(secret) if accept is not None else n - 2 * disagree >= t
+        if taken:
+            return secret, tuple(int(i) for i in np.flatnonzero(~agree))
+    return None, ()
 
 
 def share_bytes(secret: bytes, threshold: int, xs: Sequence[int], rng: RandomSource) -> list[bytes]:

@@ -179,7 +179,7 @@ class PipelinedRound(Round):
                 if step == "masked_input":
                     yield self.server_gate.admit(3, j)
                     priority = STAGED
-                yield from self._server_react(machine.close_step(), priority, machine)
+                yield from self._server_react(self._close_step(machine), priority, machine)
                 self.chunk_steps.append((step, start, env.now))
                 start = env.now
             if machine.step == "aborted" or machine.aggregate is None:

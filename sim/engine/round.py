@@ -45,6 +45,7 @@ from sim.protocol.machine import (
     ClientMachine,
     Reaction,
     RemoteProtocolError,
+    RoundAbortedError,
     RoundSetupError,
     ServerMachine,
     Work,
@@ -292,7 +293,7 @@ class Round:
             step = machine.step
             yield from self._collect(machine, step, self.inbox, self.late)
             collected = env.now
-            yield from self._server_react(machine.close_step(), STAGED, machine)
+            yield from self._server_react(self._close_step(machine), STAGED, machine)
             final = machine.step in ("done", "aborted")
             # A step lasts until the next one starts (its closing work included); the last step's closing
             # work is the aggregation (``aggregate_s``), so the steps and it add up to the round.
@@ -388,6 +389,15 @@ class Round:
                 self._reject(sender, exc.reason)
                 continue
             yield from self._server_react(reaction, priority, machine)
+
+    @staticmethod
+    def _close_step(machine: ServerMachine) -> Reaction:
+        """``machine.close_step()``. On :class:`RoundAbortedError` (what the clients sent contradicts itself)
+        the machine has aborted already and its outcome says why: the round ends as for any abort."""
+        try:
+            return machine.close_step()
+        except RoundAbortedError:
+            return Reaction()
 
     def _missed(self, c: int) -> None:
         """Client ``c`` missed a step's deadline (it is late; the server ignores it from now on)."""

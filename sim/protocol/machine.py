@@ -12,6 +12,24 @@ Server machines collect one *step* at a time (Dordis section 4.1: a round-trip s
 server's request and ends with the clients' responses). The driver delivers responses with
 :meth:`ServerMachine.receive` and, when every client the step still expects has answered, has
 disconnected, or the step's timeout has passed, calls :meth:`ServerMachine.close_step`.
+
+What a driver gets, and does, when a peer misbehaves:
+
+- ``receive`` raises :class:`RemoteProtocolError` naming the sender (its ``peer``): *reject this client*. The
+  message was checked where it entered (ids in the round and the sender's neighbourhood, lengths, indices,
+  keys, vector sizes, duplicates, a sender speaking for another id) and refused; the machine is unchanged,
+  and the driver drops that client from the round (it ignores what it sends from then on).
+- A client machine's ``receive`` raises :class:`RemoteProtocolError` with ``peer == SERVER``: the client
+  refuses the server's message and leaves the round.
+- ``close_step`` returns a :class:`Reaction` with ``liars``: *report these clients*. Their shares contradicted
+  the other holders' and were outvoted; the step went on without them (what they sent before, such as a
+  masked input, stays in the sum). A driver reports them as it reports a refused message.
+- ``close_step`` raises :class:`RoundAbortedError`: *abort the round*. What the clients sent cannot be
+  put together (the shares of a secret contradict each other and the liar cannot be outvoted); the
+  machine has already moved to step ``"aborted"`` with ``outcome`` giving the reason (as h11 moves a
+  connection to ERROR), and ``suspects`` names the clients found lying, if any. A driver ends the round
+  as for any other abort. Running short of clients (dropout) is no error: ``close_step`` returns and the
+  machine is ``"aborted"``.
 """
 
 from __future__ import annotations
@@ -32,6 +50,18 @@ class ProtocolError(Exception):
 
 class RoundSetupError(ValueError):
     """Parameters with which a round cannot be run safely or at all; the round aborts with this reason."""
+
+
+class RoundAbortedError(ProtocolError):
+    """The round cannot complete with what the clients sent; the server machine is now ``"aborted"``.
+
+    ``suspects`` are the clients whose messages were found inconsistent with the others' (possibly none:
+    a contradiction among n shares with fewer than t + 2 of them cannot say who lied)."""
+
+    def __init__(self, reason: str, suspects: tuple[int, ...] = ()) -> None:
+        self.reason = reason
+        self.suspects = suspects
+        super().__init__(reason)
 
 
 class LocalProtocolError(ProtocolError):
@@ -70,10 +100,13 @@ class Work:
 
 @dataclass(frozen=True)
 class Reaction:
-    """What a machine asks of its driver after one input: messages to send, work done."""
+    """What a machine asks of its driver after one input: messages to send, work done, liars found."""
 
     sends: tuple[Send, ...] = ()
     work: tuple[Work, ...] = ()
+    liars: tuple[tuple[int, str], ...] = ()
+    """``(client, what it sent)`` for clients whose contributions a server machine set aside while closing a
+    step (shares that contradicted the other holders'); the step went on without them."""
 
 
 @dataclass(frozen=True)
@@ -107,7 +140,8 @@ class ServerMachine(Protocol):
     def receive(self, sender: int, message: Message) -> Reaction: ...
 
     def close_step(self) -> Reaction:
-        """End the current step with whoever answered; go to the next step, finish, or abort."""
+        """End the current step with whoever answered; go to the next step, finish, or abort. Raises
+        :class:`RoundAbortedError`, already aborted, when what the clients sent contradicts itself."""
         ...
 
 

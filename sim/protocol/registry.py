@@ -99,6 +99,9 @@ class AggregationParams:
     malicious: bool = False
     strategy: str = "none"
     """The ``privacy.strategy`` (XNoise adds the ``noise_removal`` step)."""
+    collusion: int = 0
+    """The ``privacy.collusion`` T_C: clients that may collude with the server. The malicious variant's
+    consistency check must withstand them (:mod:`sim.protocol.collusion`)."""
 
     @property
     def spec(self) -> ProtocolSpec:
@@ -167,15 +170,20 @@ def fixed_point(params: AggregationParams, n: int) -> FixedPoint:
     return FixedPoint.for_clients(params.bits, params.clip, max(n, 1))
 
 
+def secret_holders(params: AggregationParams, n: int) -> int:
+    """|H(u)|, the holders of each client's secrets in a round of ``n`` sampled clients: everyone for SecAgg,
+    the client and its neighbours (the degree rounded up to even, as :func:`neighbourhoods` does) for SecAgg+."""
+    if params.protocol != "secagg+":
+        return n
+    degree = graph.auto_degree(n) if params.neighbours is None else params.neighbours
+    return min(n, degree + degree % 2 + 1)
+
+
 def reconstruction_threshold(params: AggregationParams, n: int) -> int:
     """t of a round of ``n`` sampled clients: SecAgg's, or SecAgg+'s per neighbourhood (``plain``: n)."""
     if params.protocol not in ("secagg", "secagg+") or n < 1:
         return n
-    holders = n
-    if params.protocol == "secagg+":
-        degree = graph.auto_degree(n) if params.neighbours is None else params.neighbours
-        holders = min(n, degree + degree % 2 + 1)
-    return share_threshold(params.threshold, holders)
+    return share_threshold(params.threshold, secret_holders(params, n))
 
 
 def neighbourhoods(params: AggregationParams, sampled: tuple[int, ...], graph_seed: int) -> dict[int, tuple[int, ...]]:
@@ -221,6 +229,7 @@ def round_machines(
         neighbours=neighbourhoods(params, sampled, graph_seed),
         threshold_fraction=params.threshold,
         malicious=params.malicious,
+        collusion=params.collusion,
         verification_keys=dict(verification_keys or {}),
         private=private,
         chunk=chunk.index if chunk is not None else 0,

@@ -32,6 +32,19 @@ a server cannot understate dropout); and when survivors in U3 \ U5 did not answe
 them. The server regenerates every excess component from its seed and subtracts it before decoding.
 Under rebasing (Baek et al.) y carries an unshared self mask b_y and the Unmasking answer carries
 z = n' - n_0 - PRG(b_y) + PRG(b): only y + z can be unmasked, so every survivor must answer.
+
+Misbehaving parties (see :mod:`sim.protocol.machine` for what a driver does with each error). The server
+checks every value a client sends where it enters: ids in the round and in the sender's neighbourhood, key
+lengths and orders, signature lengths and (malicious variant) validity before it relays them, ciphertext
+and share lengths, share kinds and field elements, seed components, vector lengths and bit widths,
+duplicates; anything else is a :class:`RemoteProtocolError` naming the sender, with the server unchanged.
+Clients check the keys the server lists the same way. A share can still lie about the secret it belongs to:
+the server reconstructs each secret from t shares and confirms it (a mask key by its advertised public key,
+a seed by the parity checks of the remaining shares, :func:`sim.crypto.shamir.consistent`); when that
+fails it decodes (:func:`sim.crypto.shamir.decode`), sets the liars' shares aside (``SecAggServer.liars``)
+and goes on, or, if the secret cannot be determined (fewer than t + 2 shares of a seed, say), raises
+:class:`~sim.protocol.machine.RoundAbortedError`. With exactly t shares of a seed a lie cannot be seen at
+all: any t points fit some secret.
 """
 
 from __future__ import annotations
@@ -41,13 +54,15 @@ import math
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any, ClassVar
 
 import numpy as np
 
 from sim.crypto import aead, shamir
 from sim.crypto.randomness import RandomSource
+from sim.crypto.signatures import SIGNATURE_BYTES
+from sim.protocol.collusion import smallest_safe_fraction, smallest_safe_threshold, split_view_possible
 from sim.protocol.encoding import FixedPoint, add_mod, sub_mod
 from sim.protocol.machine import (
     SERVER,
@@ -55,6 +70,7 @@ from sim.protocol.machine import (
     LocalProtocolError,
     Reaction,
     RemoteProtocolError,
+    RoundAbortedError,
     RoundSetupError,
     Send,
     Work,
@@ -79,7 +95,16 @@ from sim.protocol.messages import (
     UnmaskSharesAndSeeds,
 )
 from sim.protocol.private import PrivateRound
-from sim.protocol.suite import SHARE_BYTES, Suite, keys_bytes, plaintext_bytes, survivors_bytes, upload_bytes
+from sim.protocol.suite import (
+    KEY_BYTES,
+    SHARE_BYTES,
+    Suite,
+    ciphertext_bytes,
+    keys_bytes,
+    plaintext_bytes,
+    survivors_bytes,
+    upload_bytes,
+)
 from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
 
 SECRET_ELEMENTS = shamir.elements_for(32)
@@ -96,6 +121,11 @@ class BadCiphertextError(RemoteProtocolError):
 
 class InconsistentViewError(RemoteProtocolError):
     """A set of clients from the server that contradicts what this client saw or may accept."""
+
+
+class BadKeyError(RemoteProtocolError):
+    """A public key that is malformed, of low order (X25519 with it gives the all-zero secret), or already
+    another party's."""
 
 
 class TooFewClientsError(RemoteProtocolError):
@@ -119,6 +149,9 @@ class SecAggConfig:
     """Each client's neighbours (SecAgg: everyone else)."""
     threshold_fraction: float
     malicious: bool
+    collusion: int = 0
+    """T_C, clients that may collude with the server: in the malicious variant every client's threshold must
+    withstand that many of its holders signing two survivor sets (:mod:`sim.protocol.collusion`)."""
     verification_keys: Mapping[int, Data] = field(default_factory=dict)
     """Long-term Ed25519 verification key of each client (malicious variant)."""
     private: PrivateRound | None = None
@@ -166,6 +199,19 @@ class SecAggConfig:
                 raise RoundSetupError(
                     f"threshold {self.threshold_fraction} gives client {c}'s {len(self._holders[c])} holders a "
                     "reconstruction threshold of 1: every share would be the secret itself"
+                )
+        if self.collusion < 0:
+            raise RoundSetupError(f"collusion {self.collusion}: a number of clients >= 0 is expected")
+        for c in self.sampled if self.malicious else ():
+            n, t = len(self._holders[c]), self.threshold(c)
+            if split_view_possible(t, n, self.collusion):
+                raise RoundSetupError(
+                    f"threshold {self.threshold_fraction} gives client {c}'s {n} holders t = {t}, which a server "
+                    f"with {self.collusion} colluding client{'s' if self.collusion != 1 else ''} can reach in two "
+                    "camps shown different survivor sets "
+                    f"(2t <= holders + colluding holders): the malicious variant needs t >= "
+                    f"{smallest_safe_threshold(n, self.collusion)} (threshold >= "
+                    f"{smallest_safe_fraction(n, self.collusion)})"
                 )
 
     def holders(self, client: int) -> tuple[int, ...]:
@@ -283,6 +329,14 @@ class SecAggServer:
         sum was revealed to the server and must be accounted)."""
         self.removed: tuple[int, ...] = ()
         """Noise components removed from every survivor (XNoise)."""
+        self.liars: dict[int, str] = {}
+        """Clients whose shares contradicted the other holders' while reconstructing, with what they sent: their
+        shares were set aside. (The dealer of a secret may also have dealt a holder a wrong share: SecAgg's
+        shares are not verifiable, so this names whom the shares point to, for this round only.)"""
+        self._advertised: dict[Data, int] = {}
+        """Public keys advertised so far, and by whom."""
+        self._signed_u3 = b""
+        """What each survivor signs in the consistency check (malicious variant)."""
 
     # -- driver interface -------------------------------------------------------------------------
     def begin(self) -> Reaction:
@@ -324,7 +378,10 @@ class SecAggServer:
                 f"{self.step}: {len(answered)} of {len(self._expected)} clients answered, "
                 f"threshold {self.config.minimum}"
             )
+        known = len(self.liars)
         reaction: Reaction = getattr(self, closer)(answered)
+        if len(self.liars) > known:  # shares outvoted while reconstructing: the driver reports their senders
+            reaction = Reaction(reaction.sends, reaction.work, tuple(list(self.liars.items())[known:]))
         return reaction
 
     # Closers receive {client: message} of the step's answers, in client order (None for masked inputs).
@@ -334,8 +391,44 @@ class SecAggServer:
         self.outcome = f"aborted: {reason}"
         return Reaction()
 
+    def _fail(self, reason: str, suspects: tuple[int, ...]) -> RoundAbortedError:
+        """Abort for what the clients sent (not for dropout); the error to raise (see :mod:`sim.protocol.machine`)."""
+        self._abort(reason)
+        return RoundAbortedError(reason, suspects)
+
+    def _blame(self, liars: tuple[int, ...], what: str) -> None:
+        for c in liars:
+            self.liars.setdefault(c, f"sent a share of {what} that contradicts the other holders' shares")
+
+    def _is_key_of(self, public: Data, key: Data) -> bool:
+        return self.suite.public_of(key) == public
+
     # -- step 0 -----------------------------------------------------------------------------------
     def _on_advertise(self, sender: int, m: AdvertiseKeys) -> list[Work]:
+        cfg, suite = self.config, self.suite
+        for name, key in (("c_pk", m.c_pk), ("s_pk", m.s_pk)):
+            if len(key) != KEY_BYTES:
+                raise BadKeyError(sender, f"advertised a {name} of {len(key)} bytes, expected {KEY_BYTES}")
+            if not suite.valid_key(key):
+                raise BadKeyError(sender, f"advertised a {name} of low order (X25519 with it gives a zero secret)")
+        want = SIGNATURE_BYTES if cfg.malicious else 0
+        if len(m.signature) != want:
+            raise RemoteProtocolError(
+                sender, f"advertised its keys with a signature of {len(m.signature)} bytes, not {want}"
+            )
+        if suite.full:  # a key repeated in a key list makes every client that receives it refuse the list
+            if m.c_pk == m.s_pk:
+                raise BadKeyError(sender, "advertised the same key twice (as c_pk and s_pk)")
+            for key in (m.c_pk, m.s_pk):
+                if key in self._advertised:
+                    raise BadKeyError(sender, f"advertised keys that client {self._advertised[key]} advertised")
+        if cfg.malicious:  # relayed, a bad signature would make every client refuse the key list
+            signed = keys_bytes(cfg.session, cfg.round, sender, m.c_pk, m.s_pk)
+            verification = cfg.verification_keys.get(sender)
+            if verification is None or not suite.verify(verification, signed, m.signature):
+                raise BadSignatureError(sender, "advertised keys with a signature that does not verify")
+        if suite.full:
+            self._advertised[m.c_pk] = self._advertised[m.s_pk] = sender
         return []
 
     def _close_advertise(self, answered: dict[int, Message | None]) -> Reaction:
@@ -364,6 +457,10 @@ class SecAggServer:
             or not all(self.config.holds(v, sender) and v in self.u1 for v in receivers)
         ):
             raise RemoteProtocolError(sender, "sent ciphertexts for clients that are not its share holders")
+        size = ciphertext_bytes(2 + self.config.shared_noise)
+        for v, ct in m.ciphertexts:
+            if len(ct) != size:  # its receiver would refuse it, blaming the server
+                raise RemoteProtocolError(sender, f"sent client {v} a ciphertext of {len(ct)} bytes, not {size}")
         return [Work("secagg.entries", {"count": len(receivers)})]
 
     def _close_share(self, answered: dict[int, Message | None]) -> Reaction:
@@ -383,9 +480,15 @@ class SecAggServer:
     def _on_masked(self, sender: int, m: MaskedInput) -> list[Work]:
         if m.y.bits != self.config.bits or m.y.length != self.config.dim:
             raise RemoteProtocolError(sender, f"sent a masked input of {m.y.length} values of {m.y.bits} bits")
-        if self.config.signed_uploads:
+        if self.suite.full and not isinstance(m.y.values, np.ndarray):
+            raise RemoteProtocolError(sender, "sent a masked input without its values")
+        cfg = self.config
+        if cfg.signed_uploads:
             if not isinstance(m, SignedMaskedInput):
                 raise RemoteProtocolError(sender, "sent its masked input without the upload signature")
+            key = cfg.verification_keys.get(sender)
+            if key is None or not self.suite.verify(key, upload_bytes(cfg.session, cfg.round, sender), m.signature):
+                raise BadSignatureError(sender, "sent an upload signature that does not verify")
             self.upload_signatures[sender] = m.signature
         if self.suite.full:
             if isinstance(self.total, Blank):
@@ -423,10 +526,16 @@ class SecAggServer:
             request = SignedUploads(cfg.round, survivors, tuple(self.upload_signatures[c] for c in survivors))
         self.step = "consistency_check" if cfg.malicious else "unmasking"
         self._expected = set(survivors)
+        if cfg.malicious:
+            self._signed_u3 = survivors_bytes(cfg.session, cfg.round, survivors)
         return Reaction(sends=tuple(Send(c, request) for c in survivors), work=work)
 
     # -- step 3 (malicious) -----------------------------------------------------------------------
     def _on_consistency(self, sender: int, m: ConsistencySignature) -> list[Work]:
+        # Relayed, a bad signature would make every client that checks it leave, blaming the server.
+        key = self.config.verification_keys.get(sender)
+        if key is None or not self.suite.verify(key, self._signed_u3, m.signature):
+            raise BadSignatureError(sender, "sent a consistency signature that does not verify for the survivor set")
         return []
 
     def _close_consistency(self, answered: dict[int, Message | None]) -> Reaction:
@@ -454,13 +563,15 @@ class SecAggServer:
             if about in seen:
                 raise RemoteProtocolError(sender, f"sent two shares about client {about}")
             seen.add(about)
-            if not self.config.holds(sender, about) or about not in self.u2:
+            if about not in self.u2 or not self.config.holds(sender, about):  # u2 first: ids outside the round
                 raise RemoteProtocolError(sender, f"sent a share about client {about}, which it does not hold")
             want = SHARE_OF_SEED if about in self.u3 else SHARE_OF_KEY
             if kind != want:
                 raise RemoteProtocolError(sender, f"sent a share of kind {kind} about client {about}, expected {want}")
             if len(share) != SHARE_BYTES:
                 raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
+        if not self.suite.valid_shares([share for _, _, share in m.shares]):
+            raise RemoteProtocolError(sender, f"sent a share that is not {SECRET_ELEMENTS} elements of GF(2^31 - 1)")
         private = self.config.private
         if private is not None and private.removing:
             if not isinstance(m, UnmaskSharesAndSeeds):
@@ -470,11 +581,15 @@ class SecAggServer:
                 raise RemoteProtocolError(
                     sender, f"sent seeds of components {[k for k, _ in m.seeds]}, not {list(wanted)}"
                 )
+            if self.suite.full and not all(isinstance(g, bytes) for _, g in m.seeds):
+                raise RemoteProtocolError(sender, "sent noise seeds without their bytes")
         if private is not None and private.rebasing:
             if not isinstance(m, RebaseAndUnmask):
                 raise RemoteProtocolError(sender, "sent no rebased noise with its shares")
             if m.z.bits != self.config.bits or m.z.length != self.config.dim:
                 raise RemoteProtocolError(sender, f"sent a rebasing vector of {m.z.length} values of {m.z.bits} bits")
+            if self.suite.full and not isinstance(m.z.values, np.ndarray):
+                raise RemoteProtocolError(sender, "sent a rebasing vector without its values")
             if self.suite.full:
                 self.total = add_mod(self.total, m.z.values, self.config.bits)  # type: ignore[arg-type]
             return [Work("secagg.entries", {"count": len(m.shares)}), Work("vector.add", {"elements": self.config.dim})]
@@ -495,13 +610,25 @@ class SecAggServer:
             )
 
         def secret(about: int, kind: int) -> Data | None:
+            """The secret from t shares, checked by the rest or by its public key; None if too few answered."""
             have = shares.get((about, kind), {})
             t = cfg.threshold(about)
             if len(have) < t:
                 return None
-            holders = sorted(have)[:t]
+            holders = sorted(have)
             work.append(Work("shamir.reconstruct", {"secrets": 1, "shares": t, "elements": SECRET_ELEMENTS * t}))
-            return suite.reconstruct(holders, [have[h] for h in holders])
+            # A reconstructed key must match the public key its client advertised.
+            check = partial(self._is_key_of, self.u1[about].s_pk) if kind == SHARE_OF_KEY else None
+            found = suite.recover(holders, [have[h] for h in holders], t, check, self.liars)
+            what = f"client {about}'s {'mask key' if kind == SHARE_OF_KEY else 'mask seed'}"
+            self._blame(found.liars, what)
+            if found.secret is None:
+                raise self._fail(
+                    f"unmasking: the {len(have)} shares of {what} contradict each other and the lie cannot be "
+                    f"outvoted (threshold {t}; set aside: {list(found.liars)})",
+                    found.liars,
+                )
+            return found.secret
 
         total = self.total
         for u in survivors:
@@ -516,9 +643,7 @@ class SecAggServer:
             s_sk = secret(v, SHARE_OF_KEY)
             if s_sk is None:
                 return self._abort(f"unmasking: too few shares to recover dropped client {v}'s mask key")
-            work.append(Work("x25519.public", {"count": 1}))
-            if suite.full and suite.public_of(s_sk) != self.u1[v].s_pk:
-                return self._abort(f"unmasking: the key reconstructed for client {v} does not match its public key")
+            work.append(Work("x25519.public", {"count": 1}))  # done in secret(): the key matched its public key
             for u in (u for u in cfg.neighbours[v] if u in self.u3):
                 mask = suite.pair_mask(s_sk, self.u1[u].s_pk, cfg.round, u, v, cfg.dim, cfg.bits)
                 work += [
@@ -587,6 +712,8 @@ class SecAggServer:
             if len(share) != SHARE_BYTES:
                 raise RemoteProtocolError(sender, f"sent a share of {len(share)} bytes, expected {SHARE_BYTES}")
             seen.add((about, k))
+        if not self.suite.valid_shares([share for _, _, share in m.shares]):
+            raise RemoteProtocolError(sender, f"sent a share that is not {SECRET_ELEMENTS} elements of GF(2^31 - 1)")
         return [Work("secagg.entries", {"count": len(m.shares)})]
 
     def _close_noise_removal(self, answered: dict[int, Message | None]) -> Reaction:
@@ -600,8 +727,17 @@ class SecAggServer:
                 have = shares.get((u, k), {})
                 if len(have) < t:
                     return self._abort(f"noise_removal: too few shares to recover survivor {u}'s noise seed {k}")
-                holders = sorted(have)[:t]
-                seeds.append(suite.reconstruct(holders, [have[h] for h in holders]))
+                holders = sorted(have)
+                found = suite.recover(holders, [have[h] for h in holders], t, None, self.liars)
+                what = f"survivor {u}'s noise seed {k}"
+                self._blame(found.liars, what)
+                if found.secret is None:
+                    raise self._fail(
+                        f"noise_removal: the {len(have)} shares of {what} contradict each other and the lie cannot "
+                        f"be outvoted (threshold {t}; set aside: {list(found.liars)})",
+                        found.liars,
+                    )
+                seeds.append(found.secret)
             work.append(
                 Work(
                     "shamir.reconstruct",
@@ -736,6 +872,10 @@ class SecAggClient:
                 raise InconsistentViewError(SERVER, "the key list repeats a public key")
             if (peers[me].c_pk, peers[me].s_pk) != self.own_keys:
                 raise InconsistentViewError(SERVER, "the key list shows other keys for this client")
+        for v, p in peers.items():
+            for name, key in (("c_pk", p.c_pk), ("s_pk", p.s_pk)):
+                if not suite.valid_key(key):  # X25519 with a low-order key gives a zero secret
+                    raise BadKeyError(SERVER, f"the key list gives client {v}'s {name} malformed or of low order")
         if cfg.malicious:
             work.append(Work("ed25519.verify", {"count": len(peers)}))
             for v, p in peers.items():

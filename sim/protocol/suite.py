@@ -14,7 +14,8 @@ and signature to the protocol version, the round and the parties involved.
 from __future__ import annotations
 
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
@@ -84,6 +85,15 @@ class OpenedShares:
         self.noise = noise
 
 
+@dataclass(frozen=True)
+class Recovered:
+    """A secret reconstructed from its holders' shares, and the holders whose shares contradicted it (set
+    aside). ``secret`` is None when the shares contradict each other and the liars cannot be outvoted."""
+
+    secret: Data | None
+    liars: tuple[int, ...] = ()
+
+
 class Suite(Protocol):
     full: bool
 
@@ -93,7 +103,17 @@ class Suite(Protocol):
     def verify(self, public: Data, message: bytes, signature: Data) -> bool: ...
     def share(self, secret: Data, threshold: int, holders: Sequence[int], rng: RandomSource) -> list[Data]: ...
     def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data: ...
+    def recover(
+        self,
+        holders: Sequence[int],
+        shares: Sequence[Data],
+        threshold: int,
+        check: Callable[[Data], bool] | None = None,
+        suspects: Collection[int] = (),
+    ) -> Recovered: ...
     def public_of(self, private: Data) -> Data: ...
+    def valid_key(self, public: Data) -> bool: ...
+    def valid_shares(self, shares: Sequence[Data]) -> bool: ...
     def seal(
         self,
         c_sk: Data,
@@ -141,9 +161,76 @@ class RealSuite:
         assert all(isinstance(s, bytes) for s in shares)
         return shamir.reconstruct_bytes([h + 1 for h in holders], shares, 32)  # type: ignore[arg-type]
 
+    def recover(
+        self,
+        holders: Sequence[int],
+        shares: Sequence[Data],
+        threshold: int,
+        check: Callable[[Data], bool] | None = None,
+        suspects: Collection[int] = (),
+    ) -> Recovered:
+        """The 32-byte secret from the shares of ``holders`` (ascending), despite wrong ones.
+
+        As :meth:`reconstruct` does, from the first ``threshold`` shares; then ``check`` (a test of the
+        secret itself, e.g. a key against its public key), or else the parity checks of the rest
+        (:func:`sim.crypto.shamir.consistent`), confirm it. Only if they fail does :func:`shamir.decode`
+        look for the secret that the most shares agree on, trying ``suspects`` left out first.
+        """
+        if all(isinstance(s, bytes) and len(s) == SHARE_BYTES for s in shares):
+            sized = list(range(len(shares)))
+        else:
+            sized = [i for i, s in enumerate(shares) if isinstance(s, bytes) and len(s) == SHARE_BYTES]
+        joined = b"".join(shares[i] for i in sized)  # type: ignore[misc]
+        rows = np.frombuffer(joined, dtype="<u4").reshape(len(sized), SHARE_BYTES // 4).astype(np.int64)
+        in_field = rows.max(axis=1, initial=0) < shamir.PRIME
+        if len(sized) < len(shares) or not in_field.all():  # refused where they enter (valid_shares), and here
+            keep = [i for i, ok in zip(sized, in_field, strict=True) if ok]
+            found = self.recover([holders[i] for i in keep], [shares[i] for i in keep], threshold, check, suspects)
+            dropped = {holders[i] for i in range(len(shares)) if i not in keep}
+            return Recovered(found.secret, tuple(sorted({*found.liars, *dropped})))
+        if len(shares) < threshold:
+            return Recovered(None)
+        xs = tuple(h + 1 for h in holders)
+        t = threshold
+        try:
+            secret = shamir.elements_to_bytes(shamir.reconstruct(xs[:t], rows[:t]), SEED_BYTES)
+        except ValueError:  # not a byte string: some share is wrong
+            pass
+        else:
+            if check(secret) if check is not None else shamir.consistent(xs, rows, t):
+                return Recovered(secret)
+
+        def accept(elements: np.ndarray) -> bool:
+            assert check is not None
+            try:
+                return check(shamir.elements_to_bytes(elements, SEED_BYTES))
+            except ValueError:
+                return False
+
+        first = [i for i, h in enumerate(holders) if h in suspects]
+        elements, wrong = shamir.decode(xs, rows, t, accept if check is not None else None, first)
+        if elements is None:
+            return Recovered(None)
+        try:
+            secret = shamir.elements_to_bytes(elements, SEED_BYTES)
+        except ValueError:  # the shares agree on something that is no byte string: the dealer's doing
+            return Recovered(None, tuple(holders[i] for i in wrong))
+        return Recovered(secret, tuple(holders[i] for i in wrong))
+
     def public_of(self, private: Data) -> Data:
         assert isinstance(private, bytes)
         return agreement.public_of(private)
+
+    def valid_key(self, public: Data) -> bool:
+        """Whether ``public`` is a 32-byte X25519 key of large order (:func:`sim.crypto.agreement.low_order`)."""
+        return isinstance(public, bytes) and len(public) == KEY_BYTES and not agreement.low_order(public)
+
+    def valid_shares(self, shares: Sequence[Data]) -> bool:
+        """Whether every share is :data:`SHARE_BYTES` bytes of field elements (uint32 below 2^31 - 1)."""
+        if not all(isinstance(s, bytes) and len(s) == SHARE_BYTES for s in shares):
+            return False
+        joined = b"".join(shares)  # type: ignore[arg-type]
+        return not joined or int(np.frombuffer(joined, dtype="<u4").max()) < shamir.PRIME
 
     def seal(
         self,
@@ -227,8 +314,24 @@ class SizedSuite:
     def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data:
         return Opaque(32)
 
+    def recover(
+        self,
+        holders: Sequence[int],
+        shares: Sequence[Data],
+        threshold: int,
+        check: Callable[[Data], bool] | None = None,
+        suspects: Collection[int] = (),
+    ) -> Recovered:
+        return Recovered(Opaque(32) if len(shares) >= threshold else None)
+
     def public_of(self, private: Data) -> Data:
         return Opaque(KEY_BYTES)
+
+    def valid_key(self, public: Data) -> bool:
+        return len(public) == KEY_BYTES
+
+    def valid_shares(self, shares: Sequence[Data]) -> bool:
+        return all(len(s) == SHARE_BYTES for s in shares)
 
     def seal(
         self,

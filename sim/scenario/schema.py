@@ -14,6 +14,12 @@ from pathlib import Path
 from typing import Any
 
 from sim.dp.strategies import REMOVING, STRATEGIES, allowed
+from sim.protocol.collusion import (
+    largest_safe_collusion,
+    smallest_safe_fraction,
+    smallest_safe_threshold,
+    split_view_possible,
+)
 from sim.protocol.graph import auto_degree
 from sim.protocol.registry import (
     NOISE_REMOVAL_STAGES,
@@ -21,6 +27,7 @@ from sim.protocol.registry import (
     PROTOCOLS,
     AggregationParams,
     reconstruction_threshold,
+    secret_holders,
 )
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader
@@ -334,8 +341,8 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     )
     s.finish()
     aggregation = _aggregation(r.section("aggregation"), sampling)
-    privacy = _privacy(r.section("privacy"), aggregation, sampling)
-    aggregation = dataclasses.replace(aggregation, strategy=privacy.strategy)
+    privacy = _privacy(r.section("privacy"), aggregation, sampling, population)
+    aggregation = dataclasses.replace(aggregation, strategy=privacy.strategy, collusion=privacy.collusion)
     steps = aggregation.steps()
     dropout = _dropout(r.section("dropout"), aggregation)
     data = _data(r.section("data"), population)
@@ -486,7 +493,7 @@ def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
     return AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
 
 
-def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> Privacy:
+def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, population: int | None) -> Privacy:
     d = Privacy()
     strategy = r.choice("strategy", STRATEGIES, d.strategy)
     p = Privacy(
@@ -535,7 +542,9 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> P
             "xnoise, or none to run without DP",
         )
     k = sampling.clients_per_round
-    if p.enabled and k is not None and p.collusion and protocol in ("secagg", "secagg+"):
+    if aggregation.malicious and p.collusion and protocol in ("secagg", "secagg+"):
+        _consistency_check(r, aggregation, p.collusion, sampling, population)  # implies collusion < t
+    elif p.enabled and k is not None and p.collusion and protocol in ("secagg", "secagg+"):
         t = reconstruction_threshold(aggregation, k)
         if p.collusion >= t:
             r.fail(
@@ -545,6 +554,41 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling) -> P
             )
     r.finish()
     return p
+
+
+def _consistency_check(
+    r: Reader, aggregation: AggregationParams, colluders: int, sampling: Sampling, population: int | None
+) -> None:
+    """The malicious variant's consistency check must withstand ``colluders`` signing two survivor sets:
+    t > (holders + colluding holders) / 2 per secret (:mod:`sim.protocol.collusion`). Under Poisson sampling
+    this checks the nominal round of round(rate population) clients; each round is checked again as its
+    machines are built, and one whose size makes it unsafe aborts."""
+    k = sampling.clients_per_round
+    sampled = f"{k} sampled clients"
+    if k is None:
+        if sampling.rate is None or population is None:
+            return
+        k = max(1, round(sampling.rate * population))
+        sampled = f"a nominal {k} sampled clients at Poisson rate {sampling.rate}"
+    n = secret_holders(aggregation, k)
+    t = reconstruction_threshold(aggregation, k)
+    if not split_view_possible(t, n, colluders):
+        return
+    where = sampled if n == k else f"{n} per neighbourhood of {sampled}"
+    fix = f"raise aggregation.threshold to at least {smallest_safe_fraction(n, colluders)} (t = "
+    fix += f"{smallest_safe_threshold(n, colluders)})"
+    most = largest_safe_collusion(t, n)
+    if most is not None and most >= 0:
+        fix += f", or lower privacy.collusion to at most {most}"
+    r.fail(
+        "collusion",
+        f"is {colluders} with aggregation.adversary: malicious and aggregation.threshold: {aggregation.threshold}, "
+        f"whose t = {t} of the {n} holders of each secret ({aggregation.protocol}, {where}) is too low: a server "
+        f"with {colluders} colluding client{'s' if colluders != 1 else ''} could show two camps of honest holders "
+        "different survivor sets, each confirmed by t holders, and recover a client's input from one camp's shares "
+        "of its seed and the other's of its key (the consistency check needs 2t > holders + colluding holders, "
+        "docs/protocols.md); " + fix,
+    )
 
 
 def _trace(r: Reader) -> TraceReplay | None:
