@@ -162,6 +162,7 @@ def run_scenario(
         writer.manifest.update(
             model_parameters=sim.dim,
             cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
+            **sim.manifest_entries(),
         )
         if sim.setup.pipeline is not None:
             plan = sim.chunk_plan

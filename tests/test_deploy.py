@@ -39,11 +39,11 @@ def _scenario(tmp_path: Path, *overrides: str):  # type: ignore[no-untyped-def]
     return load(path, list(overrides), output=str(tmp_path / "out")).base()
 
 
-def _both(tmp_path: Path, *overrides: str) -> tuple[Path, Path]:
+def _both(tmp_path: Path, *overrides: str, seeded: bool = False) -> tuple[Path, Path]:
     scenario = _scenario(tmp_path, *overrides)
     simulated, deployed = tmp_path / "sim", tmp_path / "deploy"
     run_scenario(scenario, simulated, progress=False)
-    options = DeployOptions(log_dir=deployed)
+    options = DeployOptions(log_dir=deployed, seeded_secrets=seeded)
     run_scenario(scenario, deployed, progress=False, engine=partial(Deployment, options=options), driver="deploy")
     return simulated, deployed
 
@@ -61,10 +61,15 @@ CASES = {
 }
 
 
+SEEDED = {"secagg+ xnoise pipelined"}
+"""Cases with DP noise: bit for bit only with the secrets derived from the scenario seed (no secrecy)."""
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_deployed_rounds_match_the_simulated_ones(tmp_path: Path, case: str) -> None:
-    """Same seed, same aggregate after every round (bit for bit), same survivors, outcomes and epsilon."""
-    simulated, deployed = _both(tmp_path, *CASES[case])
+    """Same seed, same aggregate after every round (bit for bit), same survivors, outcomes and epsilon.
+    Without DP the clients' secrets come from their operating systems and the masks still cancel exactly."""
+    simulated, deployed = _both(tmp_path, *CASES[case], seeded=case in SEEDED)
     sim, dep = read_run_table(simulated, "rounds"), read_run_table(deployed, "rounds")
     assert list(dep["outcome"]) == list(sim["outcome"]) == ["ok", "ok"]
     assert list(dep["model_sha256"]) == list(sim["model_sha256"])
@@ -81,8 +86,22 @@ def test_deployed_rounds_match_the_simulated_ones(tmp_path: Path, case: str) -> 
     for table in (sim_clients, dep_clients):
         table.loc[~stayed, ["bytes_down", "bytes_up"]] = 0
     pd.testing.assert_frame_equal(dep_clients, sim_clients)
-    assert read_manifest(deployed)["driver"] == "deploy"
+    manifest = read_manifest(deployed)
+    assert manifest["driver"] == "deploy"
+    assert manifest["secrets"].startswith("seeded" if case in SEEDED else "os-csprng")
     assert (dep["round_time"] > 0).all()
+
+
+def test_with_secrets_of_its_own_a_deployed_dp_round_has_other_noise(tmp_path: Path) -> None:
+    """With DP and the workers' own randomness, the noise (and so the model) differs from the simulator's,
+    while everything the noise does not decide is the same: outcomes, survivors and the epsilon spent."""
+    simulated, deployed = _both(tmp_path, *CASES["secagg+ xnoise pipelined"], "rounds=1")
+    sim, dep = read_run_table(simulated, "rounds"), read_run_table(deployed, "rounds")
+    assert list(dep["outcome"]) == list(sim["outcome"]) == ["ok"]
+    assert list(dep["survivors"]) == list(sim["survivors"])
+    assert list(dep["epsilon"]) == list(sim["epsilon"])
+    assert list(dep["model_sha256"]) != list(sim["model_sha256"])
+    assert read_manifest(deployed)["secrets"].startswith("os-csprng")
 
 
 def test_deployed_results_plot(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ in lockstep, so that both start every round from the same model).
 Three deployments serve the module (worker start-up dominates: torch and the data, ~20 s for nine workers on
 two cores; a round takes about a second):
 ``killing`` (9 spawned workers, one killed per round), ``rogue`` (4 real workers started here plus a rogue
-worker 4 in a thread of this process, which knows the deployment secret) and a ``run_scenario`` run whose
+worker 4 in a thread of this process, which holds worker 4's key) and a ``run_scenario`` run whose
 workers all die after round 1. The server's asyncio loop runs only inside ``dep.step()``/``dep.close()``;
 helper threads (a killer, the rogue) act while it does. Everything talks to 127.0.0.1.
 """
@@ -30,22 +30,24 @@ import sys
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
 from sim.deploy import control
+from sim.deploy import identity as ids
 from sim.deploy.deployment import Deployment, DeployOptions
 from sim.deploy.framing import Closed, FrameError, Session, client_handshake, read_frame
-from sim.deploy.identity import SECRET_ENV, new_secret, party_identity
 from sim.engine.sampling import sample_clients
 from sim.engine.simulation import RoundResult, Simulation
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine
-from sim.protocol.messages import Ciphertexts, KeyList
+from sim.protocol.messages import Ciphertexts, KeyList, MaskedInput, Survivors
+from sim.protocol.wire import ModVector
 from sim.results.read import read_manifest, read_run_table
 from sim.runner import run_scenario
 from sim.scenario import load
@@ -53,7 +55,6 @@ from sim.scenario.schema import Scenario
 
 pytestmark = pytest.mark.slow
 
-SERVER_PARTY = -1
 POLL_S = 0.001
 """How often the killer looks at the server's round."""
 KILL_DEADLINE_S = 60.0
@@ -470,7 +471,105 @@ async def _leave(t: Turn) -> None:
     t.link.writer.close()
 
 
+# -- the adversarial worker: an authenticated client that sends each kind of wrong message at each step ---
+FAR = 10**9
+"""A client id outside every round."""
+
+
+def _flip(data: bytes) -> bytes:
+    return bytes([data[0] ^ 1]) + data[1:]
+
+
+class Raw:
+    """A payload the rogue sends as it is."""
+
+    def __init__(self, payload: bytes) -> None:
+        self.payload = payload
+
+    def encode(self) -> bytes:
+        return self.payload
+
+
+def _one_bit_giant(message: MaskedInput) -> Raw:
+    """A masked input of 2^25 one-bit values: a 4 MiB frame that once cost the server 1.3 GB to decode
+    (written directly: packing it would take the rogue longer than the step's deadline)."""
+    count = 1 << 25
+    body = struct.pack("<IQBQ", message.round, message.client, 1, count) + bytes(count // 8)
+    return Raw(wire.HEADER.pack(wire.MAGIC, wire.VERSION, MaskedInput.TYPE, len(body)) + body)
+
+
+MISBEHAVIOURS: dict[str, tuple[str, Callable[[Any, Turn], Any]]] = {
+    "keys_for_another": (
+        "advertise_keys",
+        lambda m, t: replace(m, client=next(c for c in t.start.sampled if c != m.client)),
+    ),
+    "keys_of_another_round": ("advertise_keys", lambda m, t: replace(m, round=m.round + 1)),
+    "keys_too_short": ("advertise_keys", lambda m, t: replace(m, signature=m.signature[:-1] if m.signature else b"x")),
+    "shares_to_unknown_id": (
+        "share_keys",
+        lambda m, t: replace(m, ciphertexts=((FAR, m.ciphertexts[0][1]), *m.ciphertexts[1:])),
+    ),
+    "shares_twice_to_one": ("share_keys", lambda m, t: replace(m, ciphertexts=(m.ciphertexts[0], *m.ciphertexts[:-1]))),
+    "masked_of_wrong_length": (
+        "masked_input",
+        lambda m, t: replace(m, y=ModVector(m.y.bits, np.zeros(m.y.length + 1, dtype=np.uint32))),
+    ),
+    "masked_of_wrong_width": (
+        "masked_input",
+        lambda m, t: replace(m, y=ModVector(m.y.bits - 1, np.zeros(m.y.length, dtype=np.uint32))),
+    ),
+    "masked_giant_one_bit": ("masked_input", lambda m, t: _one_bit_giant(m)),
+    "masked_replayed": ("masked_input", lambda m, t: [m, m]),
+    "unmask_about_unknown_id": (
+        "unmasking",
+        lambda m, t: replace(m, shares=((FAR, m.shares[0][1], m.shares[0][2]), *m.shares[1:])),
+    ),
+    "unmask_of_wrong_kind": (
+        "unmasking",
+        lambda m, t: replace(m, shares=((m.shares[0][0], 7, m.shares[0][2]), *m.shares[1:])),
+    ),
+    "unmask_share_too_short": (
+        "unmasking",
+        lambda m, t: replace(m, shares=((m.shares[0][0], m.shares[0][1], m.shares[0][2][:-1]), *m.shares[1:])),
+    ),
+    "unmask_tampered": ("unmasking", lambda m, t: replace(m, shares=tuple((a, k, _flip(v)) for a, k, v in m.shares))),
+}
+"""Each misbehaviour: the step in which the rogue sends it, and how it changes its honest answer (a list:
+several messages)."""
+STEP_REQUESTS: dict[str, type[wire.Message] | None] = {
+    "advertise_keys": None,
+    "share_keys": KeyList,
+    "masked_input": Ciphertexts,
+    "unmasking": Survivors,
+}
+"""What the server sends before each step (None: the round's start)."""
+
+
+def _misbehave(name: str) -> Callable[[Turn], Awaitable[None]]:
+    step, change = MISBEHAVIOURS[name]
+
+    async def attack(t: Turn) -> None:
+        steps = list(STEP_REQUESTS)
+        for current in steps[: steps.index(step) + 1]:
+            request = STEP_REQUESTS[current]
+            if request is None:
+                (send,) = t.machine.start(np.zeros(t.rogue.dim, dtype=np.float32), 1.0).sends
+            else:
+                message = await t.link.receive(request)
+                assert message is not None, f"the server closed the connection before sending {request.__name__}"
+                (send,) = t.machine.receive(message).sends
+            if current != step:
+                await t.link.send(0, send.message.encode())
+                continue
+            changed = change(send.message, t)
+            for m in changed if isinstance(changed, list) else [changed]:
+                await t.link.send(0, m.encode())
+
+    return attack
+
+
 ATTACKS: dict[str, tuple[Callable[[Turn], Awaitable[None]], type | None]] = {
+    **{name: (_misbehave(name), control.RoundEnd) for name in MISBEHAVIOURS},
     "replay": (_replay, control.RoundEnd),
     "skip": (_skip, control.RoundEnd),
     "bad_tag": (_bad_tag, control.RoundEnd),
@@ -493,13 +592,13 @@ server closing the connection (``Stalled``), or nothing."""
 
 class Rogue:
     """Worker ``index`` played from a thread of the test: for each attack queued, it connects, authenticates
-    with the deployment's secret, reports ready, waits for its round, misbehaves, and closes its
+    with its own key, reports ready, waits for its round, misbehaves, and closes its
     connection after the round (or once the server has)."""
 
-    def __init__(self, address: tuple[str, int], index: int, secret: bytes, scenario: Scenario, dim: int) -> None:
+    def __init__(self, address: tuple[str, int], index: int, keys: Path, scenario: Scenario, dim: int) -> None:
         self.address, self.index, self.scenario, self.dim = address, index, scenario, dim
-        self.signing, _ = party_identity(secret, index)
-        _, self.server_key = party_identity(secret, SERVER_PARTY)
+        self.signing = ids.read_identity(ids.worker_key_file(keys, index)).signing
+        self.server_key = ids.read_public(keys / "server.pub")
         self.attacks: queue.Queue[str | None] = queue.Queue()
         self.played: queue.Queue[Played] = queue.Queue()
         self.first_frame = b""
@@ -592,12 +691,17 @@ def rogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RogueDeployment]
     scenario = _scenario(
         tmp,
         FAULTS,
+        "rounds=40",
         "clients.compute.slowdown=[1.0, 1.0]",
         f"timeouts={{share_keys: {SHARE_KEYS_TIMEOUT_S}}}",
     )
-    secret = new_secret()
+    keys = tmp / "keys"
+    server = ids.create_identity(ids.server_key_file(keys))
+    for j in range(ROGUE_WORKERS):
+        ids.create_identity(ids.worker_key_file(keys, j))
     options = DeployOptions(
-        secret=secret,
+        identity=server,
+        keys=keys,
         workers=ROGUE_WORKERS,
         spawn=False,
         connect_timeout_s=10.0,
@@ -606,14 +710,14 @@ def rogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RogueDeployment]
     )
     dep = Deployment(scenario, options)
     host, port = dep.address
-    env = {**os.environ, SECRET_ENV: secret.hex()}
     processes: list[subprocess.Popen[bytes]] = []
-    rogue = Rogue(dep.address, ROGUE, secret, scenario, dep.dim)
+    rogue = Rogue(dep.address, ROGUE, keys, scenario, dep.dim)
     with (tmp / "workers.log").open("ab") as log:
         try:
             for j in range(ROGUE):
                 command = [sys.executable, "-m", "sim", "worker", "--connect", f"{host}:{port}", "--index", str(j)]
-                processes.append(subprocess.Popen(command, env=env, stdout=log, stderr=log))
+                command += ["--keys", str(keys)]
+                processes.append(subprocess.Popen(command, stdout=log, stderr=log))
             # the honest workers start (torch, the data) before the first round waits only for the rogue
             ready = dep.loop.run_until_complete(dep.server.wait_for_workers(ROGUE, lambda: ROGUE, 120.0))
             assert [p.index for p in ready] == list(range(ROGUE))
@@ -636,6 +740,12 @@ def _wire_error(payload: bytes) -> str:
     return str(error.value)
 
 
+def _control_error(payload: bytes) -> str:
+    with pytest.raises(wire.WireError) as error:
+        control.decode_from_worker(payload)
+    return str(error.value)
+
+
 FRAME_FAULTS = {
     "replay": "replayed frame: seq 0, already received up to 0",
     "skip": "out-of-order frame: seq 2, expected 1",
@@ -643,8 +753,8 @@ FRAME_FAULTS = {
     "kind": "unexpected frame kind 2",
     "short": "frame of 5 bytes is shorter than the 27 bytes of header and tag",
     "giant": "frame of 4294967295 bytes exceeds the limit of 67108864 bytes",
-    "control_garbage": f"malformed control message: {_wire_error(GARBAGE_MESSAGE)}",
-    "unexpected_control": "unexpected control message RoundEnd",
+    "control_garbage": f"malformed control message: {_control_error(GARBAGE_MESSAGE)}",
+    "unexpected_control": "malformed control message: message type 42 is no control message the worker sends",
     "bad_channel": "frame on channel 7; the round has 1",
 }
 """What the server says of each frame it cannot take from a worker (the rogue's Clock was frame 0)."""
@@ -685,6 +795,32 @@ def test_a_bad_message_puts_its_client_out(rogue: RogueDeployment, attack: str) 
     rogue.honest_round(result, played)
 
 
+@pytest.mark.parametrize("attack", list(MISBEHAVIOURS))
+def test_an_adversarial_worker_is_refused_and_the_honest_clients_go_on(rogue: RogueDeployment, attack: str) -> None:
+    """An authenticated worker sends a wrong message in one step (another's id, another round, unknown ids,
+    wrong lengths or widths, a 4 MiB vector of one-bit values, a replay, tampered shares): the server logs
+    why, naming its client, and the round completes for the honest four. Before unmasking the rogue is put
+    out, and the round is the simulator's without it; once its masked input (of a zero update) is in the
+    sum (a replayed masked input, or in unmasking), the honest clients' shares unmask it without the
+    rogue's."""
+    step, _ = MISBEHAVIOURS[attack]
+    result, played, refusals = rogue.round(attack)
+    rec = result.record
+    assert refusals and all(f"client {played.client}" in r for r in refusals), refusals
+    stages = {r.client: r.dropped_stage for r in rec.clients}
+    if step != "unmasking" and attack != "masked_replayed":
+        assert stages[played.client].startswith("rejected: ")
+        rogue.honest_round(result, played)
+        return
+    # its (first) masked input is in the sum
+    assert rec.outcome == "ok" and rec.aggregate is not None
+    assert set(rec.aggregate.survivors) == set(stages)
+    assert all(stage == "" for c, stage in stages.items() if c != played.client)
+    rogue.ref.step({played.client: "after_sampling"})
+    assert rogue.ref.sim.learner is not None and rogue.dep.learner is not None
+    rogue.ref.sim.learner.params = rogue.dep.learner.params.copy()  # the rogue's zero update is in this model
+
+
 STALLS = {
     "mid_frame": ("share_keys", SHARE_KEYS_TIMEOUT_S),
     "silent": ("masked_input", STEP_TIMEOUT_S),
@@ -711,13 +847,12 @@ def test_a_stalled_client_times_out(rogue: RogueDeployment, attack: str) -> None
 
 
 async def _impostor(address: tuple[str, int], party: int) -> tuple[str, tuple[str, int]]:
-    """Authenticate as ``party`` with a key the deployment's secret did not derive: what the client saw, and
-    its address."""
+    """Authenticate as ``party`` with a key of its own making: what the client saw, and its address."""
     reader, writer = await asyncio.open_connection(*address)
     me = writer.get_extra_info("sockname")
     try:
-        signing, _ = party_identity(new_secret(), party)
-        _, server_key = party_identity(new_secret(), SERVER_PARTY)
+        signing = ids.new_identity().signing
+        server_key = ids.new_identity().verification
         await client_handshake(reader, writer, party, signing, server_key, timeout=ROGUE_WAIT_S)
     except (FrameError, Closed) as exc:
         return type(exc).__name__, me
@@ -728,7 +863,7 @@ async def _impostor(address: tuple[str, int], party: int) -> tuple[str, tuple[st
 
 def test_junk_connections_are_refused_and_closed(rogue: RogueDeployment) -> None:
     """Raw sockets that send random garbage, a length prefix of 2^32 - 1, nothing at all, or a partial
-    handshake frame, and an impostor without the secret's keys: each is refused with the reason logged and
+    handshake frame, and an impostor without the party's key: each is refused with the reason logged and
     closed (the silent ones after the 0.5 s handshake timeout), while a round goes on."""
     dep = rogue.dep
     before = len(dep.server.rejected)

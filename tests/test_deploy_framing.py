@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from sim.crypto import agreement, signatures
 from sim.crypto.randomness import SeededRandom
 from sim.deploy import framing
+from sim.deploy import identity as ids
 from sim.deploy.framing import (
     DEFAULT_MAX_FRAME,
     OVERHEAD,
@@ -32,12 +33,17 @@ from sim.deploy.framing import (
     send_frame,
     server_handshake,
 )
-from sim.deploy.identity import party_identity, read_secret, write_secret
 from sim.deploy.shaping import TokenBucket, seconds_for
 
 T = TypeVar("T")
-SECRET = bytes(range(32))
-SERVER_SEED, SERVER_PUBLIC = party_identity(SECRET, -1)
+
+
+def party_identity(party: int) -> tuple[bytes, bytes]:
+    """A fixed key pair per party, for reproducible tests (a deployment's parties draw theirs from the OS)."""
+    return signatures.generate(SeededRandom(bytes([party % 256]) * 32))
+
+
+SERVER_SEED, SERVER_PUBLIC = party_identity(-1)
 Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
@@ -67,13 +73,13 @@ async def connection() -> AsyncIterator[tuple[Streams, Streams]]:
 
 
 def verification_of(*parties: int) -> Callable[[int], bytes | None]:
-    keys = {party: party_identity(SECRET, party)[1] for party in parties}
+    keys = {party: party_identity(party)[1] for party in parties}
     return keys.get
 
 
 async def handshake(client: Streams, served: Streams, party: int = 0) -> tuple[Session, Session]:
     """``(client session, server session)`` after a successful handshake of worker ``party``."""
-    signing, _ = party_identity(SECRET, party)
+    signing, _ = party_identity(party)
     client_session, (seen, server_session) = await asyncio.gather(
         client_handshake(*client, party, signing, SERVER_PUBLIC),
         server_handshake(*served, verification_of(party), SERVER_SEED),
@@ -126,7 +132,7 @@ def test_session_keys_follow_the_specified_derivation():
 
     async def scenario() -> tuple[Session, Session]:
         async with connection() as (client, served):
-            signing, _ = party_identity(SECRET, 0)
+            signing, _ = party_identity(0)
             client_session, (_, server_session) = await asyncio.gather(
                 client_handshake(*client, 0, signing, SERVER_PUBLIC, rng=SeededRandom(client_seed)),
                 server_handshake(*served, verification_of(0), SERVER_SEED, rng=SeededRandom(server_seed)),
@@ -311,7 +317,7 @@ def test_a_hello_without_the_magic_is_refused():
 def test_a_signed_low_order_ephemeral_key_is_refused():
     async def zero_key(client: Streams) -> None:
         hello = (0).to_bytes(4, "big") + bytes(32) + bytes(32)
-        signature = signatures.sign(party_identity(SECRET, 0)[0], b"dropsim-deploy-1 client" + hello)
+        signature = signatures.sign(party_identity(0)[0], b"dropsim-deploy-1 client" + hello)
         client[1].write(framing._hello_frame(b"dropsim-deploy-1" + hello + signature))
 
     with pytest.raises(FrameError, match="ephemeral key is invalid"):
@@ -321,7 +327,7 @@ def test_a_signed_low_order_ephemeral_key_is_refused():
 def test_a_client_signing_with_the_wrong_key_fails_authentication():
     async def scenario() -> None:
         async with connection() as (client, served):
-            impostor, _ = party_identity(SECRET, 1)
+            impostor, _ = party_identity(1)
             client_side = asyncio.ensure_future(client_handshake(*client, 0, impostor, SERVER_PUBLIC))
             try:
                 await server_handshake(*served, verification_of(0, 1), SERVER_SEED)
@@ -338,7 +344,7 @@ def test_a_client_signing_with_the_wrong_key_fails_authentication():
 def test_an_unknown_party_is_refused():
     async def scenario() -> None:
         async with connection() as (client, served):
-            signing, _ = party_identity(SECRET, 7)
+            signing, _ = party_identity(7)
             client_side = asyncio.ensure_future(client_handshake(*client, 7, signing, SERVER_PUBLIC))
             try:
                 await server_handshake(*served, verification_of(0, 1), SERVER_SEED)
@@ -353,12 +359,14 @@ def test_an_unknown_party_is_refused():
 def test_a_server_with_the_wrong_key_fails_authentication():
     async def scenario() -> None:
         async with connection() as (client, served):
-            impostor, _ = party_identity(SECRET, 5)
+            impostor, _ = party_identity(5)
             server_side = asyncio.ensure_future(server_handshake(*served, verification_of(0), impostor))
             try:
-                await client_handshake(*client, 0, party_identity(SECRET, 0)[0], SERVER_PUBLIC)
+                await client_handshake(*client, 0, party_identity(0)[0], SERVER_PUBLIC)
             finally:
-                await server_side
+                client[1].close()  # the client refuses the server: no third flight
+                with pytest.raises((Closed, FrameError)):
+                    await server_side
 
     with pytest.raises(FrameError, match="^server failed authentication$"):
         run(scenario())
@@ -375,15 +383,89 @@ def test_a_silent_client_cannot_hold_the_server():
     assert 0.25 < time.monotonic() - start < 2.0
 
 
-def test_identities_are_distinct_deterministic_and_valid():
-    keys = [party_identity(SECRET, party) for party in (-1, 0, 1)]
-    assert len({public for _, public in keys}) == 3
-    assert party_identity(SECRET, 0) == keys[1]
-    assert party_identity(bytes(32), 0) != keys[1]
-    for signing, public in keys:
-        assert signatures.verify(public, b"m", signatures.sign(signing, b"m"))
-    with pytest.raises(ValueError, match="party must be -1"):
-        party_identity(SECRET, -2)
+def test_a_replayed_first_flight_is_never_authenticated():
+    """A recorded HELLO of worker 0, replayed by someone without its key, cannot finish the handshake: the
+    server wants the third flight, a signature over its own fresh nonce (before, the first flight alone
+    authenticated the party, and a replay displaced the worker's live connection)."""
+
+    async def record() -> bytes:
+        async with connection() as (client, served):
+            recorded: list[bytes] = []
+            client_side = asyncio.ensure_future(client_handshake(*client, 0, party_identity(0)[0], SERVER_PUBLIC))
+            recorded.append(await read_frame(served[0], framing.HANDSHAKE_MAX_FRAME))
+            client_side.cancel()
+            return recorded[0]
+
+    first = run(record())
+
+    async def replay(client: Streams) -> None:
+        client[1].write(len(first).to_bytes(4, "big") + first)
+
+    with pytest.raises(FrameError) as caught:
+        run(serve_one(replay, timeout=0.5))
+    assert caught.value.reason == "handshake timed out after 0.5 s"
+
+    async def replay_with_a_guess() -> None:
+        async with connection() as (client, served):
+            server_side = asyncio.ensure_future(server_handshake(*served, verification_of(0, 1), SERVER_SEED))
+            await replay(client)
+            await read_frame(client[0], framing.HANDSHAKE_MAX_FRAME)  # the server's flight
+            client[1].write(framing._hello_frame(bytes(signatures.SIGNATURE_BYTES)))
+            await server_side
+
+    with pytest.raises(FrameError) as caught:
+        run(replay_with_a_guess())
+    assert caught.value.reason == "party 0 failed to finish the handshake (a replayed hello?)"
+
+
+def test_payloads_are_encrypted_on_the_wire():
+    """A DATA frame carries the payload's AES-GCM ciphertext, as long as the plaintext: nothing of a payload
+    appears in its frame, and the same payload sealed twice looks different."""
+    sender, receiver = session_pair()
+    payload = b"scenario: {name: secret-run, seed: 7}" * 20
+    frames = [sender.seal(0, payload) for _ in range(2)]
+    for frame in frames:
+        assert len(frame) == OVERHEAD + len(payload)
+        assert payload[:16] not in frame and b"secret-run" not in frame
+    assert frames[0][19:] != frames[1][19:]
+    assert [receiver.open(body(f)) for f in frames] == [(0, payload), (0, payload)]
+
+
+# -- identities ---------------------------------------------------------------------------------------
+
+
+def test_each_party_draws_its_own_key_and_only_the_public_half_is_written_for_others(tmp_path):
+    first, second = ids.new_identity(), ids.new_identity()
+    assert first.signing != second.signing and first.verification != second.verification
+    assert signatures.verify(first.verification, b"m", signatures.sign(first.signing, b"m"))
+    assert first.signing.hex() not in repr(first)
+    key_file = ids.worker_key_file(tmp_path, 3)
+    made = ids.create_identity(key_file)
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert ids.read_identity(key_file) == made
+    assert ids.read_public(ids.public_file(key_file)) == made.verification
+    assert made.signing.hex() not in ids.public_file(key_file).read_text()
+    assert ids.load_or_create(key_file) == (made, False)
+    with pytest.raises(ids.IdentityError, match="exists already"):
+        ids.create_identity(key_file)
+
+
+def test_bad_key_files_and_folders_are_named(tmp_path):
+    key_file = tmp_path / "worker-0.key"
+    key_file.write_text("zz")
+    with pytest.raises(ids.IdentityError, match="worker-0.key: not a signing key"):
+        ids.read_identity(key_file)
+    key_file.write_text("00" * 16)
+    with pytest.raises(ids.IdentityError, match="is 32 bytes"):
+        ids.read_identity(key_file)
+    ids.create_identity(ids.worker_key_file(tmp_path, 1))
+    with pytest.raises(ids.IdentityError, match=r"no verification key of worker-0.pub, worker-2.pub; on each"):
+        ids.worker_directory(tmp_path, 3)
+    (tmp_path / "worker-0.pub").write_text((tmp_path / "worker-1.pub").read_text())
+    with pytest.raises(ids.IdentityError, match="worker-0.pub and worker-1.pub hold the same key"):
+        ids.worker_directory(tmp_path, 2)
+    with pytest.raises(ids.IdentityError, match="not a verification key"):
+        ids.parse_announcement(b"not hex\n")
 
 
 # -- shaping -----------------------------------------------------------------------------------------
@@ -513,14 +595,24 @@ def test_two_senders_sharing_a_bucket_both_finish_near_the_combined_time():
     assert all(0.15 < seconds < 0.6 for seconds in finished), finished
 
 
-def test_a_secret_file_round_trips_and_bad_ones_are_named(tmp_path):
-    path = tmp_path / "testbed.key"
-    write_secret(path, SECRET)
-    assert read_secret(path) == SECRET
-    assert path.stat().st_mode & 0o777 == 0o600
-    path.write_text("zz")
-    with pytest.raises(ValueError, match="testbed.key: not a deployment secret"):
-        read_secret(path)
-    path.write_text("00" * 16)
-    with pytest.raises(ValueError, match="is 32 bytes"):
-        read_secret(path)
+def test_the_key_commands_make_per_party_keys_and_refuse_the_shared_secret(tmp_path, capsys):
+    from sim.cli import main
+
+    keys = tmp_path / "keys"
+    assert main(["worker", "--keygen", "--index", "2", "--keys", str(keys)]) == 0
+    assert (keys / "worker-2.key").stat().st_mode & 0o777 == 0o600
+    assert ids.read_public(keys / "worker-2.pub") == ids.read_identity(keys / "worker-2.key").verification
+    assert main(["worker", "--keygen", "--index", "2", "--keys", str(keys)]) == 2  # never replaced
+    assert "exists already" in capsys.readouterr().err
+    assert main(["worker", "--connect", "127.0.0.1:1", "--index", "0", "--secret-file", "x"]) == 2
+    assert "--secret-file is gone" in capsys.readouterr().err
+    assert main(["worker", "--connect", "127.0.0.1:1", "--index", "2", "--keys", str(keys)]) == 2
+    assert "server.pub: not a verification key" in capsys.readouterr().err
+    scenario = "scenarios/deploy.yaml"
+    assert main(["deploy", scenario, "--no-spawn", "--output", str(tmp_path / "out")]) == 2
+    assert "--no-spawn needs --keys DIR" in capsys.readouterr().err
+    command = ["deploy", scenario, "--no-spawn", "--keys", str(keys), "--workers", "3", "--output", str(tmp_path / "o")]
+    assert main(command) == 2
+    err = capsys.readouterr().err
+    assert "no verification key of worker-0.pub, worker-1.pub" in err
+    assert (keys / "server.key").exists() and (keys / "server.pub").exists()

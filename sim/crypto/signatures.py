@@ -18,8 +18,22 @@ SIGNATURE_BYTES = 64
 def generate(rng: RandomSource) -> tuple[bytes, bytes]:
     """``(signing seed, verification key)``, 32 bytes each."""
     seed = rng.bytes(32)
-    public = Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
-    return seed, public
+    return seed, public(seed)
+
+
+def public(seed: bytes) -> bytes:
+    """The verification key of a 32-byte signing seed."""
+    return Ed25519PrivateKey.from_private_bytes(seed).public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+
+
+def valid_public(key: bytes) -> bool:
+    """Whether ``key`` is accepted as an Ed25519 verification key (32 bytes; a value that is no point of the
+    curve is accepted here and verifies no signature)."""
+    try:
+        Ed25519PublicKey.from_public_bytes(key)
+    except ValueError:
+        return False
+    return True
 
 
 def sign(seed: bytes, message: bytes) -> bytes:

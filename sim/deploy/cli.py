@@ -1,8 +1,11 @@
 """``dropsim deploy`` and ``dropsim worker``: run a scenario over real sockets.
 
     dropsim deploy scenarios/deploy.yaml                      # server and workers here, on loopback
-    dropsim deploy FILE --host 0.0.0.0 --port 7000 --no-spawn --secret-file testbed.key
-    dropsim worker --connect SERVER:7000 --index 0 --secret-file testbed.key   # on each client host
+    dropsim worker --keygen --index 0 --keys keys/            # on each client host, once; copy worker-0.pub
+    dropsim deploy FILE --host HOST --port 7000 --no-spawn --keys keys/   # makes server.key/.pub; copy .pub
+    dropsim worker --connect SERVER:7000 --index 0 --keys keys/            # on each client host
+
+Each party's signing key is its own (:mod:`sim.deploy.identity`); only ``.pub`` files travel.
 
 The parsers are added to the main one by :func:`add_deploy_parsers`.
 """
@@ -13,12 +16,30 @@ import argparse
 import math
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
-from sim.deploy.identity import SECRET_ENV, new_secret, read_secret, write_secret
+from sim.deploy.identity import (
+    SERVER_KEY_ENV,
+    Identity,
+    IdentityError,
+    announce,
+    create_identity,
+    load_or_create,
+    new_identity,
+    parse_announcement,
+    public_file,
+    read_identity,
+    read_public,
+    server_key_file,
+    worker_key_file,
+)
 from sim.errors import InputError
 
 __all__ = ["add_deploy_parsers", "cmd_deploy", "cmd_validate", "cmd_worker", "deploy_options"]
+
+T = TypeVar("T")
 
 
 def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +55,7 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="run even if the folder holds this run or another's")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_network_options(p)
+    p.set_defaults(seeded_secrets=False)
 
     p = sub.add_parser(
         "validate",
@@ -57,10 +79,26 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     add_network_options(p)
 
+    p.add_argument(
+        "--seeded-secrets",
+        action="store_true",
+        help="derive the clients' secrets from the scenario seed, so that models with DP match bit for bit: "
+        "NO SECRECY (anyone with the scenario can unmask every update; docs/security.md)",
+    )
+
     p = sub.add_parser("worker", help="a client worker of a deployment (started by deploy, or by hand elsewhere)")
-    p.add_argument("--connect", required=True, metavar="HOST:PORT", help="the deployment server's address")
+    p.add_argument("--connect", metavar="HOST:PORT", help="the deployment server's address")
     p.add_argument("--index", type=int, required=True, metavar="J", help="this worker's index (0..workers-1)")
-    p.add_argument("--secret-file", type=Path, metavar="FILE", help=f"the deployment's secret (default: ${SECRET_ENV})")
+    p.add_argument(
+        "--keys",
+        type=Path,
+        metavar="DIR",
+        help=f"key folder: worker-J.key (this worker's) and server.pub (default: a new key, the server's from "
+        f"${SERVER_KEY_ENV})",
+    )
+    p.add_argument("--keygen", action="store_true", help="make DIR/worker-J.key and .pub (with --keys), then exit")
+    p.add_argument("--announce-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
+    p.add_argument("--secret-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--max-frame-mb", type=float, default=64.0, metavar="MB", help="largest frame accepted")
 
 
@@ -72,11 +110,12 @@ def add_network_options(p: argparse.ArgumentParser) -> None:
         "--no-spawn", action="store_true", help="start no workers here: wait for `dropsim worker` from other hosts"
     )
     p.add_argument(
-        "--secret-file",
+        "--keys",
         type=Path,
-        metavar="FILE",
-        help="the testbed's key secret: read it, or write a new one there for remote workers",
+        metavar="DIR",
+        help="with --no-spawn: key folder with server.key (made if missing) and every worker-J.pub",
     )
+    p.add_argument("--secret-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--max-frame-mb", type=float, default=64.0, metavar="MB", help="largest frame accepted (64)")
     p.add_argument(
         "--connect-timeout", type=float, default=60.0, metavar="S", help="how long a round waits for its workers"
@@ -90,25 +129,32 @@ def add_network_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+SECRET_FILE_GONE = (
+    "--secret-file is gone: one secret shared by all parties let the server act as, and derive the keys of, "
+    "any worker. Each party now has its own key: --keys DIR (docs/deploy.md, docs/security.md)"
+)
+
+
 def deploy_options(args: argparse.Namespace, log_dir: Path | None):  # type: ignore[no-untyped-def]
     from sim.deploy.deployment import DeployOptions
 
-    secret = None
     if args.secret_file is not None:
-        if args.secret_file.exists():
-            secret = _secret(args.secret_file)
-        else:
-            secret = new_secret()
-            write_secret(args.secret_file, secret)
-            print(f"wrote the testbed secret to {args.secret_file} (give it to remote workers)", file=sys.stderr)
-    if args.no_spawn and args.host in ("127.0.0.1", "localhost") and args.secret_file is None:
-        raise InputError("--no-spawn needs --secret-file: remote workers must hold the testbed's secret")
+        raise InputError(SECRET_FILE_GONE)
+    identity = None
+    if args.keys is not None:
+        identity, made = _identity(server_key_file(args.keys))
+        if made:
+            print(f"made the server's key {server_key_file(args.keys)}; give its .pub to every worker", file=sys.stderr)
+    if args.no_spawn and args.keys is None:
+        raise InputError("--no-spawn needs --keys DIR: the server's key and every remote worker's worker-J.pub")
     return DeployOptions(
         host=args.host,
         port=args.port,
         workers=args.workers,
         spawn=not args.no_spawn,
-        secret=secret,
+        identity=identity,
+        keys=args.keys,
+        seeded_secrets=args.seeded_secrets,
         max_frame_mb=args.max_frame_mb,
         connect_timeout_s=args.connect_timeout,
         step_timeout_s=args.step_timeout,
@@ -116,10 +162,10 @@ def deploy_options(args: argparse.Namespace, log_dir: Path | None):  # type: ign
     )
 
 
-def _secret(path: Path) -> bytes:
+def _identity(key_file: Path) -> tuple[Identity, bool]:
     try:
-        return read_secret(path)
-    except ValueError as exc:
+        return load_or_create(key_file)
+    except (IdentityError, OSError) as exc:
         raise InputError(str(exc)) from None
 
 
@@ -157,30 +203,55 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from sim.deploy.worker import worker_main
-
+    if args.secret_file is not None:
+        raise InputError(SECRET_FILE_GONE)
+    if args.keygen:
+        if args.keys is None:
+            raise InputError("--keygen needs --keys DIR: where to write worker-J.key and worker-J.pub")
+        key_file = worker_key_file(args.keys, args.index)
+        try:
+            create_identity(key_file)
+        except (IdentityError, OSError) as exc:
+            raise InputError(str(exc)) from None
+        print(f"made {key_file} (keep it here) and {public_file(key_file)} (copy it to the server's --keys folder)")
+        return 0
+    if args.connect is None:
+        raise InputError("worker needs --connect HOST:PORT (or --keygen)")
     host, _, port = args.connect.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--connect {args.connect!r}: expected HOST:PORT, e.g. 127.0.0.1:7000")
-    if args.secret_file is not None:
-        secret = _secret(args.secret_file)
+    if args.keys is not None:
+        identity = _read(lambda: read_identity(worker_key_file(args.keys, args.index)))
+        server_key = _read(lambda: read_public(args.keys / "server.pub"))
     else:
-        text = os.environ.get(SECRET_ENV, "")
+        identity = new_identity()  # the operating system's randomness, this process's alone
         try:
-            secret = bytes.fromhex(text)
-        except ValueError:
-            secret = b""
-        if len(secret) != 32:
-            raise InputError(f"no deployment secret: give --secret-file, or set ${SECRET_ENV} (64 hex digits)")
-    worker_main(host, int(port), args.index, secret, int(args.max_frame_mb * 2**20))
+            server_key = parse_announcement(os.environ.get(SERVER_KEY_ENV, "").encode())
+        except IdentityError:
+            raise InputError(f"no server key: give --keys DIR (with server.pub), or set ${SERVER_KEY_ENV}") from None
+    if args.announce_fd is not None:
+        try:
+            announce(args.announce_fd, identity)
+        except OSError as exc:
+            raise InputError(f"--announce-fd {args.announce_fd}: {exc}") from None
+    from sim.deploy.worker import worker_main
+
+    worker_main(host, int(port), args.index, identity, server_key, int(args.max_frame_mb * 2**20))
     return 0
+
+
+def _read(load: Callable[[], T]) -> T:
+    try:
+        return load()
+    except IdentityError as exc:
+        raise InputError(str(exc)) from None
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from dataclasses import replace
     from functools import partial
 
-    from sim.deploy.deployment import Deployment, check_deployable
+    from sim.deploy.deployment import SEEDED_SECRETS, Deployment, check_deployable
     from sim.deploy.validate import compare, plot, testbed_overrides
     from sim.preflight import check_all
     from sim.runner import run_scenario
@@ -200,8 +271,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     model = f"{testbed.cores} cores, cpu_scale {testbed.cpu_scale:g}"
     print(f"simulating {scenario.name} under the testbed model ({model})")
     run_scenario(replace(scenario, output=str(simulated)), simulated, progress=not args.quiet)
-    print(f"deploying {scenario.name} on this host")
     options = deploy_options(args, deployed)
+    if options.seeded_secrets:
+        print(f"WARNING: --seeded-secrets: {SEEDED_SECRETS}", file=sys.stderr)
+    print(f"deploying {scenario.name} on this host" + (" with seeded secrets" if options.seeded_secrets else ""))
     run_scenario(
         replace(scenario, output=str(deployed)),
         deployed,
@@ -218,12 +291,23 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for column in ("median_abs_error", "worst_abs_error"):
         table[column] = table[column].map(lambda e: f"{e:.1%}")
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
-    same = "identical" if validation.identical else "DIFFERENT"
-    print(f"models after every round: {same} (model_sha256, {validation.rounds} rounds)")
+    noisy = scenario.privacy.enabled and not options.seeded_secrets
+    if noisy:
+        # the deployed clients drew their DP noise from their operating systems: other noise, other models
+        same = "identical (unexpected)" if validation.identical else "different, as expected"
+        print(
+            f"models after every round: {same}: with DP the deployed clients' noise comes from their operating "
+            "systems (--seeded-secrets compares them bit for bit, without secrecy)"
+        )
+    else:
+        same = "identical" if validation.identical else "DIFFERENT"
+        print(f"models after every round: {same} (model_sha256, {validation.rounds} rounds)")
+    if options.seeded_secrets:
+        print(f"secrets: {SEEDED_SECRETS}")
     if math.isfinite(validation.cpu_scale):
         print(
             f"CPU: the deployed computations took {validation.cpu_scale / testbed.cpu_scale:.3g} times the simulated "
             f"CPU seconds; this host's testbed.cpu_scale is {validation.cpu_scale:.3g} (--cpu-scale, docs/deploy.md)"
         )
     print(f"results: {out}/ (summary.csv, validation.csv, validation.png/.pdf, simulated/, deployed/)")
-    return 0 if validation.identical else 1
+    return 0 if validation.identical or noisy else 1

@@ -12,7 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from sim.protocol.wire import BYTES, F64, U32, U64, Message, list_of
+from sim.protocol.private import PrivateRound
+from sim.protocol.wire import BYTES, F64, KEY, U8, U32, U64, Message, WireError, decode, list_of, peek_header
 
 CONTROL = 0xFFFF
 """Frame channel of control messages (protocol instances use channels 0.., one per chunk)."""
@@ -25,19 +26,24 @@ NO_RATE = -1.0
 class Config(Message):
     """The resolved scenario (JSON), sent to a worker once it has authenticated: every party of the
     testbed runs the same configuration, as the parties of a real deployment share their protocol's
-    parameters."""
+    parameters. Nothing in it is secret: the clients' secrets come from each worker's operating system.
+    ``seeded`` (1: ``--seeded-secrets``) makes the workers derive them from the scenario seed instead, as
+    the simulator does, which keeps nothing secret from anyone who has the scenario (a validation mode)."""
 
     TYPE: ClassVar[int] = 40
-    FIELDS: ClassVar = (("scenario", BYTES), ("digest", BYTES))
+    FIELDS: ClassVar = (("scenario", BYTES), ("digest", BYTES), ("seeded", U8))
     scenario: bytes
     digest: bytes
+    seeded: int = 0
 
 
 @dataclass(frozen=True)
 class RoundStart(Message):
     """Round ``round`` starts; the worker plays ``client``. ``drop`` is the dropout stage the testbed
     makes it leave before (empty: it stays); ``chunks`` the round's protocol instances; ``rate`` the
-    sampling rate the round is accounted at (:data:`NO_RATE`: the planned one)."""
+    sampling rate the round is accounted at (:data:`NO_RATE`: the planned one); ``keys`` (malicious
+    variant, else empty) the verification keys of the workers playing ``sampled``, in its order (zeros for
+    a client no worker plays): the worker checks its own and that no other is its own."""
 
     TYPE: ClassVar[int] = 41
     FIELDS: ClassVar = (
@@ -47,6 +53,7 @@ class RoundStart(Message):
         ("drop", BYTES),
         ("chunks", U32),
         ("rate", F64),
+        ("keys", list_of(KEY)),
     )
     round: int
     client: int
@@ -54,6 +61,7 @@ class RoundStart(Message):
     drop: bytes
     chunks: int
     rate: float
+    keys: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -138,3 +146,38 @@ class Shutdown(Message):
     TYPE: ClassVar[int] = 45
     FIELDS: ClassVar = (("reason", BYTES),)
     reason: bytes
+
+
+FROM_WORKER: frozenset[type[Message]] = frozenset({Clock, Shutdown, Decoded, Leaving, ClientReport})
+"""What a worker may send on the control channel."""
+FROM_SERVER: frozenset[type[Message]] = frozenset({Config, RoundStart, RoundEnd, Shutdown})
+"""What the server may send on the control channel."""
+WORKER_CONTROL_BYTES = 64 << 10
+"""Largest control message a worker may send (reports and reasons: a few hundred bytes)."""
+SERVER_CONTROL_BYTES = 16 << 20
+"""Largest control message the server may send (the scenario document, a round's client and key lists)."""
+
+
+def _decode(payload: bytes, allowed: frozenset[type[Message]], limit: int, sender: str) -> Message:
+    """A control message of one of the ``allowed`` types, its type and size checked from the header before
+    anything is decoded (decoding runs in the event loop: it must stay small)."""
+    if len(payload) > limit:
+        raise WireError(f"a control message of {len(payload)} bytes; the {sender} sends at most {limit}")
+    mtype, _ = peek_header(payload)
+    if mtype not in {cls.TYPE for cls in allowed}:
+        raise WireError(f"message type {mtype} is no control message the {sender} sends")
+    return decode(payload)
+
+
+def decode_from_worker(payload: bytes) -> Message:
+    return _decode(payload, FROM_WORKER, WORKER_CONTROL_BYTES, "worker")
+
+
+def decode_from_server(payload: bytes) -> Message:
+    return _decode(payload, FROM_SERVER, SERVER_CONTROL_BYTES, "server")
+
+
+def max_elements(dim: int, private: PrivateRound | None) -> int:
+    """Most values a vector of a round's protocol messages holds: the model's, or the DP encoding's padded
+    length; a receiver checks a frame's counts against it before decoding allocates anything."""
+    return max(dim, private.encoding.padded if private is not None else 0)

@@ -12,16 +12,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import select
 import subprocess
 import sys
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
 import numpy as np
 
 from sim.deploy.compute import ONE_THREAD_ENV, interleave_threads, one_thread_math
-from sim.deploy.identity import SECRET_ENV, new_secret
+from sim.deploy.identity import (
+    SERVER_KEY_ENV,
+    Identity,
+    IdentityError,
+    new_identity,
+    parse_announcement,
+    worker_directory,
+)
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
 from sim.engine.round import ClientRecord, RoundRecord
@@ -31,6 +40,9 @@ from sim.protocol.private import PrivateRound
 from sim.scenario.schema import Scenario
 
 log = logging.getLogger("sim.deploy")
+
+SEEDED_SECRETS = "seeded from the scenario (--seeded-secrets): NO SECRECY, anyone with the scenario can unmask"
+"""The manifest's and the output's words for a deployment whose secrets come from the scenario seed."""
 
 MAX_WORKERS = 64
 """Client processes one deployment starts at most (each loads torch and the data: ~0.3 GB)."""
@@ -51,7 +63,15 @@ class DeployOptions:
     """Client processes (default: the clients sampled per round)."""
     spawn: bool = True
     """Start the workers here; False: wait for workers started elsewhere (``dropsim worker``)."""
-    secret: bytes | None = None
+    identity: Identity | None = None
+    """The server's long-term key pair (None: a new one from the operating system)."""
+    directory: dict[int, bytes] | None = None
+    """Workers started elsewhere: each one's verification key, by index (None: from ``keys``)."""
+    keys: Path | None = None
+    """Workers started elsewhere: the folder holding every ``worker-J.pub`` (``--keys DIR``)."""
+    seeded_secrets: bool = False
+    """Derive every client's secrets from the scenario seed, as the simulator does, so that a deployed model
+    equals the simulated one with DP too: no secrecy at all (``dropsim validate --seeded-secrets``)."""
     max_frame_mb: float = 64.0
     connect_timeout_s: float = 60.0
     """How long a round waits for its workers to connect."""
@@ -99,7 +119,10 @@ class Deployment(Simulation):
         self.n_workers = worker_count(scenario, opts)
         super().__init__(scenario)
         assert self.learner is not None
-        self.secret = opts.secret or new_secret()
+        self.identity = opts.identity or new_identity()
+        self.directory: dict[int, bytes] = {}
+        if not opts.spawn:
+            self.directory = opts.directory if opts.directory is not None else self._remote_keys()
         self._switch = sys.getswitchinterval()
         interleave_threads()  # the server's loop and compute threads, as the workers'
         self._math = one_thread_math()  # the server's computations are one thread each, as the workers'
@@ -107,9 +130,9 @@ class Deployment(Simulation):
         self.server = DeployServer(
             scenario,
             self.learner,
-            self.secret,
-            config_message(scenario),
-            self.n_workers,
+            self.identity,
+            self.directory,
+            config_message(scenario, opts.seeded_secrets),
             opts.host,
             opts.port,
             int(opts.max_frame_mb * 2**20),
@@ -120,33 +143,105 @@ class Deployment(Simulation):
         self.processes: list[subprocess.Popen[bytes]] = []
         self._log: IO[bytes] | None = None
         if opts.spawn:
-            self._spawn()
+            try:
+                self._spawn()
+            except BaseException:
+                self._stop_workers(kill=True)
+                self.close()
+                raise
+
+    def _remote_keys(self) -> dict[int, bytes]:
+        if self.options.keys is None:
+            raise DeployError("workers started elsewhere need their verification keys (--keys DIR)")
+        try:
+            return worker_directory(self.options.keys, self.n_workers)
+        except IdentityError as exc:
+            raise DeployError(str(exc)) from None
+
+    def manifest_entries(self) -> dict[str, object]:
+        """Where the clients' secrets came from, for the manifest."""
+        if self.options.seeded_secrets:
+            return {"secrets": SEEDED_SECRETS}
+        return {"secrets": "os-csprng: each worker draws its keys, mask and noise seeds from its operating system"}
 
     @property
     def address(self) -> tuple[str, int]:
         return self.server.host, self.server.port
 
     def _spawn(self) -> None:
-        env = {**os.environ, **ONE_THREAD_ENV, SECRET_ENV: self.secret.hex()}
+        """Start the workers; each draws its own key pair and announces its verification key through a pipe
+        of its own (the launcher's provisioning: the server never holds a worker's signing key)."""
+        env = {k: v for k, v in os.environ.items() if k != SERVER_KEY_ENV}
+        env.update(ONE_THREAD_ENV)
+        env[SERVER_KEY_ENV] = self.identity.verification.hex()
         out: IO[bytes] | None = None
         if self.options.log_dir is not None:
             self.options.log_dir.mkdir(parents=True, exist_ok=True)
             out = self._log = (self.options.log_dir / "workers.log").open("ab")
         host, port = self.address
-        for j in range(self.n_workers):
-            command = [
-                sys.executable,
-                "-m",
-                "sim",
-                "worker",
-                "--connect",
-                f"{host}:{port}",
-                "--index",
-                str(j),
-                "--max-frame-mb",
-                str(self.options.max_frame_mb),
-            ]
-            self.processes.append(subprocess.Popen(command, env=env, stdout=out, stderr=out))
+        pipes: dict[int, int] = {}
+        try:
+            for j in range(self.n_workers):
+                read_end, write_end = os.pipe()
+                pipes[j] = read_end
+                command = [
+                    sys.executable,
+                    "-m",
+                    "sim",
+                    "worker",
+                    "--connect",
+                    f"{host}:{port}",
+                    "--index",
+                    str(j),
+                    "--max-frame-mb",
+                    str(self.options.max_frame_mb),
+                    "--announce-fd",
+                    str(write_end),
+                ]
+                try:
+                    process = subprocess.Popen(command, env=env, stdout=out, stderr=out, pass_fds=(write_end,))
+                finally:
+                    os.close(write_end)
+                self.processes.append(process)
+            self.directory.update(self._announcements(pipes))
+        finally:
+            for fd in pipes.values():
+                os.close(fd)
+
+    def _announcements(self, pipes: dict[int, int]) -> dict[int, bytes]:
+        """Each spawned worker's verification key, read from its pipe (within the connect timeout)."""
+        keys: dict[int, bytes] = {}
+        lines = {j: b"" for j in pipes}
+        deadline = time.monotonic() + self.options.connect_timeout_s
+        while len(keys) < len(pipes):
+            waiting = {pipes[j]: j for j in pipes if j not in keys}
+            ready, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                missing = sorted(waiting.values())
+                raise DeployError(f"workers {missing} announced no key within {self.options.connect_timeout_s:g} s")
+            for fd in ready:
+                j = waiting[fd]
+                chunk = os.read(fd, 256)
+                lines[j] += chunk
+                if chunk and b"\n" not in lines[j] and len(lines[j]) < 256:
+                    continue
+                if not chunk and not lines[j]:
+                    where = f" (see {self.options.log_dir / 'workers.log'})" if self.options.log_dir else ""
+                    raise DeployError(f"worker {j} exited before announcing its key{where}")
+                try:
+                    keys[j] = parse_announcement(lines[j].split(b"\n")[0])
+                except IdentityError as exc:
+                    raise DeployError(f"worker {j}: {exc}") from None
+        return keys
+
+    def _stop_workers(self, kill: bool = False) -> None:
+        """Wait for the worker processes (10 s each unless ``kill``), then kill any left."""
+        for process in self.processes:
+            try:
+                process.wait(timeout=0 if kill else 10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
     def live_workers(self) -> int:
         """Worker processes still running (or, for workers started elsewhere, the number expected)."""
@@ -176,6 +271,8 @@ class Deployment(Simulation):
             for c in chosen
         }
         chunks = self.setup.pipeline.chunks if self.setup.pipeline is not None else None
+        if private is not None and not self.options.seeded_secrets:
+            private = replace(private, server_seed=os.urandom(32))  # central noise: the server's own secret
         return self.loop.run_until_complete(
             self.server.play(
                 r,
@@ -199,12 +296,7 @@ class Deployment(Simulation):
         try:
             self.loop.run_until_complete(self.server.close())
         finally:
-            for process in self.processes:
-                try:
-                    process.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    process.kill()
-                    process.wait()
+            self._stop_workers()
             self.loop.close()
             sys.setswitchinterval(self._switch)
             self._math.restore_original_limits()

@@ -1,20 +1,27 @@
 """Authenticated, length-prefixed frames over TCP: the record layer of the deployment mode.
 
 One frame on the stream is ``length u32 | kind u8 | channel u16 | seq u64 | payload | tag (16 bytes)``,
-integers big-endian, ``length`` counting the bytes after itself. A DATA frame's tag is AES-128-GCM with
-nonce ``0^4 | seq`` over an empty plaintext and associated data ``kind | channel | seq | payload`` (a GMAC,
-NIST SP 800-38D); each direction has its own key and a sequence number counted from 0, so a receiver
-rejects forged, replayed, reordered and dropped frames. Frames are authenticated, not encrypted: SecAgg's
-model updates travel masked, and its share ciphertexts are end-to-end encrypted by the protocol itself.
+integers big-endian, ``length`` counting the bytes after itself. A DATA frame's payload is encrypted with
+AES-128-GCM (NIST SP 800-38D) under nonce ``0^4 | seq`` with associated data ``kind | channel | seq``:
+``payload`` on the wire is the ciphertext, as long as the plaintext, and ``tag`` authenticates both. Each
+direction has its own key and a sequence number counted from 0, so a receiver rejects forged, replayed,
+reordered and dropped frames, and a reader of the link learns only the frames' sizes and timing (not the
+configuration, the model, or any update: docs/security.md).
 
-The session keys come from a handshake in the manner of TLS 1.3 / SIGMA: each side sends an ephemeral
-X25519 key and a 32-byte nonce in a HELLO frame (kind 2, tag of zeros), signed with its long-term Ed25519
-key; the server's signature covers the whole transcript. Both sides derive
-``hkdf(X25519(eph_c, eph_s), "dropsim-deploy-1 c2s|s2c" | nonce_c | nonce_s, 16)``.
+The session keys come from a handshake in the manner of TLS 1.3 / SIGMA, in three flights of HELLO frames
+(kind 2, tag of zeros), each signed with its sender's long-term Ed25519 key:
 
-The testbed derives every party's long-term key pair from a deployment secret
-(:func:`sim.deploy.identity.party_identity`): its stand-in for a PKI. A real deployment provisions keys.
-Any :class:`FrameError` or :class:`Closed` ends the connection; its owner closes the socket.
+1. client: ``magic | party | eph_c | nonce_c``, signed;
+2. server: ``eph_s | nonce_s``, its signature over the whole transcript so far;
+3. client: its signature over the whole transcript (``" finish" | hello | eph_s | nonce_s``).
+
+Both sides derive ``hkdf(X25519(eph_c, eph_s), "dropsim-deploy-1 c2s|s2c" | nonce_c | nonce_s, 16)``. The
+third flight proves that the peer is live (it signs the server's fresh nonce): a recorded first flight
+replayed by someone else is never authenticated, so it cannot displace the worker's live connection.
+
+Each party draws its own long-term key pair from the operating system (:mod:`sim.deploy.identity`); only
+verification keys are exchanged. Any :class:`FrameError` or :class:`Closed` ends the connection; its owner
+closes the socket.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ MAGIC = b"dropsim-deploy-1"
 NONCE_BYTES = 32
 _CLIENT_HELLO_BYTES = len(MAGIC) + 4 + agreement.KEY_BYTES + NONCE_BYTES + signatures.SIGNATURE_BYTES
 _SERVER_HELLO_BYTES = agreement.KEY_BYTES + NONCE_BYTES + signatures.SIGNATURE_BYTES
+_FINISH_BYTES = signatures.SIGNATURE_BYTES
 HANDSHAKE_MAX_FRAME = 4096
 """Largest first frame a server reads from an unauthenticated peer."""
 
@@ -160,16 +168,16 @@ class Session:
         if length > 2**32 - 1:
             raise ValueError(f"a payload of {len(payload)} bytes does not fit a frame's 32-bit length")
         seq = self.sent
-        authenticated = _HEADER.pack(DATA, channel, seq) + payload
-        tag = self._send.encrypt(_nonce(seq), b"", authenticated)
+        header = _HEADER.pack(DATA, channel, seq)
+        sealed = self._send.encrypt(_nonce(seq), payload, header)  # ciphertext | tag
         self.sent += 1
-        return b"".join((_LENGTH.pack(length), authenticated, tag))
+        return b"".join((_LENGTH.pack(length), header, sealed))
 
     def open(self, body: bytes) -> tuple[int, bytes]:
         """``(channel, payload)`` of a DATA frame's body as :func:`read_frame` returns it.
 
-        Checks the kind, then the sequence number, then the tag; a frame that fails does not advance
-        :attr:`received`.
+        Checks the kind, then the sequence number, then the tag, and decrypts; a frame that fails does not
+        advance :attr:`received`.
         """
         if len(body) < MIN_BODY:
             raise FrameError(f"frame of {len(body)} bytes is shorter than the {MIN_BODY} bytes of header and tag")
@@ -181,11 +189,11 @@ class Session:
         if seq > self.received:
             raise FrameError(f"out-of-order frame: seq {seq}, expected {self.received}")
         try:
-            self._recv.decrypt(_nonce(seq), body[-TAG_BYTES:], body[:-TAG_BYTES])
+            payload = self._recv.decrypt(_nonce(seq), body[_HEADER.size :], body[: _HEADER.size])
         except InvalidTag:
             raise FrameError(f"unauthenticated frame: bad tag on seq {seq}") from None
         self.received += 1
-        return channel, body[_HEADER.size : -TAG_BYTES]
+        return channel, payload
 
 
 def _hello_frame(payload: bytes) -> bytes:
@@ -221,6 +229,11 @@ def _session_keys(eph_private: bytes, peer_public: bytes, nonce_c: bytes, nonce_
             raise FrameError("the peer's ephemeral key is invalid (a low-order point)") from None
         keys.append(agreed[:KEY_BYTES])
     return keys[0], keys[1]
+
+
+def _finished(hello: bytes, eph_server: bytes, nonce_s: bytes) -> bytes:
+    """What the client signs in the third flight: the whole transcript."""
+    return MAGIC + b" finish" + hello + eph_server + nonce_s
 
 
 async def _within(handshake: Coroutine[Any, Any, T], timeout: float) -> T:
@@ -261,6 +274,7 @@ async def client_handshake(
         if not signatures.verify(server_verification, transcript, reply[-signatures.SIGNATURE_BYTES :]):
             raise FrameError("server failed authentication")
         c2s, s2c = _session_keys(eph_private, eph_server, nonce_c, nonce_s)
+        await send_frame(writer, _hello_frame(signatures.sign(signing_key, _finished(hello, eph_server, nonce_s))))
         return Session(send_key=c2s, recv_key=s2c)
 
     return await _within(handshake(), timeout)
@@ -279,8 +293,9 @@ async def server_handshake(
 
     ``verification(party)`` is the party's verification key, or None for a party the server does not know.
     Raises FrameError if the first frame is not a well-formed HELLO of at most ``max_bytes``, the party is
-    unknown or fails authentication, or the handshake takes longer than ``timeout`` seconds (so silent or
-    slow peers cannot hold the server); Closed if the client closes the connection.
+    unknown or fails authentication (in the first or the third flight), or the handshake takes longer than
+    ``timeout`` seconds (so silent or slow peers cannot hold the server); Closed if the client closes the
+    connection.
     """
 
     async def handshake() -> tuple[int, Session]:
@@ -299,6 +314,10 @@ async def server_handshake(
         c2s, s2c = _session_keys(eph_private, eph_client, nonce_c, nonce_s)
         signature = signatures.sign(signing_key, MAGIC + b" server" + hello + eph_public + nonce_s)
         await send_frame(writer, _hello_frame(eph_public + nonce_s + signature))
+        # the third flight: the client signs the server's fresh values, so a replayed first flight stops here
+        finish = _hello_payload(await read_frame(reader, max_bytes), _FINISH_BYTES)
+        if not signatures.verify(public, _finished(hello, eph_public, nonce_s), finish):
+            raise FrameError(f"party {party} failed to finish the handshake (a replayed hello?)")
         return party, Session(send_key=s2c, recv_key=c2s)
 
     return await _within(handshake(), timeout)

@@ -1,54 +1,158 @@
-"""Long-term keys of the testbed's parties, derived from a deployment secret (the testbed's PKI).
+"""Long-term identities of the deployment's parties: each party's own Ed25519 key pair, drawn by that party.
 
-A real deployment provisions each party's Ed25519 key and distributes the verification keys. The
-testbed derives them instead from one 32-byte secret that ``dropsim deploy`` draws from the operating
-system and hands to the worker processes it starts (environment), or writes to ``--secret-file`` for
-workers started on other hosts: whoever holds the secret can act as any party, so keep it to the testbed.
-Party -1 is the server, workers are 0, 1, ...
+Every party (the server, and each worker) draws its signing key from the operating system's CSPRNG
+(:func:`new_identity`); only verification keys ever leave it. A worker's key signs its handshakes
+(:mod:`sim.deploy.framing`) and, in the malicious variant, its protocol messages: nobody else, the server
+included, can derive it.
+
+How verification keys are provisioned (the testbed's stand-in for a PKI):
+
+- workers that ``dropsim deploy`` starts here draw their key at start-up and announce the verification key
+  to the launcher through a private pipe (:func:`announce`, ``--announce-fd``); the launcher hands them
+  the server's verification key (:data:`SERVER_KEY_ENV`, public);
+- workers on other hosts keep a key folder (``--keys DIR``): ``worker-J.key`` (the signing key, mode
+  0600, made by ``dropsim worker --keygen``) and ``server.pub``; the server's folder holds ``server.key``
+  and every ``worker-J.pub``. Only ``.pub`` files are copied between hosts.
+
+Key files are 64 hex digits and a newline.
 """
 
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from sim.crypto import signatures
-from sim.crypto.agreement import hkdf
-from sim.crypto.randomness import SeededRandom
+from sim.crypto.randomness import SystemRandom
 
-SECRET_BYTES = 32
-SECRET_ENV = "DROPSIM_DEPLOY_SECRET"
-"""Environment variable through which ``dropsim deploy`` gives its workers the secret (hex)."""
-
-
-def party_identity(secret: bytes, party: int) -> tuple[bytes, bytes]:
-    """``(signing seed, verification key)`` of ``party`` (-1: the server)."""
-    if len(secret) != SECRET_BYTES:
-        raise ValueError(f"a deployment secret is {SECRET_BYTES} bytes, not {len(secret)}")
-    if party < -1:
-        raise ValueError(f"party must be -1 (the server) or a worker index >= 0, not {party}")
-    seed = hkdf(secret, b"dropsim-deploy-1 identity " + str(party).encode())
-    return signatures.generate(SeededRandom(seed))
+KEY_BYTES = 32
+SERVER_KEY_ENV = "DROPSIM_SERVER_KEY"
+"""Environment variable through which ``dropsim deploy`` gives the workers it starts the server's
+verification key (hex; public)."""
 
 
-def new_secret() -> bytes:
-    return os.urandom(SECRET_BYTES)
+class IdentityError(ValueError):
+    """A key file or key folder that cannot be used, with what to do."""
 
 
-def read_secret(path: Path) -> bytes:
-    """A secret file: 64 hex digits (whitespace ignored)."""
+@dataclass(frozen=True, repr=False)
+class Identity:
+    """A party's long-term key pair (``repr`` shows the verification key only)."""
+
+    signing: bytes
+    verification: bytes
+
+    def __repr__(self) -> str:
+        return f"Identity(verification={self.verification.hex()})"
+
+
+def new_identity() -> Identity:
+    """A key pair from the operating system's CSPRNG."""
+    signing, verification = signatures.generate(SystemRandom())
+    return Identity(signing, verification)
+
+
+def identity_from(signing: bytes) -> Identity:
+    if len(signing) != KEY_BYTES:
+        raise IdentityError(f"a signing key is {KEY_BYTES} bytes, not {len(signing)}")
+    return Identity(signing, signatures.public(signing))
+
+
+def server_key_file(folder: Path) -> Path:
+    return folder / "server.key"
+
+
+def worker_key_file(folder: Path, index: int) -> Path:
+    return folder / f"worker-{index}.key"
+
+
+def public_file(key_file: Path) -> Path:
+    return key_file.with_suffix(".pub")
+
+
+def _read_hex(path: Path, what: str) -> bytes:
     try:
-        text = path.read_text().strip()
-        secret = bytes.fromhex(text)
+        text = path.read_text(encoding="ascii").strip()
+        key = bytes.fromhex(text)
     except (OSError, ValueError) as exc:
-        raise ValueError(f"{path}: not a deployment secret (64 hex digits): {exc}") from None
-    if len(secret) != SECRET_BYTES:
-        raise ValueError(f"{path}: a deployment secret is {SECRET_BYTES} bytes (64 hex digits), not {len(secret)}")
-    return secret
+        raise IdentityError(f"{path}: not a {what} (64 hex digits): {exc}") from None
+    if len(key) != KEY_BYTES:
+        raise IdentityError(f"{path}: a {what} is {KEY_BYTES} bytes (64 hex digits), not {len(key)}")
+    return key
 
 
-def write_secret(path: Path, secret: bytes) -> None:
-    """Write ``secret`` readable by its owner only."""
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+def _write_hex(path: Path, key: bytes, mode: int) -> None:
+    """Write ``key`` as hex, readable as ``mode`` says, replacing nothing (O_EXCL)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
     with os.fdopen(fd, "w") as out:
-        out.write(secret.hex() + "\n")
+        out.write(key.hex() + "\n")
+
+
+def read_public(path: Path) -> bytes:
+    """A verification key file."""
+    key = _read_hex(path, "verification key")
+    if not signatures.valid_public(key):
+        raise IdentityError(f"{path}: not a valid Ed25519 verification key")
+    return key
+
+
+def read_identity(key_file: Path) -> Identity:
+    """A signing key file (its verification key is derived from it)."""
+    return identity_from(_read_hex(key_file, "signing key"))
+
+
+def create_identity(key_file: Path) -> Identity:
+    """A new key pair written to ``key_file`` (mode 0600) and its ``.pub`` beside it; refuses to replace one."""
+    if key_file.exists():
+        raise IdentityError(f"{key_file}: exists already; a key is never replaced (delete it to make a new one)")
+    key_file.parent.mkdir(parents=True, exist_ok=True)
+    identity = new_identity()
+    _write_hex(key_file, identity.signing, 0o600)
+    pub = public_file(key_file)
+    pub.unlink(missing_ok=True)
+    _write_hex(pub, identity.verification, 0o644)
+    return identity
+
+
+def load_or_create(key_file: Path) -> tuple[Identity, bool]:
+    """The identity in ``key_file``, made there first if it does not exist; ``(identity, made)``."""
+    if key_file.exists():
+        return read_identity(key_file), False
+    return create_identity(key_file), True
+
+
+def worker_directory(folder: Path, workers: int) -> dict[int, bytes]:
+    """Every worker's verification key from ``folder/worker-J.pub``, J < ``workers``; names every missing one."""
+    missing = [public_file(worker_key_file(folder, j)).name for j in range(workers)]
+    missing = [name for name in missing if not (folder / name).exists()]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise IdentityError(
+            f"{folder}: no verification key of {shown}; on each worker's host run "
+            f"`dropsim worker --keygen --index J --keys DIR` and copy its worker-J.pub here"
+        )
+    directory = {j: read_public(public_file(worker_key_file(folder, j))) for j in range(workers)}
+    seen: dict[bytes, int] = {}
+    for j, key in directory.items():
+        if key in seen:
+            raise IdentityError(f"{folder}: worker-{seen[key]}.pub and worker-{j}.pub hold the same key")
+        seen[key] = j
+    return directory
+
+
+def announce(fd: int, identity: Identity) -> None:
+    """Give the launcher this worker's verification key through the pipe ``fd`` (hex and a newline)."""
+    with os.fdopen(fd, "w", closefd=True) as out:
+        out.write(identity.verification.hex() + "\n")
+
+
+def parse_announcement(line: bytes) -> bytes:
+    """The verification key a worker announced; IdentityError if it is not one."""
+    try:
+        key = bytes.fromhex(line.decode("ascii").strip())
+    except (UnicodeDecodeError, ValueError):
+        key = b""
+    if len(key) != KEY_BYTES or not signatures.valid_public(key):
+        raise IdentityError(f"a worker announced {line[:80]!r}, not a verification key")
+    return key

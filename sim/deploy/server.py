@@ -38,7 +38,7 @@ from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, server_handshake
-from sim.deploy.identity import party_identity
+from sim.deploy.identity import Identity
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.shaping import TokenBucket
 from sim.engine.gates import StageGate
@@ -48,7 +48,14 @@ from sim.learning.trainer import Learner
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
 from sim.protocol.instances import RoundInstances
-from sim.protocol.machine import Aggregate, Reaction, RemoteProtocolError, ServerMachine
+from sim.protocol.machine import (
+    Aggregate,
+    Reaction,
+    RemoteProtocolError,
+    RoundAbortedError,
+    RoundSetupError,
+    ServerMachine,
+)
 from sim.protocol.messages import AggregateChunk
 from sim.protocol.private import PrivateRound
 from sim.protocol.wire import ModVector
@@ -56,7 +63,6 @@ from sim.scenario.schema import Scenario
 
 log = logging.getLogger("sim.deploy.server")
 
-SERVER_PARTY = -1
 REPORT_WAIT_S = 5.0
 """How long the server waits after a round for its workers' timelines (a stalled worker sends none)."""
 
@@ -98,6 +104,8 @@ class RoundState:
     left: set[int] = field(default_factory=set)
     machines: list[ServerMachine] = field(default_factory=list)
     """The round's server machines (one per chunk), for observers: ``machines[j].step``."""
+    max_elements: int = 0
+    """Most values a client's vector may hold this round (checked before decoding allocates)."""
 
 
 class DeployServer:
@@ -107,9 +115,9 @@ class DeployServer:
         self,
         scenario: Scenario,
         learner: Learner,
-        secret: bytes,
+        identity: Identity,
+        directory: dict[int, bytes],
         config: control.Config,
-        workers: int,
         host: str = "127.0.0.1",
         port: int = 0,
         max_frame: int = 64 << 20,
@@ -118,8 +126,9 @@ class DeployServer:
     ) -> None:
         self.scenario = scenario
         self.learner = learner
-        self.signing, _ = party_identity(secret, SERVER_PARTY)
-        self.verification = {j: party_identity(secret, j)[1] for j in range(workers)}
+        self.signing = identity.signing
+        self.verification = directory
+        """Each worker's verification key (its own; the launcher may add workers' keys as they announce them)."""
         self.config = config.encode()
         self.host, self.port = host, port
         self.max_frame = max_frame
@@ -130,6 +139,8 @@ class DeployServer:
         self.down = TokenBucket(bps)
         self.peers: dict[int, Peer] = {}
         self.current: RoundState | None = None
+        self.last: RoundState | None = None
+        """The round played last (for observers: its machines hold what the clients sent)."""
         self.changed = asyncio.Event()
         self.t0 = time.monotonic()
         self._server: asyncio.AbstractServer | None = None
@@ -194,7 +205,7 @@ class DeployServer:
         st = self.current
         if channel == control.CONTROL:
             try:
-                message = wire.decode(payload)
+                message = control.decode_from_worker(payload)
             except wire.WireError as exc:
                 peer.conn.close(f"malformed control message: {exc}")  # logged as the connection closes
                 return
@@ -281,16 +292,36 @@ class DeployServer:
             rec.t_end, rec.outcome = self.now(), f"aborted: {refused}"
             rec.clients = [records[c] for c in sampled]
             return rec
-        inst = RoundInstances(sc.aggregation, sc.seed, number, sampled, self.learner.dim, private, chunks)
+        for c, peer in zip(sampled, peers, strict=False):
+            peer.round, peer.client = number, c
+        played = {peer.client: peer for peer in peers}
+        roster = {c: self.verification[played[c].index] if c in played else bytes(32) for c in sampled}
+        try:
+            inst = RoundInstances(
+                sc.aggregation,
+                sc.seed,
+                number,
+                sampled,
+                self.learner.dim,
+                private,
+                chunks,
+                identities=roster if sc.aggregation.malicious else None,
+            )
+        except RoundSetupError as exc:  # e.g. a Poisson round too small for a safe threshold: as the engine
+            for peer in peers:
+                peer.round, peer.client = 0, -1
+            rec.t_end, rec.outcome = self.now(), f"aborted: {exc}"
+            rec.clients = [records[c] for c in sampled]
+            return rec
         m = len(inst.servers)
         st = RoundState(number, sampled, [asyncio.Queue() for _ in range(m)], records, machines=list(inst.servers))
+        st.max_elements = control.max_elements(self.learner.dim, private)
         st.gone = [set() for _ in range(m)]
         self.current = st
         server_cpu = Processor("server")
         side = Processor("server-side") if chunks is not None else server_cpu
         try:
-            for c, peer in zip(sampled, peers, strict=False):
-                peer.round, peer.client = number, c
+            for c, peer in played.items():
                 st.peers[c] = peer
             for c in sampled:
                 if c not in st.peers:
@@ -298,8 +329,10 @@ class DeployServer:
                         gone.add(c)
                     records[c].dropped_stage = "offline:connect"
             rate_cell = control.NO_RATE if rate is None else rate
+            keys = tuple(roster[c] for c in sampled) if sc.aggregation.malicious else ()
             for c, peer in st.peers.items():
-                start = control.RoundStart(number, c, sampled, drops.get(c, "").encode(), chunks or 0, rate_cell)
+                drop = drops.get(c, "").encode()
+                start = control.RoundStart(number, c, sampled, drop, chunks or 0, rate_cell, keys)
                 peer.conn.send(control.CONTROL, start.encode())
             model = await server_cpu.run(lambda: ModelDownload(number, self.learner.params).encode())
             for c in st.peers:
@@ -343,7 +376,7 @@ class DeployServer:
     ) -> None:
         """Run a machine call on ``cpu``, encode its messages there (a broadcast once), and send them."""
 
-        def work() -> list[tuple[int, bytes]]:
+        def work() -> tuple[list[tuple[int, bytes]], tuple[tuple[int, str], ...]]:
             reaction = reaction_of()
             frames: dict[int, bytes] = {}
             out = []
@@ -352,9 +385,12 @@ class DeployServer:
                 if key not in frames:
                     frames[key] = send.message.encode()
                 out.append((send.to, frames[key]))
-            return out
+            return out, reaction.liars
 
-        for to, payload in await cpu.run(work, priority):
+        sends, liars = await cpu.run(work, priority)
+        for c, why in liars:  # outvoted: their shares were set aside and the round went on without them
+            self._refuse(f"round {st.number}: client {c} {why}")
+        for to, payload in sends:
             self._send(st, rec, to, channel, payload)
 
     async def _collect(
@@ -419,7 +455,7 @@ class DeployServer:
             rec.server_bytes_in += len(payload)
 
             def receive(sender: int = sender, payload: bytes = payload) -> Reaction:
-                return machine.receive(sender, wire.decode(payload))
+                return machine.receive(sender, wire.decode(payload, max_elements=st.max_elements))
 
             try:
                 await self._react(st, rec, receive, cpu, channel, priority)
@@ -427,6 +463,28 @@ class DeployServer:
                 self._reject(st, sender, f"malformed message: {exc}")
             except RemoteProtocolError as exc:
                 self._reject(st, sender, exc.reason)
+
+    async def _close_step(
+        self,
+        st: RoundState,
+        rec: RoundRecord,
+        machine: ServerMachine,
+        cpu: Processor,
+        channel: int,
+        priority: int = STAGED,
+    ) -> None:
+        """Close the machine's step. What the clients sent may not fit together (shares that contradict each
+        other): the machine has then aborted the round, which ends here with the reason logged and the
+        clients found lying put out; the deployment goes on with the next round."""
+        try:
+            await self._react(st, rec, machine.close_step, cpu, channel, priority)
+        except RoundAbortedError as exc:
+            named = f" (found lying: clients {', '.join(map(str, exc.suspects))})" if exc.suspects else ""
+            self._refuse(f"round {st.number}: aborted: {exc.reason}{named}")
+            for c in exc.suspects:
+                if c in st.clients and c not in st.refused:
+                    st.refused.add(c)
+                    st.clients[c].dropped_stage = f"rejected: {exc.reason}"
 
     def _reject(self, st: RoundState, c: int, reason: str) -> None:
         self._refuse(f"round {st.number}: client {c}'s message refused: {reason}")
@@ -442,7 +500,7 @@ class DeployServer:
             step = machine.step
             await self._collect(st, rec, machine, 0, cpu)
             collected = self.now()
-            await self._react(st, rec, machine.close_step, cpu, 0)
+            await self._close_step(st, rec, machine, cpu, 0)
             final = machine.step in ("done", "aborted")
             rec.steps.append((step, step_start, collected if final else self.now()))
             rec.aggregate_start = collected
@@ -471,7 +529,7 @@ class DeployServer:
                 if step == "masked_input":
                     await gate.admit(3, j)  # type: ignore[misc]
                     lane, priority = cpu, STAGED
-                await self._react(st, rec, machine.close_step, lane, j, priority)
+                await self._close_step(st, rec, machine, lane, j, priority)
                 chunk_steps.append((step, start, self.now()))
                 start = self.now()
             if machine.step == "aborted" or machine.aggregate is None:
@@ -533,7 +591,7 @@ class DeployServer:
             peer.round, peer.client = 0, -1
             if c in st.late or st.clients[c].dropped_stage.startswith("rejected"):
                 peer.conn.close()  # a stalled or misbehaving connection starts afresh
-        self.current = None
+        self.current, self.last = None, st
         for c, (report, offset) in st.reports.items():
             record = st.clients[c]
 

@@ -30,11 +30,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.crypto.randomness import RandomSource, SystemRandom
 from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads, one_thread_math
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
-from sim.deploy.identity import party_identity
+from sim.deploy.identity import Identity
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.shaping import TokenBucket
 from sim.engine.gates import StageGate
@@ -57,7 +58,6 @@ from sim.scenario.source import as_plain, parse_text
 
 log = logging.getLogger("sim.deploy.worker")
 
-SERVER_PARTY = -1
 UNSHAPED_BPS = 1e15
 """A link's rate before the worker knows its round's client (only the configuration crosses it)."""
 
@@ -175,6 +175,8 @@ class Play:
     unsent: set[int] = field(default_factory=set)
     """Pipelined: chunks whose masked input is not written yet."""
     all_sent: asyncio.Event = field(default_factory=asyncio.Event)
+    max_elements: int = 0
+    """Most values a vector from the server may hold this round (checked before decoding allocates)."""
 
     def sent(self, j: int) -> None:
         self.unsent.discard(j)
@@ -186,15 +188,25 @@ class Worker:
     """Worker ``index`` of a deployment whose server listens at ``host:port``."""
 
     def __init__(
-        self, host: str, port: int, index: int, secret: bytes, max_frame: int, connect_timeout: float = 30.0
+        self,
+        host: str,
+        port: int,
+        index: int,
+        identity: Identity,
+        server_key: bytes,
+        max_frame: int,
+        connect_timeout: float = 30.0,
     ) -> None:
         self.host, self.port, self.index = host, port, index
-        self.signing, _ = party_identity(secret, index)
-        _, self.server_key = party_identity(secret, SERVER_PARTY)
+        self.identity = identity
+        """This worker's own long-term key pair (drawn by itself: :mod:`sim.deploy.identity`)."""
+        self.server_key = server_key
         self.max_frame = max_frame
         self.connect_timeout = connect_timeout
         self.shared: Shared | None = None
         self.digest = b""
+        self.seeded = False
+        """Whether the server asked for secrets derived from the scenario seed (``--seeded-secrets``)."""
 
     async def run(self) -> None:
         """Serve the deployment until the server says it is over (or cannot be reached)."""
@@ -221,7 +233,7 @@ class Worker:
 
     async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
         """One connection: handshake, configuration, rounds; ``"shutdown"`` or ``"reconnect"``."""
-        session = await client_handshake(reader, writer, self.index, self.signing, self.server_key)
+        session = await client_handshake(reader, writer, self.index, self.identity.signing, self.server_key)
         controls: asyncio.Queue[wire.Message | None] = asyncio.Queue()
         inbox: dict[int, asyncio.Queue[bytes]] = {}
         # the links' rates are the client's of each round, set as its start is read (before the frames after it)
@@ -232,7 +244,7 @@ class Worker:
                 inbox.setdefault(channel, asyncio.Queue()).put_nowait(payload)
                 return
             try:
-                message = wire.decode(payload)
+                message = control.decode_from_server(payload)
             except wire.WireError as exc:
                 conn.close(f"malformed control message from the server: {exc}")
                 return
@@ -269,6 +281,7 @@ class Worker:
                 return "reconnect"
 
     def _configure(self, config: control.Config) -> None:
+        self.seeded = bool(config.seeded)
         if self.shared is not None and config.digest == self.digest:
             return
         scenario = read_config(config)
@@ -322,9 +335,11 @@ class Worker:
         try:
             if leave_before == "":
                 self._leave(p, start.drop.decode())
+            private = p.shared.private(start)
+            p.max_elements = control.max_elements(p.shared.learner.dim, private)
             p.timeline.download_start = time.monotonic()
             payload = await self._receive(p, 0)
-            model = await p.cpu.run(lambda: wire.decode(payload))
+            model = await p.cpu.run(lambda: wire.decode(payload, max_elements=p.max_elements))
             if not isinstance(model, ModelDownload) or model.round != start.round:
                 raise LeftError(f"aborted: expected the round's model, got {type(model).__name__}")
             p.timeline.download_end = p.timeline.train_start = time.monotonic()
@@ -344,8 +359,9 @@ class Worker:
                 start.round,
                 tuple(int(x) for x in start.sampled),
                 learner.dim,
-                p.shared.private(start),
+                private,
                 chunks=start.chunks if start.chunks > 0 else None,
+                identities=self._roster(start) if sc.aggregation.malicious else None,
             )
             if instances.pipelined:
                 await self._pipelined(p, instances, update, weight, leave_before)
@@ -361,6 +377,32 @@ class Worker:
 
     def _leave(self, p: Play, why: str) -> None:
         raise LeftError(why)
+
+    @staticmethod
+    def _decode(p: Play, payload: bytes) -> wire.Message:
+        """A protocol message from the server; one that does not decode makes the client abort."""
+        try:
+            return wire.decode(payload, max_elements=p.max_elements)
+        except wire.WireError as exc:
+            raise LeftError(f"aborted: malformed message from the server: {exc}") from None
+
+    def _roster(self, start: control.RoundStart) -> dict[int, bytes]:
+        """The malicious variant's verification keys of the round's clients, from the server's
+        :class:`~sim.deploy.control.RoundStart`; this worker's own must be at its client, and nowhere else
+        (else it aborts: a server that gives its key to another client could replay its signatures)."""
+        keys, sampled = tuple(start.keys), tuple(int(x) for x in start.sampled)
+        if len(keys) != len(sampled):
+            raise LeftError(f"aborted: the round lists {len(keys)} verification keys for {len(sampled)} clients")
+        roster = dict(zip(sampled, keys, strict=True))
+        own = self.identity.verification
+        if roster.get(start.client) != own or sum(1 for k in keys if k == own) != 1:
+            raise LeftError(f"aborted: the round does not list this worker's key once, at client {start.client}")
+        return roster
+
+    def _keys(self) -> RandomSource | None:
+        """The randomness of a client machine's secrets: the operating system's, or (``--seeded-secrets``)
+        None, for the scenario seed's, as the simulator's."""
+        return None if self.seeded else SystemRandom()
 
     async def _receive(self, p: Play, channel: int) -> bytes:
         return await p.inbox.setdefault(channel, asyncio.Queue()).get()
@@ -390,13 +432,13 @@ class Worker:
         self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, leave_before: str | None
     ) -> None:
         c = p.start.client
-        machine = p.machines[0] = inst.client(c)
+        machine = p.machines[0] = inst.client(c, keys=self._keys(), signing=self.identity.signing)
         if leave_before == machine.first_step:
             self._leave(p, p.start.drop.decode())
         await self._react(p, 0, lambda: machine.start(update, weight))
         while True:
             payload = await self._receive(p, 0)
-            message = await p.cpu.run(lambda payload=payload: wire.decode(payload))  # type: ignore[misc]
+            message = await p.cpu.run(lambda payload=payload: self._decode(p, payload))  # type: ignore[misc]
             if leave_before and machine.stage_of(message) == leave_before:
                 self._leave(p, p.start.drop.decode())
             await self._react(p, 0, lambda message=message: machine.receive(message))
@@ -445,14 +487,14 @@ class Worker:
     ) -> None:
         """Chunk ``j``'s instance: stages 1 (mask) and 2 (upload), its answers in stage 3, then 5 (decode)."""
         c = p.start.client
-        machine = p.machines[j] = inst.client(c, j)
+        machine = p.machines[j] = inst.client(c, j, keys=self._keys(), signing=self.identity.signing)
         await cpu_gate.admit(1, j)  # type: ignore[misc]
         await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate)
         while True:
             payload = await self._receive(p, j)
             staged = (1, j) not in cpu_gate.done
             priority = STAGED if staged else SIDE
-            message = await p.cpu.run(lambda payload=payload: wire.decode(payload), priority)  # type: ignore[misc]
+            message = await p.cpu.run(lambda payload=payload: self._decode(p, payload), priority)  # type: ignore[misc]
             if isinstance(message, AggregateChunk):
                 await cpu_gate.admit(5, j)  # type: ignore[misc]
                 await p.cpu.run(lambda message=message: self._decode_chunk(p, inst, j, message))  # type: ignore[misc]
@@ -501,20 +543,21 @@ class Worker:
         inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
 
 
-def worker_main(host: str, port: int, index: int, secret: bytes, max_frame: int) -> None:
+def worker_main(host: str, port: int, index: int, identity: Identity, server_key: bytes, max_frame: int) -> None:
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     interleave_threads()
     one_thread_math()
-    asyncio.run(Worker(host, port, index, secret, max_frame).run())
+    asyncio.run(Worker(host, port, index, identity, server_key, max_frame).run())
 
 
-def config_message(scenario: Scenario) -> control.Config:
+def config_message(scenario: Scenario, seeded: bool = False) -> control.Config:
     """The configuration a worker receives: the scenario document as written (sweep values and ``--set``
-    overrides applied), as JSON, and the digest of the resolved scenario it must read back to."""
+    overrides applied), as JSON, the digest of the resolved scenario it must read back to, and whether its
+    secrets come from the scenario seed (``seeded``: no secrecy)."""
     assert scenario.document is not None, "a scenario read from a document"
     text = json.dumps({"file": scenario.document.name, "scenario": as_plain(scenario.document.data)}, default=str)
-    return control.Config(text.encode(), scenario_digest(scenario).encode())
+    return control.Config(text.encode(), scenario_digest(scenario).encode(), int(seeded))
 
 
 def read_config(config: control.Config) -> Scenario:

@@ -176,6 +176,10 @@ class Simulation:
         assert isinstance(record, RoundRecord)
         return record
 
+    def manifest_entries(self) -> dict[str, object]:
+        """What this driver adds to the run's manifest (none for the simulator)."""
+        return {}
+
     def close(self) -> None:
         """Release what the run holds (in virtual time, the training workers; the deployment's processes and
         sockets)."""

@@ -1,22 +1,26 @@
 """The protocol instances of one round, built as every driver builds them from the scenario seed.
 
 A round of ``chunks`` instances (1 when it is not pipelined; Dordis section 4) has one server machine per
-instance and, for each sampled client, one client machine per instance. Every party derives its key
-material from the scenario seed (``KEYS`` stream, per round, client and chunk), the round's SecAgg+ graph
-from the ``GRAPH`` stream, and the malicious variant's long-term identities from the ``IDENTITY`` stream,
-so the SimPy engine and the socket deployment build bit-identical machines; the deployment's client
-processes build only their own client's. A pipelined client encodes its whole update once (DSkellam's
-clipping and rotation need all of it) and gives each instance its slice of the encoding.
+instance and, for each sampled client, one client machine per instance. The round's SecAgg+ graph comes
+from the scenario seed (``GRAPH`` stream). In the simulator, where nobody is on the wire, every party also
+derives its key material from the scenario seed (``KEYS`` stream, per round, client and chunk) and the
+malicious variant's long-term identities from the ``IDENTITY`` stream, so that every run is reproducible.
+A deployment gives each client machine its own randomness instead (``keys``: the operating system's) and
+the identities it provisioned (``identities``, ``signing``), so that no party can derive another's secrets
+(docs/security.md); the deployment's client processes build only their own client's machines. A pipelined
+client encodes its whole update once (DSkellam's clipping and rotation need all of it) and gives each
+instance its slice of the encoding.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from sim.crypto import signatures
-from sim.crypto.randomness import SeededRandom
+from sim.crypto.randomness import RandomSource, SeededRandom
 from sim.protocol import wire
 from sim.protocol.machine import Aggregate, ClientMachine, ServerMachine, Work
 from sim.protocol.private import PrivateRound
@@ -44,7 +48,10 @@ class RoundInstances:
     slots: tuple[ChunkSlot, ...] = ()
     """Pipelined: each instance's slice of the encoded update."""
     signing: dict[int, wire.Data] = field(default_factory=dict)
-    """Long-term signing keys of the sampled clients (malicious variant)."""
+    """Long-term signing keys of the sampled clients (malicious variant; derived from the seed)."""
+    identities: Mapping[int, wire.Data] | None = None
+    """Verification keys of the sampled clients provisioned outside the scenario (a deployment: each
+    client's signing key is its own, given to :meth:`client`); None: derived from the scenario seed."""
 
     def __post_init__(self) -> None:
         suite = RealSuite() if self.full else SizedSuite()
@@ -65,6 +72,11 @@ class RoundInstances:
     def _identities(self) -> dict[int, wire.Data]:
         """Verification keys of the sampled clients (malicious variant; signing keys go to ``signing``)."""
         verification: dict[int, wire.Data] = {}
+        if self.aggregation.malicious and self.identities is not None:
+            missing = [c for c in self.sampled if c not in self.identities]
+            if missing:
+                raise ValueError(f"no verification key for sampled clients {missing}")
+            return {c: self.identities[c] for c in self.sampled}
         if self.aggregation.malicious:
             for c in self.sampled:
                 if self.full:
@@ -79,14 +91,19 @@ class RoundInstances:
     def pipelined(self) -> bool:
         return self.chunks is not None
 
-    def client(self, c: int, chunk: int | None = None) -> ClientMachine:
-        """Client ``c``'s machine (of instance ``chunk`` in a pipelined round)."""
+    def client(
+        self, c: int, chunk: int | None = None, keys: RandomSource | None = None, signing: wire.Data | None = None
+    ) -> ClientMachine:
+        """Client ``c``'s machine (of instance ``chunk`` in a pipelined round). ``keys``: the randomness of
+        its key pairs, self-mask seed, noise seeds and Shamir polynomials (default: derived from the scenario
+        seed); ``signing``: its long-term signing key (default: derived from the scenario seed)."""
+        signing = self.signing.get(c) if signing is None else signing
         if chunk is None:
-            keys = SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c))
+            keys = keys or SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c))
             encoding = generator(self.seed, Stream.ENCODING, self.number, c) if self.full else None
-            return self.factories[0](c, keys, encoding, self.signing.get(c))
-        keys = SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c, chunk))
-        return self.factories[chunk](c, keys, None, self.signing.get(c))
+            return self.factories[0](c, keys, encoding, signing)
+        keys = keys or SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c, chunk))
+        return self.factories[chunk](c, keys, None, signing)
 
     def encode(self, c: int, update: Vector) -> Vector:
         """Pipelined: client ``c``'s whole update encoded (fixed point mod 2^bits, or DSkellam before noise)."""
