@@ -141,3 +141,17 @@ def test_what_cannot_be_deployed_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "dep.yaml"
     path.write_text(SCENARIO)
     assert main(["deploy", str(path), "--set", "fidelity=timing", "--quiet"]) == 2
+
+
+def test_validate_with_seeded_secrets_compares_dp_models_and_says_it_kept_nothing_secret(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "dep.yaml"
+    path.write_text(SCENARIO)
+    out = tmp_path / "val"
+    dp = ["--set", "privacy={strategy: xnoise, epsilon: 6, delta: 0.001}", "--set", "rounds=1"]
+    assert main(["validate", str(path), "--output", str(out), "--quiet", *dp, "--seeded-secrets"]) == 0
+    captured = capsys.readouterr()
+    assert "models after every round: identical" in captured.out
+    assert "NO SECRECY" in captured.out and "--seeded-secrets" in captured.err
+    assert "NO SECRECY" in read_manifest(out / "deployed")["secrets"]

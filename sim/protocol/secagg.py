@@ -19,7 +19,8 @@ SecAgg+ is the same protocol on a sparse graph (:mod:`sim.protocol.graph`): a cl
 shares among, only its neighbours, each neighbourhood with its own threshold. Thresholds: a client's
 secrets are shared among its holders H(u) (itself and its neighbours) with ``t_u = floor(threshold *
 |H(u)|) + 1``, strictly more than the fraction ``threshold`` (SecAgg: H(u) is everyone, so t = floor(threshold
-* |U|) + 1; the malicious variant needs t > |U|/2, Dordis footnote 3). The server aborts a step with
+* |U|) + 1; the malicious variant needs t > (|H(u)| + c)/2 with c of the holders colluding with the server,
+:mod:`sim.protocol.collusion`; with none, t > |U|/2, Dordis footnote 3). The server aborts a step with
 fewer than ``min_u t_u`` answers and a round whose secrets it cannot reconstruct.
 
 Distributed DP (``SecAggConfig.private``, :mod:`sim.protocol.private`): each client's input is its DSkellam
@@ -1006,9 +1007,9 @@ class SecAggClient:
         for v, signature in m.signatures:
             if not suite.verify(cfg.verification_keys[v], message, signature):
                 raise BadSignatureError(SERVER, f"client {v}'s signature does not match this client's survivor set")
-        # Every client this one will release a share about must have more than the threshold of its own
-        # holders confirm the same survivor set: two views can then not both gather enough honest holders
-        # (Bonawitz et al. 5.1's |U4| >= t, per neighbourhood for SecAgg+).
+        # Every client this one will release a share about must have at least t of its own holders confirm
+        # the same survivor set (Bonawitz et al. 5.1's |U4| >= t, per neighbourhood for SecAgg+): with
+        # t > (holders + colluders)/2, which SecAggConfig enforces, two views cannot both gather t.
         confirmed = set(signers)
         for x in (self.client, *self.ciphertexts):
             count = sum(1 for h in cfg.holders(x) if h in confirmed)
