@@ -36,9 +36,9 @@ class LoopbackResult:
     """The work each client's machine reported (for comparing the cost model with the clock)."""
     server_work: list[Work] = field(default_factory=list)
     round_error: RoundAbortedError | None = None
+    """The error with which the server machine aborted the round while closing a step, if it did."""
     server_liars: dict[int, str] = field(default_factory=dict)
     """Clients whose shares the server outvoted while closing a step (``Reaction.liars``), with why."""
-    """The error with which the server machine aborted the round while closing a step, if it did."""
 
 
 def run_loopback(

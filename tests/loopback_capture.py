@@ -78,7 +78,7 @@ def main(scenario_file: str, out: str) -> None:
     sniffer.join()
     for n, (_, pieces) in enumerate(sorted(sniffer.flows.items())):
         (folder / f"flow-{n}.bin").write_bytes(b"".join(pieces))
-    (folder / "config.bin").write_bytes(config_message(scenario).scenario)
+    (folder / "config.bin").write_bytes(config_message(scenario, bytes(16)).scenario)
 
     simulation = Simulation(scenario)
     assert simulation.learner is not None

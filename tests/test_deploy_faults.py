@@ -467,6 +467,10 @@ async def _silent(t: Turn) -> None:
     await t.link.receive(Ciphertexts)  # and never its masked input
 
 
+async def _quit(t: Turn) -> None:
+    await t.link.send(control.CONTROL, control.Shutdown(b"had enough").encode())
+
+
 async def _leave(t: Turn) -> None:
     t.link.writer.close()
 
@@ -585,6 +589,7 @@ ATTACKS: dict[str, tuple[Callable[[Turn], Awaitable[None]], type | None]] = {
     "mid_frame": (_mid_frame, Stalled),
     "silent": (_silent, control.RoundEnd),
     "leave": (_leave, None),
+    "quit": (_quit, control.RoundEnd),
 }
 """Each attack, and what the rogue waits for after it: the round's end (then it closes its connection), the
 server closing the connection (``Stalled``), or nothing."""
@@ -819,6 +824,18 @@ def test_an_adversarial_worker_is_refused_and_the_honest_clients_go_on(rogue: Ro
     rogue.ref.step({played.client: "after_sampling"})
     assert rogue.ref.sim.learner is not None and rogue.dep.learner is not None
     rogue.ref.sim.learner.params = rogue.dep.learner.params.copy()  # the rogue's zero update is in this model
+
+
+def test_a_worker_that_quits_mid_deployment_is_a_dropout_not_the_end(rogue: RogueDeployment) -> None:
+    """A ready worker that says it quits (a Shutdown) leaves its round as a dropout; the deployment goes on,
+    and the worker may come back (before, one worker's Shutdown ended every deployment)."""
+    result, played, refusals = rogue.round("quit")
+    assert refusals == [f"worker {ROGUE} (client {played.client}): quit: had enough; connection closed"]
+    assert played.closed_by_server
+    rogue.honest_round(result, played)
+    result, played, refusals = rogue.round("leave")  # it reconnects and the next round runs with it
+    assert refusals == []
+    rogue.honest_round(result, played)
 
 
 STALLS = {

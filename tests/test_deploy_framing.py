@@ -616,3 +616,69 @@ def test_the_key_commands_make_per_party_keys_and_refuse_the_shared_secret(tmp_p
     err = capsys.readouterr().err
     assert "no verification key of worker-0.pub, worker-1.pub" in err
     assert (keys / "server.key").exists() and (keys / "server.pub").exists()
+
+
+# -- what a worker accepts from its server ------------------------------------------------------------
+
+
+def _worker(**kwargs):  # type: ignore[no-untyped-def]
+    from sim.deploy.worker import Worker
+
+    return Worker("127.0.0.1", 1, 0, ids.new_identity(), ids.new_identity().verification, 1 << 20, **kwargs)
+
+
+def test_a_worker_derives_its_secrets_from_the_seed_only_if_it_agreed_to():
+    from sim.deploy import control
+
+    config = control.Config(b"{}", b"", ids.new_deployment_id(), 1)
+    with pytest.raises(ValueError, match="only a worker started with --seeded-secrets agrees"):
+        _worker()._configure(config)
+
+
+def test_a_lasting_key_never_signs_twice_for_one_deployment(tmp_path):
+    from sim.deploy import control
+
+    record = ids.sessions_file(ids.worker_key_file(tmp_path, 0))
+    deployment = ids.new_deployment_id()
+    ids.remember_deployment(record, deployment)
+    ids.remember_deployment(record, ids.new_deployment_id())
+    with pytest.raises(ids.IdentityError, match="has signed for before"):
+        ids.remember_deployment(record, deployment)
+    with pytest.raises(ids.IdentityError, match="has signed for before"):
+        _worker(sessions=record)._configure(control.Config(b"{}", b"", deployment, 0))
+
+
+def test_every_signature_is_bound_to_the_deployment():
+    from sim.protocol.instances import RoundInstances
+    from sim.protocol.registry import AggregationParams
+
+    params = AggregationParams("secagg", 20, 1.0, 0.5, None, True)
+    sessions = {
+        context: RoundInstances(params, 1, 1, (0, 1, 2), 8, context=context).servers[0].config.session  # type: ignore[attr-defined]
+        for context in (b"", ids.new_deployment_id(), ids.new_deployment_id())
+    }
+    assert len(set(sessions.values())) == 3
+
+
+def test_a_worker_checks_the_keys_a_round_lists():
+    from sim.deploy import control
+    from sim.deploy.worker import LeftError
+
+    known = [ids.new_identity() for _ in range(3)]
+    worker = _worker(directory=frozenset(k.verification for k in known))
+    worker.identity = known[0]
+
+    def start(*keys: bytes) -> control.RoundStart:
+        return control.RoundStart(1, 5, (5, 6, 7), b"", 0, control.NO_RATE, keys)
+
+    ok = start(known[0].verification, known[1].verification, b"")
+    assert worker._roster(ok) == {5: known[0].verification, 6: known[1].verification, 7: b""}
+    cases = {
+        "does not list this worker's key": start(known[1].verification, known[0].verification, b""),
+        "twice": start(known[0].verification, known[1].verification, known[1].verification),
+        "not in this worker's key folder": start(known[0].verification, ids.new_identity().verification, b""),
+        "3 clients": start(known[0].verification),
+    }
+    for reason, bad in cases.items():
+        with pytest.raises(LeftError, match=reason):
+            worker._roster(bad)

@@ -26,6 +26,7 @@ from sim.deploy.identity import (
     IdentityError,
     announce,
     create_identity,
+    known_workers,
     load_or_create,
     new_identity,
     parse_announcement,
@@ -33,6 +34,7 @@ from sim.deploy.identity import (
     read_identity,
     read_public,
     server_key_file,
+    sessions_file,
     worker_key_file,
 )
 from sim.errors import InputError
@@ -98,6 +100,12 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--keygen", action="store_true", help="make DIR/worker-J.key and .pub (with --keys), then exit")
     p.add_argument("--announce-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
+    p.add_argument(
+        "--seeded-secrets",
+        action="store_true",
+        help="agree to derive this worker's secrets from the scenario seed when the server asks "
+        "(validate --seeded-secrets): NO SECRECY",
+    )
     p.add_argument("--secret-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--max-frame-mb", type=float, default=64.0, metavar="MB", help="largest frame accepted")
 
@@ -236,7 +244,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             raise InputError(f"--announce-fd {args.announce_fd}: {exc}") from None
     from sim.deploy.worker import worker_main
 
-    worker_main(host, int(port), args.index, identity, server_key, int(args.max_frame_mb * 2**20))
+    sessions, directory = None, frozenset[bytes]()
+    if args.keys is not None:
+        sessions = sessions_file(worker_key_file(args.keys, args.index))
+        directory = _read(lambda: known_workers(args.keys))
+    max_frame = int(args.max_frame_mb * 2**20)
+    worker_main(host, int(port), args.index, identity, server_key, max_frame, args.seeded_secrets, sessions, directory)
     return 0
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.protocol.private import PrivateRound
-from sim.protocol.wire import BYTES, F64, KEY, U8, U32, U64, Message, WireError, decode, list_of, peek_header
+from sim.protocol.wire import BYTES, F64, U8, U32, U64, Message, WireError, decode, list_of, peek_header
 
 CONTROL = 0xFFFF
 """Frame channel of control messages (protocol instances use channels 0.., one per chunk)."""
@@ -27,13 +27,16 @@ class Config(Message):
     """The resolved scenario (JSON), sent to a worker once it has authenticated: every party of the
     testbed runs the same configuration, as the parties of a real deployment share their protocol's
     parameters. Nothing in it is secret: the clients' secrets come from each worker's operating system.
-    ``seeded`` (1: ``--seeded-secrets``) makes the workers derive them from the scenario seed instead, as
-    the simulator does, which keeps nothing secret from anyone who has the scenario (a validation mode)."""
+    ``deployment`` is the deployment's random id, to which every protocol signature is bound (a worker with
+    a lasting key refuses an id it has seen). ``seeded`` (1: ``--seeded-secrets``) asks the workers to derive
+    their secrets from the scenario seed instead, as the simulator does, which keeps nothing secret from
+    anyone who has the scenario (a validation mode): a worker agrees only if it was started with the flag."""
 
     TYPE: ClassVar[int] = 40
-    FIELDS: ClassVar = (("scenario", BYTES), ("digest", BYTES), ("seeded", U8))
+    FIELDS: ClassVar = (("scenario", BYTES), ("digest", BYTES), ("deployment", BYTES), ("seeded", U8))
     scenario: bytes
     digest: bytes
+    deployment: bytes = b""
     seeded: int = 0
 
 
@@ -42,8 +45,8 @@ class RoundStart(Message):
     """Round ``round`` starts; the worker plays ``client``. ``drop`` is the dropout stage the testbed
     makes it leave before (empty: it stays); ``chunks`` the round's protocol instances; ``rate`` the
     sampling rate the round is accounted at (:data:`NO_RATE`: the planned one); ``keys`` (malicious
-    variant, else empty) the verification keys of the workers playing ``sampled``, in its order (zeros for
-    a client no worker plays): the worker checks its own and that no other is its own."""
+    variant, else empty) the verification keys of the workers playing ``sampled``, in its order (empty for
+    a client no worker plays: no signature verifies under it)."""
 
     TYPE: ClassVar[int] = 41
     FIELDS: ClassVar = (
@@ -53,7 +56,7 @@ class RoundStart(Message):
         ("drop", BYTES),
         ("chunks", U32),
         ("rate", F64),
-        ("keys", list_of(KEY)),
+        ("keys", list_of(BYTES)),
     )
     round: int
     client: int

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import select
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
@@ -27,6 +25,7 @@ from sim.deploy.identity import (
     SERVER_KEY_ENV,
     Identity,
     IdentityError,
+    new_deployment_id,
     new_identity,
     parse_announcement,
     worker_directory,
@@ -117,12 +116,16 @@ class Deployment(Simulation):
         check_deployable(scenario)
         self.options = opts = options or DeployOptions()
         self.n_workers = worker_count(scenario, opts)
-        super().__init__(scenario)
-        assert self.learner is not None
-        self.identity = opts.identity or new_identity()
         self.directory: dict[int, bytes] = {}
         if not opts.spawn:
             self.directory = opts.directory if opts.directory is not None else self._remote_keys()
+        super().__init__(scenario)
+        assert self.learner is not None
+        self.identity = opts.identity or new_identity()
+        self.deployment_id = new_deployment_id()
+        """This deployment's random id: every protocol signature is bound to it."""
+        self.processes: list[subprocess.Popen[bytes]] = []
+        self._log: IO[bytes] | None = None
         self._switch = sys.getswitchinterval()
         interleave_threads()  # the server's loop and compute threads, as the workers'
         self._math = one_thread_math()  # the server's computations are one thread each, as the workers'
@@ -132,23 +135,21 @@ class Deployment(Simulation):
             self.learner,
             self.identity,
             self.directory,
-            config_message(scenario, opts.seeded_secrets),
+            config_message(scenario, self.deployment_id, opts.seeded_secrets),
             opts.host,
             opts.port,
             int(opts.max_frame_mb * 2**20),
             opts.handshake_timeout_s,
             opts.step_timeout_s,
         )
-        self.loop.run_until_complete(self.server.start())
-        self.processes: list[subprocess.Popen[bytes]] = []
-        self._log: IO[bytes] | None = None
-        if opts.spawn:
-            try:
+        try:
+            self.loop.run_until_complete(self.server.start())
+            if opts.spawn:
                 self._spawn()
-            except BaseException:
-                self._stop_workers(kill=True)
-                self.close()
-                raise
+        except BaseException:  # nothing is left behind: workers, sockets, the loop, the learner
+            self._stop_workers(kill=True)
+            self.close()
+            raise
 
     def _remote_keys(self) -> dict[int, bytes]:
         if self.options.keys is None:
@@ -197,42 +198,59 @@ class Deployment(Simulation):
                     str(self.options.max_frame_mb),
                     "--announce-fd",
                     str(write_end),
+                    *(["--seeded-secrets"] if self.options.seeded_secrets else []),
                 ]
                 try:
                     process = subprocess.Popen(command, env=env, stdout=out, stderr=out, pass_fds=(write_end,))
                 finally:
                     os.close(write_end)
                 self.processes.append(process)
-            self.directory.update(self._announcements(pipes))
+            self.loop.run_until_complete(self._announcements(pipes))
         finally:
             for fd in pipes.values():
                 os.close(fd)
 
-    def _announcements(self, pipes: dict[int, int]) -> dict[int, bytes]:
-        """Each spawned worker's verification key, read from its pipe (within the connect timeout)."""
-        keys: dict[int, bytes] = {}
+    async def _announcements(self, pipes: dict[int, int]) -> None:
+        """Each spawned worker's verification key, read from its pipe into the server's directory as it comes
+        (the server accepts connections meanwhile: a worker may connect as soon as it has announced)."""
+        loop = asyncio.get_running_loop()
         lines = {j: b"" for j in pipes}
-        deadline = time.monotonic() + self.options.connect_timeout_s
-        while len(keys) < len(pipes):
-            waiting = {pipes[j]: j for j in pipes if j not in keys}
-            ready, _, _ = select.select(list(waiting), [], [], max(0.0, deadline - time.monotonic()))
-            if not ready:
-                missing = sorted(waiting.values())
-                raise DeployError(f"workers {missing} announced no key within {self.options.connect_timeout_s:g} s")
-            for fd in ready:
-                j = waiting[fd]
-                chunk = os.read(fd, 256)
-                lines[j] += chunk
-                if chunk and b"\n" not in lines[j] and len(lines[j]) < 256:
-                    continue
-                if not chunk and not lines[j]:
-                    where = f" (see {self.options.log_dir / 'workers.log'})" if self.options.log_dir else ""
-                    raise DeployError(f"worker {j} exited before announcing its key{where}")
+        announced: set[int] = set()
+        errors: list[str] = []
+        done = asyncio.Event()
+        where = f" (see {self.options.log_dir / 'workers.log'})" if self.options.log_dir is not None else ""
+
+        def readable(j: int, fd: int) -> None:
+            chunk = os.read(fd, 256)
+            lines[j] += chunk
+            if chunk and b"\n" not in lines[j] and len(lines[j]) < 256:
+                return
+            loop.remove_reader(fd)
+            if not lines[j]:
+                errors.append(f"worker {j} exited before announcing its key{where}")
+            else:
                 try:
-                    keys[j] = parse_announcement(lines[j].split(b"\n")[0])
+                    self.directory[j] = parse_announcement(lines[j].split(b"\n")[0])
+                    announced.add(j)
                 except IdentityError as exc:
-                    raise DeployError(f"worker {j}: {exc}") from None
-        return keys
+                    errors.append(f"worker {j}: {exc}")
+            if errors or len(announced) == len(pipes):
+                done.set()
+
+        for j, fd in pipes.items():
+            loop.add_reader(fd, readable, j, fd)
+        try:
+            await asyncio.wait_for(done.wait(), self.options.connect_timeout_s)
+        except asyncio.TimeoutError:
+            missing = sorted(set(pipes) - announced)
+            raise DeployError(
+                f"workers {missing} announced no key within {self.options.connect_timeout_s:g} s{where}"
+            ) from None
+        finally:
+            for fd in pipes.values():
+                loop.remove_reader(fd)
+        if errors:
+            raise DeployError(errors[0])
 
     def _stop_workers(self, kill: bool = False) -> None:
         """Wait for the worker processes (10 s each unless ``kill``), then kill any left."""
@@ -244,10 +262,12 @@ class Deployment(Simulation):
                 process.wait()
 
     def live_workers(self) -> int:
-        """Worker processes still running (or, for workers started elsewhere, the number expected)."""
+        """Worker processes still running (or, for workers started elsewhere, the number expected), less
+        those that said they cannot run the scenario."""
+        failed = self.server.failed
         if not self.options.spawn:
-            return self.n_workers
-        return sum(1 for p in self.processes if p.poll() is None)
+            return self.n_workers - len(failed)
+        return sum(1 for j, p in enumerate(self.processes) if p.poll() is None and j not in failed)
 
     def _play(
         self,

@@ -27,6 +27,8 @@ from sim.crypto import signatures
 from sim.crypto.randomness import SystemRandom
 
 KEY_BYTES = 32
+DEPLOYMENT_ID_BYTES = 16
+"""A deployment's random id, to which every protocol signature is bound."""
 SERVER_KEY_ENV = "DROPSIM_SERVER_KEY"
 """Environment variable through which ``dropsim deploy`` gives the workers it starts the server's
 verification key (hex; public)."""
@@ -139,6 +141,38 @@ def worker_directory(folder: Path, workers: int) -> dict[int, bytes]:
             raise IdentityError(f"{folder}: worker-{seen[key]}.pub and worker-{j}.pub hold the same key")
         seen[key] = j
     return directory
+
+
+def known_workers(folder: Path) -> frozenset[bytes]:
+    """Every worker verification key in ``folder`` (its ``worker-*.pub`` files), for a worker to check the
+    keys a server lists against (an empty set when it holds only its own: it then trusts the server's)."""
+    keys = frozenset(read_public(path) for path in sorted(folder.glob("worker-*.pub")))
+    return keys if len(keys) > 1 else frozenset()
+
+
+def new_deployment_id() -> bytes:
+    return os.urandom(DEPLOYMENT_ID_BYTES)
+
+
+def sessions_file(key_file: Path) -> Path:
+    """Where a lasting key records the deployment ids it has signed for."""
+    return key_file.with_suffix(".sessions")
+
+
+def remember_deployment(record: Path, deployment: bytes) -> None:
+    """Record ``deployment`` in ``record`` (one hex id a line); IdentityError if it is there already: a server
+    that presents an old id could replay this key's signatures of that deployment."""
+    seen = set()
+    if record.exists():
+        seen = {line.strip() for line in record.read_text(encoding="ascii", errors="replace").splitlines()}
+    if deployment.hex() in seen:
+        raise IdentityError(
+            f"the server presents deployment id {deployment.hex()}, which this key ({record}) has signed for "
+            "before: refused (its old signatures could be replayed)"
+        )
+    fd = os.open(record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    with os.fdopen(fd, "a") as out:
+        out.write(deployment.hex() + "\n")
 
 
 def announce(fd: int, identity: Identity) -> None:

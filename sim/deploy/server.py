@@ -130,6 +130,8 @@ class DeployServer:
         self.verification = directory
         """Each worker's verification key (its own; the launcher may add workers' keys as they announce them)."""
         self.config = config.encode()
+        self.deployment = config.deployment
+        """The deployment's id, to which every protocol signature is bound."""
         self.host, self.port = host, port
         self.max_frame = max_frame
         self.handshake_timeout = handshake_timeout
@@ -213,8 +215,13 @@ class DeployServer:
                 peer.offset = arrived - message.now
                 self.changed.set()
             elif isinstance(message, control.Shutdown):
-                self.failed[peer.index] = message.reason.decode(errors="replace")
-                self._refuse(f"worker {peer.index} quit: {self.failed[peer.index]}")
+                why = message.reason.decode(errors="replace")
+                if math.isnan(peer.offset):  # before it was ready: it cannot run the scenario
+                    self.failed[peer.index] = why
+                    self._refuse(f"worker {peer.index} quit: {why}")
+                    peer.conn.close()
+                else:  # it leaves: the round goes on without it (a dropout), and so does the deployment
+                    peer.conn.close(f"quit: {why}")
                 self.changed.set()
             elif isinstance(message, control.Decoded):
                 if st is not None and peer.round == st.number == message.round:
@@ -255,15 +262,18 @@ class DeployServer:
         )
 
     async def wait_for_workers(self, want: int, live: Callable[[], int], timeout: float) -> list[Peer]:
-        """Up to ``want`` idle workers: waits until as many as are alive (``live()``) are ready, or
-        ``timeout`` seconds."""
+        """Up to ``want`` idle workers: waits until as many as are alive (``live()``: running, and not among
+        those that said they cannot run the scenario) are ready, or ``timeout`` seconds. Raises
+        :class:`WorkerFailedError` once every worker has said it cannot run the scenario (one worker alone
+        cannot end the deployment)."""
         deadline = time.monotonic() + timeout
         while True:
-            if self.failed:
+            alive = live()
+            if self.failed and alive <= 0:  # every worker has said it cannot run the scenario
                 j, why = next(iter(self.failed.items()))
                 raise WorkerFailedError(f"worker {j} {why}")
-            ready = self.idle()
-            if len(ready) >= min(want, live()) or time.monotonic() >= deadline:
+            ready = [p for p in self.idle() if p.index not in self.failed]
+            if len(ready) >= min(want, alive) or time.monotonic() >= deadline:
                 return ready[:want]
             self.changed.clear()
             # woken by a connection, or after a while to see whether a worker process ended
@@ -295,7 +305,7 @@ class DeployServer:
         for c, peer in zip(sampled, peers, strict=False):
             peer.round, peer.client = number, c
         played = {peer.client: peer for peer in peers}
-        roster = {c: self.verification[played[c].index] if c in played else bytes(32) for c in sampled}
+        roster = {c: self.verification[played[c].index] if c in played else b"" for c in sampled}
         try:
             inst = RoundInstances(
                 sc.aggregation,
@@ -306,6 +316,7 @@ class DeployServer:
                 private,
                 chunks,
                 identities=roster if sc.aggregation.malicious else None,
+                context=self.deployment,
             )
         except RoundSetupError as exc:  # e.g. a Poisson round too small for a safe threshold: as the engine
             for peer in peers:
@@ -448,7 +459,9 @@ class DeployServer:
             # (a message that arrived before its sender's connection closed still counts: a client that
             # uploads and leaves is in the sum)
             if sender not in machine.expected():
-                self._reject(st, sender, f"a message it was not asked for in step {step} ({_describe(payload)})")
+                self._reject(
+                    st, sender, f"a message it was not asked for in step {step} ({wire.message_name(payload)})"
+                )
                 continue
             record = st.clients[sender]
             record.bytes_up += len(payload)
@@ -640,11 +653,3 @@ class WorkerFailedError(Exception):
 
 class _ChunkAbortedError(Exception):
     """A pipelined round's chunk aborted (so does the round)."""
-
-
-def _describe(payload: bytes) -> str:
-    """The message type of a payload, or why it is not a message (for logs)."""
-    try:
-        return type(wire.decode(payload)).__name__
-    except wire.WireError as exc:
-        return f"malformed: {exc}"

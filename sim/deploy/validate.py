@@ -5,7 +5,9 @@ K}``, K the host's cores: every party's compute shares them, a slow client sleep
 docs/time-model.md) and over real sockets on this host (:mod:`sim.deploy`). Both write the usual tables;
 this compares them per round and stage (the round, the model download, local training, each server step,
 the aggregation) as simulated seconds, measured seconds and the relative error (simulated - measured) /
-measured, and checks that every round's model is bit-identical (``model_sha256``). It writes
+measured, and checks that every round's model is bit-identical (``model_sha256``; with DP only under
+``--seeded-secrets``, since the deployed clients otherwise draw their noise from their operating systems).
+It writes
 ``validation.csv`` (per round and stage), ``summary.csv`` (per stage) and the figure
 ``validation.png``/``.pdf``.
 

@@ -5,11 +5,12 @@ clock and receives the resolved scenario (:class:`~sim.deploy.control.Config`), 
 what every client of the scenario shares: the population's device profiles, the federated data, the
 model and the privacy plan. Then, round after round, the server tells it which client to play
 (:class:`~sim.deploy.control.RoundStart`). It fetches the model, trains it for real (torch, one thread),
-and runs that client's protocol machines (:class:`sim.protocol.instances.RoundInstances`, built from the
-seed exactly as the simulator builds them), sending the machines' messages in frames, through token
-buckets at the client's bandwidth, and computing on one processor slowed down by the client's Zipf
-factor (:mod:`sim.deploy.compute`). A pipelined round runs one machine per chunk, with the client's CPU
-and link taking one chunk's stage at a time (:class:`sim.engine.gates.StageGate`, Hyades appendix F).
+and runs that client's protocol machines (:class:`sim.protocol.instances.RoundInstances`, built as the
+simulator builds them, but with secrets from the operating system and the worker's own long-term key),
+sending the machines' messages in frames, through token buckets at the client's bandwidth, and computing
+on one processor slowed down by the client's Zipf factor (:mod:`sim.deploy.compute`). A pipelined round
+runs one machine per chunk, with the client's CPU and link taking one chunk's stage at a time
+(:class:`sim.engine.gates.StageGate`, Hyades appendix F).
 
 A planned dropout leaves before its step: the worker closes its connection (the server sees the close at
 once) and connects again for the next round; with ``dropout.silent`` it just stops answering. A server
@@ -25,6 +26,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -35,7 +37,7 @@ from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads, one_thread_math
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
-from sim.deploy.identity import Identity
+from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.shaping import TokenBucket
 from sim.engine.gates import StageGate
@@ -196,8 +198,19 @@ class Worker:
         server_key: bytes,
         max_frame: int,
         connect_timeout: float = 30.0,
+        allow_seeded: bool = False,
+        sessions: Path | None = None,
+        directory: frozenset[bytes] = frozenset(),
     ) -> None:
         self.host, self.port, self.index = host, port, index
+        self.allow_seeded = allow_seeded
+        """Whether this worker agrees to derive its secrets from the scenario seed when the server asks
+        (``dropsim worker --seeded-secrets``: no secrecy); otherwise such a server is refused."""
+        self.sessions = sessions
+        """A lasting key's record of the deployment ids it has signed for (None: a key of this process's)."""
+        self.directory = frozenset(directory)
+        """The deployment's verification keys, where this worker knows them (its key folder's .pub files)."""
+        self.deployment = b""
         self.identity = identity
         """This worker's own long-term key pair (drawn by itself: :mod:`sim.deploy.identity`)."""
         self.server_key = server_key
@@ -281,6 +294,19 @@ class Worker:
                 return "reconnect"
 
     def _configure(self, config: control.Config) -> None:
+        if config.seeded and not self.allow_seeded:
+            raise ValueError(
+                "the server asks for secrets derived from the scenario seed, which keeps nothing secret; "
+                "only a worker started with --seeded-secrets agrees"
+            )
+        if config.seeded:
+            log.warning("worker %d: secrets derived from the scenario seed (--seeded-secrets): NO SECRECY", self.index)
+        if len(config.deployment) != DEPLOYMENT_ID_BYTES:
+            raise ValueError(f"the server's deployment id is {len(config.deployment)} bytes, not {DEPLOYMENT_ID_BYTES}")
+        if config.deployment != self.deployment:
+            if self.sessions is not None:
+                remember_deployment(self.sessions, config.deployment)
+            self.deployment = config.deployment
         self.seeded = bool(config.seeded)
         if self.shared is not None and config.digest == self.digest:
             return
@@ -362,6 +388,7 @@ class Worker:
                 private,
                 chunks=start.chunks if start.chunks > 0 else None,
                 identities=self._roster(start) if sc.aggregation.malicious else None,
+                context=self.deployment,
             )
             if instances.pipelined:
                 await self._pipelined(p, instances, update, weight, leave_before)
@@ -388,15 +415,22 @@ class Worker:
 
     def _roster(self, start: control.RoundStart) -> dict[int, bytes]:
         """The malicious variant's verification keys of the round's clients, from the server's
-        :class:`~sim.deploy.control.RoundStart`; this worker's own must be at its client, and nowhere else
-        (else it aborts: a server that gives its key to another client could replay its signatures)."""
+        :class:`~sim.deploy.control.RoundStart` (else it aborts): this worker's own at its client and nowhere
+        else (a server that gave its key to another client could replay its signatures), no key twice, and,
+        where this worker knows the deployment's keys (``worker-*.pub`` in its key folder), none other. An
+        empty key is a client no worker plays: no signature verifies under it."""
         keys, sampled = tuple(start.keys), tuple(int(x) for x in start.sampled)
         if len(keys) != len(sampled):
             raise LeftError(f"aborted: the round lists {len(keys)} verification keys for {len(sampled)} clients")
         roster = dict(zip(sampled, keys, strict=True))
         own = self.identity.verification
-        if roster.get(start.client) != own or sum(1 for k in keys if k == own) != 1:
-            raise LeftError(f"aborted: the round does not list this worker's key once, at client {start.client}")
+        if roster.get(start.client) != own:
+            raise LeftError(f"aborted: the round does not list this worker's key at client {start.client}")
+        given = [k for k in keys if k]
+        if len(set(given)) != len(given) or any(len(k) != len(own) for k in given):
+            raise LeftError("aborted: the round lists a verification key twice, or one of the wrong length")
+        if self.directory and not set(given) <= self.directory:
+            raise LeftError("aborted: the round lists a verification key that is not in this worker's key folder")
         return roster
 
     def _keys(self) -> RandomSource | None:
@@ -543,21 +577,43 @@ class Worker:
         inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
 
 
-def worker_main(host: str, port: int, index: int, identity: Identity, server_key: bytes, max_frame: int) -> None:
+def worker_main(
+    host: str,
+    port: int,
+    index: int,
+    identity: Identity,
+    server_key: bytes,
+    max_frame: int,
+    allow_seeded: bool = False,
+    sessions: Path | None = None,
+    directory: frozenset[bytes] = frozenset(),
+) -> None:
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     interleave_threads()
     one_thread_math()
-    asyncio.run(Worker(host, port, index, identity, server_key, max_frame).run())
+    asyncio.run(
+        Worker(
+            host,
+            port,
+            index,
+            identity,
+            server_key,
+            max_frame,
+            allow_seeded=allow_seeded,
+            sessions=sessions,
+            directory=directory,
+        ).run()
+    )
 
 
-def config_message(scenario: Scenario, seeded: bool = False) -> control.Config:
+def config_message(scenario: Scenario, deployment: bytes, seeded: bool = False) -> control.Config:
     """The configuration a worker receives: the scenario document as written (sweep values and ``--set``
-    overrides applied), as JSON, the digest of the resolved scenario it must read back to, and whether its
-    secrets come from the scenario seed (``seeded``: no secrecy)."""
+    overrides applied), as JSON, the digest of the resolved scenario it must read back to, the deployment's
+    id, and whether its secrets come from the scenario seed (``seeded``: no secrecy)."""
     assert scenario.document is not None, "a scenario read from a document"
     text = json.dumps({"file": scenario.document.name, "scenario": as_plain(scenario.document.data)}, default=str)
-    return control.Config(text.encode(), scenario_digest(scenario).encode(), int(seeded))
+    return control.Config(text.encode(), scenario_digest(scenario).encode(), deployment, int(seeded))
 
 
 def read_config(config: control.Config) -> Scenario:

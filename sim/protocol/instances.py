@@ -49,6 +49,8 @@ class RoundInstances:
     """Pipelined: each instance's slice of the encoded update."""
     signing: dict[int, wire.Data] = field(default_factory=dict)
     """Long-term signing keys of the sampled clients (malicious variant; derived from the seed)."""
+    context: bytes = b""
+    """What every signature of the round is also bound to (a deployment's random id; none in the simulator)."""
     identities: Mapping[int, wire.Data] | None = None
     """Verification keys of the sampled clients provisioned outside the scenario (a deployment: each
     client's signing key is its own, given to :meth:`client`); None: derived from the scenario seed."""
@@ -59,13 +61,13 @@ class RoundInstances:
         graph_seed = int_seed(self.seed, Stream.GRAPH, self.number)
         common = (self.aggregation, self.number, self.sampled, self.dim, suite, graph_seed, verification)
         if self.chunks is None:
-            server, factory = round_machines(*common, private=self.private)
+            server, factory = round_machines(*common, private=self.private, context=self.context)
             self.servers, self.factories = [server], [factory]
             return
         length = self.private.length if self.private is not None else self.dim
         self.slots = chunk_slots(length, self.chunks)
         for slot in self.slots:
-            server, factory = round_machines(*common, private=self.private, chunk=slot)
+            server, factory = round_machines(*common, private=self.private, chunk=slot, context=self.context)
             self.servers.append(server)
             self.factories.append(factory)
 

@@ -206,10 +206,12 @@ def round_machines(
     verification_keys: Mapping[int, Data] | None = None,
     private: PrivateRound | None = None,
     chunk: ChunkSlot | None = None,
+    context: bytes = b"",
 ) -> tuple[ServerMachine, ClientFactory]:
     """The server machine of one round and a factory of its client machines (``private``: with
     distributed DP, whose encoding replaces the fixed-point one; ``chunk``: the instance of one chunk of a
-    pipelined round, whose clients start from their encoded slice and whose server ends with the sum)."""
+    pipelined round, whose clients start from their encoded slice and whose server ends with the sum;
+    ``context``: what else its signatures are bound to, a deployment's id)."""
     if chunk is not None and params.protocol not in PIPELINED:
         raise ValueError(f"protocol {params.protocol} cannot be pipelined (only {', '.join(PIPELINED)})")
     if params.protocol == "fedavg":
@@ -235,5 +237,6 @@ def round_machines(
         chunk=chunk.index if chunk is not None else 0,
         chunks=chunk.count if chunk is not None else 1,
         prepared=chunk is not None,
+        context=context,
     )
     return SecAggServer(config, suite), lambda c, rng, enc, sig: SecAggClient(config, c, suite, rng, enc, sig)

@@ -160,6 +160,9 @@ class SecAggConfig:
     chunk: int = 0
     """Which chunk of the update this instance aggregates (Dordis 4.1: one instance per chunk)."""
     chunks: int = 1
+    context: bytes = b""
+    """What else every signature is bound to: a deployment's own random id (the simulator: nothing), so that
+    a client's signatures of one deployment are worth nothing in another with the same rounds."""
     prepared: bool = False
     """Pipelined: clients start with their slice of the already encoded update (fixed point: uint32 mod
     2^bits; distributed DP: int64 before noise) and the server ends with the unmasked sum mod 2^bits, which
@@ -233,9 +236,12 @@ class SecAggConfig:
 
     @cached_property
     def session(self) -> bytes:
-        """Digest binding every signature to this round's parameters: variant, round, clients, graph."""
+        """Digest binding every signature to this round's parameters: variant, round, clients, graph, and the
+        ``context`` (a deployment's id) where there is one."""
         h = hashlib.sha256(b"dropsim/secagg/v1/session")
         h.update(struct.pack("<?Id", self.malicious, self.round, self.threshold_fraction))
+        if self.context:
+            h.update(struct.pack("<I", len(self.context)) + self.context)
         if self.prepared:  # one instance per chunk: nothing signed for one chunk is valid in another
             h.update(struct.pack("<II", self.chunk, self.chunks))
         for c in sorted(self.sampled):

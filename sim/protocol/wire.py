@@ -522,3 +522,13 @@ def peek_header(data: bytes | memoryview) -> tuple[int, int]:
     if magic != MAGIC or version != VERSION:
         raise WireError(f"bad magic or version in header: {bytes(magic)!r} v{version}")
     return mtype, length
+
+
+def message_name(data: bytes | memoryview) -> str:
+    """The message type a frame's header names (for logs), without decoding its body; or why it names none."""
+    try:
+        mtype, _ = peek_header(data)
+    except WireError as exc:
+        return f"malformed: {exc}"
+    cls = _REGISTRY.get(mtype)
+    return cls.__name__ if cls is not None else f"unknown message type {mtype}"

@@ -543,8 +543,8 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, popu
         )
     k = sampling.clients_per_round
     if aggregation.malicious and p.collusion and protocol in ("secagg", "secagg+"):
-        _consistency_check(r, aggregation, p.collusion, sampling, population)  # implies collusion < t
-    elif p.enabled and k is not None and p.collusion and protocol in ("secagg", "secagg+"):
+        _consistency_check(r, aggregation, p.collusion, sampling, population)
+    if p.enabled and k is not None and p.collusion and protocol in ("secagg", "secagg+"):
         t = reconstruction_threshold(aggregation, k)
         if p.collusion >= t:
             r.fail(
