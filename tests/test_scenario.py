@@ -3,6 +3,7 @@ is allowed; overrides and sweeps expand as documented; defaults are resolved."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,3 +227,21 @@ def test_data_keys_belong_to_their_data_set(tmp_path):
     assert "data.samples_per_client: is not used by dataset 'digits' (only by synthetic)" in message
     ok = load(write(tmp_path, BASE.replace("dataset: digits,", "dataset: synthetic, samples_per_client: 5,"))).base()
     assert ok.data.samples_per_client == 5 and "test_fraction" not in ok.resolved["data"]
+
+
+def test_integers_beyond_floats_and_beyond_repr_are_named_not_raised(tmp_path: Path) -> None:
+    """A 5000-digit seed (more than Python converts from text) and a 60,000-digit hexadecimal exponent (more
+    than a float holds, and than ``repr`` shows) are scenario errors with file and key, not tracebacks."""
+    long_seed = tmp_path / "seed.yaml"
+    long_seed.write_text("seed: " + "9" * 5000 + "\nrounds: 1\npopulation: 10\n")
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(4300)  # Python's default (the test run may have lifted it)
+    try:
+        with pytest.raises(ScenarioError, match="holds a value that cannot be read: Exceeds the limit"):
+            load(long_seed)
+    finally:
+        sys.set_int_max_str_digits(limit)
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("rounds: 1\npopulation: 10\nclients: {compute: {zipf_a: 0x" + "f" * 50000 + "}}\n")
+    with pytest.raises(ScenarioError, match=r"huge.yaml:3: clients.compute.zipf_a: is an integer of 60206 digits"):
+        load(huge).base()

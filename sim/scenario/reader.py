@@ -43,7 +43,7 @@ class Reader:
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            self.fail((), f"is {data!r}; a mapping of keys to values is expected here")
+            self.fail((), f"is {shown(data)}; a mapping of keys to values is expected here")
             data = {}
         self.data: dict[str, Any] = data
 
@@ -97,10 +97,10 @@ class Reader:
         allowed = _range_text("a number", lo, hi, lo_open, hi_open)
         number = _as_number(value)
         if number is None or not math.isfinite(number):
-            self.fail(key, f"is {value!r}; {allowed} is expected")
+            self.fail(key, f"is {shown(value)}; {allowed} is expected")
             return self._fallback(default)
         if not _in_range(number, lo, hi, lo_open, hi_open):
-            self.fail(key, f"is {value!r}, out of range; allowed: {allowed}")
+            self.fail(key, f"is {shown(value)}, out of range; allowed: {allowed}")
             return self._fallback(default)
         self._put(key, number)
         return number
@@ -114,10 +114,10 @@ class Reader:
         allowed = _range_text("a whole number", lo, hi, False, False)
         number = _as_number(value)
         if number is None or not math.isfinite(number) or number != int(number):
-            self.fail(key, f"is {value!r}; {allowed} is expected")
+            self.fail(key, f"is {shown(value)}; {allowed} is expected")
             return self._fallback(default)
         if not _in_range(number, lo, hi, False, False):
-            self.fail(key, f"is {value!r}, out of range; allowed: {allowed}")
+            self.fail(key, f"is {shown(value)}, out of range; allowed: {allowed}")
             return self._fallback(default)
         self._put(key, int(number))
         return int(number)
@@ -128,7 +128,7 @@ class Reader:
             self._put(key, self._fallback(default))
             return self._fallback(default)
         if not isinstance(value, bool):
-            self.fail(key, f"is {value!r}; true or false is expected")
+            self.fail(key, f"is {shown(value)}; true or false is expected")
             return self._fallback(default)
         self._put(key, value)
         return value
@@ -140,7 +140,7 @@ class Reader:
             self._put(key, self._fallback(default))
             return self._fallback(default)
         if not isinstance(value, str) or value not in choices:
-            self.fail(key, f"is {value!r}; allowed: {_one_of(choices)}{_suggest(value, choices)}")
+            self.fail(key, f"is {shown(value)}; allowed: {_one_of(choices)}{_suggest(value, choices)}")
             return self._fallback(default)
         self._put(key, value)
         return value
@@ -151,7 +151,7 @@ class Reader:
             self._put(key, default)
             return self._fallback(default)
         if not isinstance(value, str) or not value.strip():
-            self.fail(key, f"is {value!r}; a non-empty text is expected")
+            self.fail(key, f"is {shown(value)}; a non-empty text is expected")
             return self._fallback(default)
         self._put(key, value)
         return value
@@ -172,7 +172,7 @@ class Reader:
             return self._fallback(default)
         allowed = "a pair [low, high] of " + _range_text("numbers", lo, hi, lo_open, False) + " with low <= high"
         if not isinstance(value, list | tuple) or len(value) != 2:
-            self.fail(key, f"is {value!r}; {allowed} is expected")
+            self.fail(key, f"is {shown(value)}; {allowed} is expected")
             return self._fallback(default)
         low, high = (_as_number(v) for v in value)
         if (
@@ -182,7 +182,7 @@ class Reader:
             or not (_in_range(low, lo, hi, lo_open, False) and _in_range(high, lo, hi, lo_open, False))
             or low > high
         ):
-            self.fail(key, f"is {value!r}; {allowed} is expected")
+            self.fail(key, f"is {shown(value)}; {allowed} is expected")
             return self._fallback(default)
         result = (low, high)
         self._put(key, list(result))
@@ -195,7 +195,7 @@ class Reader:
         sub_resolved: dict[str, Any] = {}
         self.resolved[key] = sub_resolved
         if value is not None and not isinstance(value, dict):
-            self.fail(key, f"is {value!r}; a mapping of keys to values is expected here")
+            self.fail(key, f"is {shown(value)}; a mapping of keys to values is expected here")
             value = {}
         return Reader(self.doc, value, (*self.path, key), self.problems, sub_resolved)
 
@@ -208,7 +208,7 @@ class Reader:
         try:
             parsed, resolved = parse(value)
         except ValueError as exc:
-            self.fail(key, f"is {value!r}; {exc}")
+            self.fail(key, f"is {shown(value)}; {exc}")
             return self._fallback(default)
         self._put(key, resolved)
         return parsed
@@ -226,11 +226,24 @@ class Reader:
             self.fail((key,), f"is not a known key{hint}; allowed keys here: {', '.join(known)}")
 
 
+def shown(value: Any, limit: int = 80) -> str:
+    """``repr(value)`` for an error message, cut to ``limit`` characters (a file may hold values of any size,
+    and integers too long for ``repr``)."""
+    try:
+        text = repr(value)
+    except ValueError:  # an integer of more than 4300 digits
+        return f"an integer of {int(value.bit_length() * math.log10(2)) + 1} digits"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _as_number(value: Any) -> float | None:
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:  # an integer beyond any float: out of every range, and said so
+            return math.inf if value > 0 else -math.inf
     if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
         return float(value)
     return None

@@ -101,6 +101,8 @@ def parse_text(text: str, name: str) -> Document:
         where = f"{name}:{mark.line + 1}" if mark is not None else name
         problem = getattr(exc, "problem", None) or str(exc)
         raise ScenarioError([Problem(where, "(file)", f"is not valid YAML: {problem}")]) from None
+    except ValueError as exc:  # a value YAML cannot construct, e.g. an integer of more than 4300 digits
+        raise ScenarioError([Problem(name, "(file)", f"holds a value that cannot be read: {exc}")]) from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
