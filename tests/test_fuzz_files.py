@@ -15,7 +15,8 @@ odd values -- wrong types, huge ints, NaN, arrays of every plain dtype and shape
 the FedScale and CIFAR-10 readers behind the unpickler.
 
 Inputs the fuzzer found that escaped, hung or allocated without bound are kept below as regression tests,
-with what they did before their fix.
+with what they did before their fix; so are those a review found in the unpickler, which also seed a fuzz
+test of their own.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from hypothesis.extra import numpy as hnp
 from sim.cli import main
 from sim.errors import InputError
 from sim.learning.datasets import DataError, load_cifar10
+from sim.safepickle import MIN_NATIVE_BYTES, NATIVE_BYTES_PER_INPUT_BYTE, PickleFormatError, UnsafePickleError
 from sim.scenario import ScenarioError, load
 from sim.traces.fedscale import FedScaleError, import_fedscale_report
 from sim.traces.io import load_trace, write_trace
@@ -194,6 +196,28 @@ _BEHAVE = {
 _CAPACITY = {1: {"computation": 32.5, "communication": 1500.0}, 2: {"computation": 80, "communication": 90}, 9: {}}
 _BEHAVE_PICKLES = [pickle.dumps(_BEHAVE, protocol=p) for p in range(5)]
 _CAPACITY_PICKLES = [pickle.dumps(_CAPACITY, protocol=p) for p in range(5)]
+_P = 2**61 - 1  # hash(n) == n % _P for ints
+
+
+def _long1(n: int) -> bytes:
+    raw = pickle.encode_long(n)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+# Found by review (see test_safepickle.py for each at full size), kept small here as seeds that the mutator
+# edits and splices from: each crashed the loader, took quadratic or exponential time, or held 40 to 225
+# times its size before its fix.
+_HOSTILE = {
+    "deep-tuple-key": b"\x80\x02}" + b")" + b"\x85" * 5000 + b"Ns.",  # (a million deep segfaulted)
+    "colliding-int-keys": b"\x80\x04}(" + b"N".join(_long1(i * _P) for i in range(1, 2000)) + b"Nu.",
+    "colliding-set": b"\x80\x04\x8f(" + b"".join(_long1(i * _P) for i in range(1, 2000)) + b"\x90.",
+    "shared-tuple-key": b"\x80\x02})" + b"q\x01h\x01\x86" * 60 + b"Ns.",  # 2**60 steps to hash
+    "colliding-memo": b"".join(b"Np%d\n0" % (i * _P) for i in range(1, 500)) + b"N.",
+    "empty-dicts": b"\x80\x04" + b"}" * 50_000 + b".",
+    "empty-sets": b"\x80\x04" + b"\x8f" * 20_000 + b".",
+    "memo-entries": b"\x80\x04" + b"N\x94" * 30_000 + b".",
+    "scalar-build": pickle.dumps(np.float64(2.5), protocol=2)[:-1] + b"}b.",
+}
 _PICKLE_TOKENS = [
     *(bytes([op]) for op in b"()]}ldetRbNIKJ.\x85\x86\x87\x93\x94"),
     b"h\x01",
@@ -240,6 +264,28 @@ def test_fuzz_fedscale_capacity(tmp_path: Path) -> None:
         _PICKLE_TOKENS,
     )
     assert accepted > 0 and refused > 200
+
+
+def test_fuzz_fedscale_from_reviewed_pickles(tmp_path: Path) -> None:
+    """The review's hostile pickles as seeds, mutated and spliced into one another: only InputError escapes
+    (most are refused; a mutation sometimes leaves a pickle the FedScale checks refuse instead), and the whole
+    run stays under 64 MiB."""
+    behave = tmp_path / "client_behave_trace"
+    tracemalloc.start()
+    try:
+        _, refused = _only(
+            InputError,
+            lambda data: import_fedscale_report(_write_bytes(behave, data)),
+            12,
+            200,
+            list(_HOSTILE.values()),
+            _PICKLE_TOKENS,
+        )
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert refused > 150
+    assert peak < 64 << 20
 
 
 # Value-level fuzzing: byte mutations mostly stop at the pickle layer, so these build well-formed pickles of
@@ -468,6 +514,24 @@ def test_regression_memo_index_allocates_nothing(tmp_path: Path) -> None:
     capacity = _write_bytes(tmp_path / "client_device_capacity", _MEMO_INDEX)
     raised = _bounded(lambda: import_fedscale_report(behave, capacity), 5.0, 8 << 20)
     assert raised is None or str(raised).startswith(str(capacity))
+
+
+@pytest.mark.parametrize("name", [name for name in _HOSTILE if name != "shared-tuple-key"])
+def test_regression_reviewed_pickles_are_refused_by_the_unpickler(tmp_path: Path, name: str) -> None:
+    """Each seed above, as it is: refused by sim.safepickle (not merely by the FedScale checks behind it),
+    naming the file, within twice the native budget. Before the fix each loaded (the FedScale checks then
+    refused most; at this size the deep key did not yet crash). The shared key, which never finished
+    hashing, is tested in a child process in test_safepickle.py."""
+    behave = _write_bytes(tmp_path / "client_behave_trace", _HOSTILE[name])
+    tracemalloc.start()
+    try:
+        with pytest.raises((UnsafePickleError, PickleFormatError)) as info:
+            import_fedscale_report(behave)
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert str(info.value).startswith(f"{behave}: ")
+    assert peak < 2 * max(NATIVE_BYTES_PER_INPUT_BYTE * len(_HOSTILE[name]), MIN_NATIVE_BYTES)
 
 
 @pytest.mark.parametrize(

@@ -1,9 +1,12 @@
 """Tests for sim.safepickle: what loads exactly as ``pickle.loads`` would, and what is refused -- forbidden
-globals, forged numpy dtypes, and sizes the file chooses -- without running or allocating what it asks for.
+globals, forged numpy dtypes, sizes the file chooses, deep nesting, keys of one hash and runs of objects --
+without running or allocating what it asks for.
 
 Hostile pickles are written with :class:`_Reduces`, whose ``__reduce__`` makes the pickler write any call
 (and BUILD state) we name, or opcode by opcode where a real pickler never writes them. No test here lets a
 forged array be read: the refusal is what is checked (the end-to-end check runs the command in a subprocess).
+Inputs that crashed or hung the loader before their fix are loaded in a child process, so that the old code
+fails the test rather than take pytest down.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import contextlib
 import os
 import pickle
 import pickletools
+import struct
 import subprocess
 import sys
 import tracemalloc
@@ -27,9 +31,11 @@ from numpy._core.multiarray import _reconstruct, scalar
 
 from sim.errors import InputError
 from sim.safepickle import (
+    MAX_DEPTH,
     MAX_NDIM,
     MAX_PICKLE_BYTES,
     MIN_DECODED_BYTES,
+    NATIVE_BYTES_PER_INPUT_BYTE,
     PickleFormatError,
     UnsafePickleError,
     restricted_load,
@@ -383,6 +389,22 @@ def test_an_array_state_given_twice_is_refused() -> None:
         restricted_loads(twice, allow_numpy=True)
 
 
+@pytest.mark.parametrize(
+    ("target", "kind"),
+    [
+        (pickle.dumps(np.float64(1.5), protocol=2)[:-1], "float64"),  # a scalar, as numpy pickles one
+        (pickle.dumps(np.int8(-3), protocol=4)[:-1], "int8"),
+        (b"\x80\x02}", "dict"),
+        (b"\x80\x02]", "list"),
+    ],
+)
+def test_build_is_given_only_to_dtypes_and_arrays(target: bytes, kind: str) -> None:
+    """Before the fix, BUILD on a numpy scalar (which numpy never writes) loaded it silently, state ignored."""
+    for state in (b"}", b"(K\x01t"):
+        with pytest.raises(UnsafePickleError, match=f"refusing a BUILD .* for a {kind}; only numpy dtypes"):
+            restricted_loads(target + state + b"b.", allow_numpy=True)
+
+
 def test_forged_fedscale_file_exits_2_from_the_command(tmp_path: Path) -> None:
     """End to end, in a subprocess: before the fix this 351-byte file made the command segfault (status -11)."""
     forged = tmp_path / "client_behave_trace"
@@ -494,6 +516,247 @@ def test_files_over_the_size_cap_are_not_read(tmp_path: Path) -> None:
     with pytest.raises(UnsafePickleError, match=f"larger than the {MAX_PICKLE_BYTES} bytes") as info:
         restricted_load(huge)
     assert str(huge) in str(info.value)
+
+
+# ------------------------------------------------------------------------------------------- nesting
+
+
+def _in_a_child(tmp_path: Path, data: bytes, timeout: float = 120) -> str:
+    """Load ``data`` with restricted_load in a child process (a crash or a hang must not take pytest down
+    with it): what it prints, ``ErrorType: message`` or ``loaded``, or how it died."""
+    path = tmp_path / "hostile.pkl"
+    path.write_bytes(data)
+    code = (
+        "import sys\nfrom sim.safepickle import restricted_load\n"
+        "try:\n    restricted_load(sys.argv[1], allow_numpy=True)\n"
+        "except ValueError as exc:\n    print(f'{type(exc).__name__}: {exc}')\nelse:\n    print('loaded')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=ROOT, timeout=timeout
+    )
+    assert done.returncode == 0, f"the child died with status {done.returncode}: {done.stderr[-500:]}"
+    return done.stdout.strip()
+
+
+_DEEP = b")" + b"\x85" * 10**6  # () in a 1-tuple, a million times over
+_TOO_DEEP = f"refusing containers nested more than {MAX_DEPTH} deep"
+
+
+def test_deep_tuple_as_dict_key_exits_2_from_the_command(tmp_path: Path) -> None:
+    """The reported crash: 1 MB that make ``dropsim trace import-fedscale`` segfault (status -11) while
+    SETITEM hashes the million-deep tuple (C recursion without a depth check)."""
+    path = tmp_path / "client_behave_trace"
+    path.write_bytes(b"\x80\x02}" + _DEEP + b"Ns.")
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "trace", "import-fedscale", str(path), "--out", str(tmp_path / "t.csv")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr.startswith(f"dropsim: {path}: {_TOO_DEEP} ")
+    assert "Traceback" not in done.stderr
+    assert not (tmp_path / "t.csv").exists()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param(b"\x80\x02(" + _DEEP + b"Nd.", id="DICT"),
+        pytest.param(b"\x80\x02}(" + _DEEP + b"Nu.", id="SETITEMS"),
+        pytest.param(b"\x80\x04\x8f(" + _DEEP + b"\x90.", id="ADDITEMS"),
+        pytest.param(b"\x80\x04(" + _DEEP + b"\x91.", id="FROZENSET"),
+        pytest.param(b"\x80\x02c__builtin__\nset\n(" + _DEEP + b"l\x85R.", id="set-stand-in"),
+        pytest.param(b"\x80\x02c__builtin__\nfrozenset\n(" + _DEEP + b"l\x85R.", id="frozenset-stand-in"),
+        pytest.param(b"\x80\x02" + _DEEP + b".", id="not-hashed"),
+    ],
+)
+def test_deep_nesting_is_refused_before_any_hashing(tmp_path: Path, data: bytes) -> None:
+    """Every path that hashes a key or set element: before the fix each of these segfaulted (in a child)."""
+    assert _in_a_child(tmp_path, data).startswith(f"UnsafePickleError: {tmp_path / 'hostile.pkl'}: {_TOO_DEEP} ")
+
+
+def _nested_frozensets(depth: int) -> bytes:
+    """``frozenset({frozenset({... frozenset({0})})})``, ``depth`` deep, with FROZENSET (pickle itself
+    recurses too deep to write it)."""
+    return b"\x80\x04" + b"(" * depth + b"K\x00" + b"\x91" * depth + b"."
+
+
+@pytest.mark.parametrize("kind", ["tuple", "list", "dict", "frozenset"])
+def test_nesting_up_to_max_depth_loads_and_one_level_more_is_refused(kind: str) -> None:
+    wrap = {
+        "tuple": lambda v: (v,),
+        "list": lambda v: [v],
+        "dict": lambda v: {"k": v},
+        "frozenset": lambda v: frozenset([v]),
+    }[kind]
+    value: Any = wrap(0)  # 1 deep
+    for _ in range(MAX_DEPTH - 1):
+        value = wrap(value)
+    if kind == "frozenset":
+        pickles = [(_nested_frozensets(MAX_DEPTH), _nested_frozensets(MAX_DEPTH + 1))]
+    else:
+        pickles = [(pickle.dumps(value, protocol=p), pickle.dumps(wrap(value), protocol=p)) for p in (2, 4)]
+    for deepest, too_deep in pickles:
+        assert restricted_loads(deepest) == value
+        with pytest.raises(UnsafePickleError, match=_TOO_DEEP):
+            restricted_loads(too_deep)
+
+
+def test_a_list_deepened_after_it_was_nested_is_refused_at_the_end() -> None:
+    """Lists made top-down (each appended to the one before, then filled): the depth kept as the pickle
+    runs sees every list as 2 deep; the walk over the loaded value counts 1000. Accepted before the fix."""
+    ops = [b"\x80\x04]r\x00\x00\x00\x00"]  # L0, memo 0
+    for i in range(1, 1000):  # L(i-1).append(L(i)), L(i) in memo i
+        ops.append(b"j" + (i - 1).to_bytes(4, "little") + b"]r" + i.to_bytes(4, "little") + b"a0")
+    data = b"".join(ops) + b"j\x00\x00\x00\x00."
+    with pytest.raises(UnsafePickleError, match=_TOO_DEEP):
+        restricted_loads(data)
+    shallow = b"".join(ops[:MAX_DEPTH]) + b"j\x00\x00\x00\x00."  # MAX_DEPTH lists deep: fine
+    assert len(str(restricted_loads(shallow))) == 2 * MAX_DEPTH
+
+
+def test_shared_and_recursive_nesting_costs_one_visit_per_container() -> None:
+    """A tuple of shared tuples nested 60 deep is 2**60 paths but 61 containers: it loads (as a value)."""
+    data = b"\x80\x02)" + b"q\x01h\x01\x86" * 60 + b"."
+    loaded = restricted_loads(data)
+    for _ in range(60):
+        assert loaded[0] is loaded[1]
+        loaded = loaded[0]
+    assert loaded == ()
+
+
+# ------------------------------------------------------------------------------------------- keys
+
+_P = 2**61 - 1  # hash(n) == n % _P for ints: every multiple of _P hashes to 0
+
+
+def _long1(n: int) -> bytes:
+    raw = pickle.encode_long(n)
+    return b"\x8a" + bytes([len(raw)]) + raw
+
+
+def _tuple_collisions(count: int) -> list[tuple[int, int]]:
+    """``count`` pairs of ints below 2**61 with one hash: tuple hashes (xxHash-like, not keyed, Python >= 3.8)
+    are solved for their second item, as an attacker would."""
+    mask, p1, p2, p5 = 2**64 - 1, 11400714785074694791, 14029467366897019727, 2870177450012600261
+    rotate = lambda x: ((x << 31) | (x >> 33)) & mask  # noqa: E731
+    unrotate = lambda x: ((x >> 31) | (x << 33)) & mask  # noqa: E731
+    want = unrotate(12345 * pow(p1, -1, 2**64) & mask)
+    pairs: list[tuple[int, int]] = []
+    first = 0
+    while len(pairs) < count:
+        first += 1
+        second = (want - rotate((p5 + first * p2) & mask) * p1) * pow(p2, -1, 2**64) & mask
+        second -= 2**64 if second >= 2**63 else 0
+        if abs(second) < _P and second != -1:
+            pairs.append((first, second))
+    return pairs
+
+
+def _colliding(count: int) -> dict[str, bytes]:
+    """Pickles of ``count`` keys (or set elements) with one hash, written opcode by opcode (building the dict
+    here would take the quadratic time the loader must refuse)."""
+    ints = [_long1(i * _P) for i in range(1, count)]
+    pairs = [b"J" + a.to_bytes(4, "little") + _long1(b) + b"\x86" for a, b in _tuple_collisions(count)]
+    complexes = [  # hash(complex(x, y)) is hash(x) + 1000003 * hash(y): 0 here
+        b"h\x00G" + struct.pack(">d", -1000003.0 * k) + b"G" + struct.pack(">d", float(k)) + b"\x86R"
+        for k in range(1, count)
+    ]
+    return {
+        "int-dict-SETITEMS": b"\x80\x04}(" + b"N".join(ints) + b"Nu.",
+        "int-dict-DICT": b"\x80\x02(" + b"N".join(ints) + b"Nd.",
+        "int-set-ADDITEMS": b"\x80\x04\x8f(" + b"".join(ints) + b"\x90.",
+        "int-FROZENSET": b"\x80\x04(" + b"".join(ints) + b"\x91.",
+        "int-set-stand-in": b"\x80\x02c__builtin__\nset\n(" + b"".join(ints) + b"l\x85R.",
+        "tuple-dict": b"\x80\x02}(" + b"N".join(pairs) + b"Nu.",
+        "complex-dict": b"\x80\x02c__builtin__\ncomplex\nq\x00}(" + b"N".join(complexes) + b"Nu.",
+    }
+
+
+@pytest.mark.parametrize("name", list(_colliding(2)))
+def test_keys_of_one_hash_are_refused_after_bounded_work(name: str) -> None:
+    """5000 keys of one hash: each is compared with every earlier one, 12.5 million comparisons (the review's
+    519 KB of 40,000 colliding ints took 9 s). Refused once hashing and comparing would pass 8 steps per byte
+    of pickle (at least 2**20); before the fix each loaded."""
+    assert len({hash(pair) for pair in _tuple_collisions(50)}) == 1  # the collisions are real on this Python
+    data = _colliding(5000)[name]
+    with pytest.raises(UnsafePickleError, match=r"earlier keys share its hash\): hashing and comparing") as info:
+        restricted_loads(data)
+    assert len(str(info.value)) < 500
+
+
+@pytest.mark.parametrize("protocol", [2, 4])
+def test_keys_whose_hashes_differ_load_as_pickle_loads_them(protocol: int) -> None:
+    rng = np.random.default_rng(3)
+    big = [int(x) << 64 | int(y) for x, y in rng.integers(1, 2**62, size=(20_000, 2))]  # beyond 2**61: counted
+    value = {
+        "big ints": set(big),
+        "big-int keys": dict.fromkeys(big[:5000], 1),
+        "powers of two": {2.0**k for k in range(-1074, 1024)},  # ~34 floats share each hash: still cheap
+        "tuple keys": {(i, str(i), (i, -i)): i for i in range(5000)},
+        "complex": frozenset(complex(x, y) for x, y in rng.normal(size=(5000, 2))),
+        "frozenset keys": {frozenset({i, i + 1}): i for i in range(5000)},
+    }
+    assert restricted_loads(pickle.dumps(value, protocol=protocol)) == value
+
+
+def test_hashing_a_key_of_shared_tuples_is_bounded(tmp_path: Path) -> None:
+    """A tuple of shared tuples nested 60 deep, 303 bytes, as a dict key: its hash (not cached) visits 2**60
+    items. Before the fix the load never ended (here: the child timed out)."""
+    data = b"\x80\x02})" + b"q\x01h\x01\x86" * 60 + b"Ns."
+    printed = _in_a_child(tmp_path, data, timeout=60)
+    assert printed.startswith("UnsafePickleError: ")
+    assert "(hashing it takes many steps)" in printed
+
+
+def test_put_takes_only_indices_long_binput_could_name() -> None:
+    """Protocol 0's PUT reads its index as text: multiples of 2**61 - 1 would all collide in the memo (4000
+    of them: 16 million comparisons). Accepted before the fix."""
+    data = b"".join(b"Np%d\n0" % (i * _P) for i in range(1, 4000)) + b"N."
+    with pytest.raises(PickleFormatError, match=r"PUT index 2305843009213693951 is outside 0\.\.2\*\*32-1"):
+        restricted_loads(data)
+    assert restricted_loads(b"Np4294967295\n0g4294967295\n.") is None
+
+
+# ------------------------------------------------------------------------------------------- native objects
+
+
+@pytest.mark.parametrize(
+    "unit",
+    [
+        pytest.param(b"}", id="EMPTY_DICT"),  # 64 bytes of dict per byte (72 with its stack slot)
+        pytest.param(b"\x8f", id="EMPTY_SET"),  # 216
+        pytest.param(b"]", id="EMPTY_LIST"),  # 56
+        pytest.param(b"(", id="MARK"),  # a new stack list each
+        pytest.param(b"N\x94", id="MEMOIZE"),  # a memo entry of about 70 bytes each
+    ],
+)
+def test_what_pickle_builds_natively_is_charged(unit: bytes) -> None:
+    """512 KB of one opcode over and over. Before the fix these loaded (MARK failed only at the end) with
+    traced peaks of 73x (EMPTY_DICT), 225x (EMPTY_SET), 65x (EMPTY_LIST, MARK) and 42x (MEMOIZE) the
+    pickle's size; 10 MB of ``}`` took 0.7 GB. Now the load is refused at 32x (16 MB here), and its peak
+    stays within the documented bound: the pickle, and twice that budget (the opcode that crosses it may
+    have grown a table before it is charged: 1.3x for the memo here, 1.0x for the others)."""
+    data = b"\x80\x04" + unit * (2**19 // len(unit)) + b"."
+    raised, peak = _peak_bytes(data)
+    assert isinstance(raised, UnsafePickleError), raised
+    budget = NATIVE_BYTES_PER_INPUT_BYTE * len(data)
+    assert "what this pickle builds natively (objects, stack, memo) would reach" in str(raised)
+    assert f"over its cap of {budget} bytes" in str(raised)
+    assert peak < 2 * len(data) + 2 * budget
+
+
+@pytest.mark.parametrize("protocol", range(5))
+def test_fedscale_shaped_pickles_fit_the_native_budget(protocol: int) -> None:
+    """The densest legitimate shape: clients without sessions (about 24 bytes of objects per byte of pickle at
+    protocol 4). With 20 sessions each, about the 238 bytes per client of FedScale's own 26 MB trace, it is 10."""
+    behave = {
+        client: {"duration": 0, "inactive": [], "finish_time": 604800, "active": [], "model": "Pixel 3"}
+        for client in range(20_000)
+    }
+    assert restricted_loads(pickle.dumps(behave, protocol=protocol)) == behave
 
 
 # ------------------------------------------------------------------------------------------- globals, errors
