@@ -17,22 +17,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_safepickle import _CallOnLoad
 
 from sim.learning.datasets import DataError, Dataset, load_cifar10, load_digits, load_femnist
 from sim.safepickle import UnsafePickleError
 
 # ------------------------------------------------------------------------------------------- helpers
-
-
-class _CallOnLoad:
-    """Pickles as ``func(*args)``: what a malicious pickle does with ``os.system``."""
-
-    def __init__(self, func: Any, *args: Any) -> None:
-        self.func = func
-        self.args = args
-
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
-        return (self.func, self.args)
 
 
 def _leaf_user_rows(rng: np.random.Generator, n: int) -> list[list[float]]:

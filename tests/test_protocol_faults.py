@@ -17,6 +17,7 @@ from collections.abc import Callable
 
 import numpy as np
 import pytest
+from test_secagg import setup
 
 from sim.crypto import agreement, shamir, signatures
 from sim.crypto.randomness import SeededRandom
@@ -54,18 +55,8 @@ u mod p): X25519 with any of them gives the all-zero secret."""
 
 # ------------------------------------------------------------------------------------------- helpers
 def _round(protocol="secagg", n=5, malicious=False, neighbours=None, seed=0, dim=16):
-    sampled = tuple(range(10, 10 + 3 * n, 3))
-    params = AggregationParams(protocol, 20, 1.0, 0.5, neighbours, malicious)
-    keys = {c: signatures.generate(SeededRandom(bytes([c % 256]) * 32)) for c in sampled}
-    server, factory = round_machines(params, 5, sampled, dim, RealSuite(), seed, {c: k[1] for c, k in keys.items()})
-    clients = {
-        c: factory(
-            c, SeededRandom(seed.to_bytes(8, "little") + bytes([c % 256]) * 24), np.random.default_rng(c), keys[c][0]
-        )
-        for c in sampled
-    }
-    rng = np.random.default_rng(seed)
-    updates = {c: rng.normal(0, 0.2, dim).astype(np.float32) for c in sampled}
+    sampled, _, server, clients, updates = setup(protocol, n, dim, malicious, seed=seed, neighbours=neighbours)
+    keys = {c: signatures.generate(SeededRandom(bytes([c % 256]) * 32)) for c in sampled}  # as setup's
     return sampled, server, clients, updates, keys
 
 

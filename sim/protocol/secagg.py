@@ -403,6 +403,22 @@ class SecAggServer:
         self._abort(reason)
         return RoundAbortedError(reason, suspects)
 
+    def _recover(
+        self, step: str, what: str, have: dict[int, Data], t: int, check: Callable[[Data], bool] | None = None
+    ) -> Data:
+        """The secret ``what`` from the holders' shares ``have`` (at least ``t``), liars outvoted and blamed;
+        :class:`RoundAbortedError` when the lie cannot be outvoted."""
+        holders = sorted(have)
+        found = self.suite.recover(holders, [have[h] for h in holders], t, check, self.liars)
+        self._blame(found.liars, what)
+        if found.secret is None:
+            raise self._fail(
+                f"{step}: the {len(have)} shares of {what} contradict each other and the lie cannot be outvoted "
+                f"(threshold {t}; set aside: {list(found.liars)})",
+                found.liars,
+            )
+        return found.secret
+
     def _blame(self, liars: tuple[int, ...], what: str) -> None:
         for c in liars:
             self.liars.setdefault(c, f"sent a share of {what} that contradicts the other holders' shares")
@@ -622,20 +638,11 @@ class SecAggServer:
             t = cfg.threshold(about)
             if len(have) < t:
                 return None
-            holders = sorted(have)
             work.append(Work("shamir.reconstruct", {"secrets": 1, "shares": t, "elements": SECRET_ELEMENTS * t}))
             # A reconstructed key must match the public key its client advertised.
             check = partial(self._is_key_of, self.u1[about].s_pk) if kind == SHARE_OF_KEY else None
-            found = suite.recover(holders, [have[h] for h in holders], t, check, self.liars)
             what = f"client {about}'s {'mask key' if kind == SHARE_OF_KEY else 'mask seed'}"
-            self._blame(found.liars, what)
-            if found.secret is None:
-                raise self._fail(
-                    f"unmasking: the {len(have)} shares of {what} contradict each other and the lie cannot be "
-                    f"outvoted (threshold {t}; set aside: {list(found.liars)})",
-                    found.liars,
-                )
-            return found.secret
+            return self._recover("unmasking", what, have, t, check)
 
         total = self.total
         for u in survivors:
@@ -724,7 +731,7 @@ class SecAggServer:
         return [Work("secagg.entries", {"count": len(m.shares)})]
 
     def _close_noise_removal(self, answered: dict[int, Message | None]) -> Reaction:
-        cfg, suite = self.config, self.suite
+        cfg = self.config
         shares = _by_secret(answered)
         work: list[Work] = []
         for u in sorted(self.u3 - self.u5):
@@ -734,17 +741,7 @@ class SecAggServer:
                 have = shares.get((u, k), {})
                 if len(have) < t:
                     return self._abort(f"noise_removal: too few shares to recover survivor {u}'s noise seed {k}")
-                holders = sorted(have)
-                found = suite.recover(holders, [have[h] for h in holders], t, None, self.liars)
-                what = f"survivor {u}'s noise seed {k}"
-                self._blame(found.liars, what)
-                if found.secret is None:
-                    raise self._fail(
-                        f"noise_removal: the {len(have)} shares of {what} contradict each other and the lie cannot "
-                        f"be outvoted (threshold {t}; set aside: {list(found.liars)})",
-                        found.liars,
-                    )
-                seeds.append(found.secret)
+                seeds.append(self._recover("noise_removal", f"survivor {u}'s noise seed {k}", have, t))
             work.append(
                 Work(
                     "shamir.reconstruct",
