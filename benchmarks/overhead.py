@@ -144,7 +144,7 @@ def measure(scenario: Path, overrides: Sequence[str], rounds: int, label: str, r
     """One run of ``rounds`` full-fidelity rounds: wall seconds, replayed primitive seconds, overhead."""
     import sim.protocol.plain
     import sim.protocol.secagg  # noqa: F401  (loaded before patching, so their imported names are patched)
-    from sim.engine.simulation import Simulation
+    from sim.runner import Simulation
     from sim.scenario import load
 
     sc = load(scenario, [*overrides, f"rounds={rounds + 1}", "fidelity=full"]).base()

@@ -27,11 +27,11 @@ from sim.crypto.randomness import SeededRandom
 from sim.dp.accounting import choose_scale
 from sim.dp.dskellam import DSkellamEncoding
 from sim.dp.strategies import RoundNoise
-from sim.engine.privacy import padded
 from sim.loopback import run_loopback
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite
+from sim.round.privacy import padded
 
 
 def one_round(strategy: str, n: int, d: int, dropout: float, costs: CostModel) -> dict[str, object]:

@@ -49,7 +49,7 @@ def child(population: int, sampled: int, rounds: int) -> dict[str, float]:
     """Run in this process: one warm-up round, then ``rounds`` timed rounds, events counted."""
     import simpy
 
-    from sim.engine.simulation import Simulation
+    from sim.runner import Simulation
     from sim.scenario import load
 
     events = 0

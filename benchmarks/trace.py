@@ -89,7 +89,7 @@ fidelity: timing
 def replay(path: Path, clients: int, sampled: int, rounds: int) -> tuple[list[dict[str, object]], float, float]:
     """Child process: replay the trace in the engine. Returns the rows, the starting RSS and the mean number
     of clients that went offline mid-round."""
-    from sim.engine.simulation import Simulation
+    from sim.runner import Simulation
     from sim.scenario import load
 
     base = _rss_mb()

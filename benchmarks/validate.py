@@ -33,9 +33,9 @@ from tempfile import TemporaryDirectory
 
 import pandas as pd
 
-from sim.deploy.deployment import Deployment, DeployOptions
+from sim.deploy.deployment import DeployOptions
 from sim.deploy.validate import compare, testbed_overrides
-from sim.runner import run_scenario
+from sim.runner import Deployed, run_scenario
 from sim.scenario import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,7 +66,7 @@ def run_point(point: list[str], folder: Path, scales: dict[str, float]) -> tuple
     deployed = folder / "deployed"
     start = time.perf_counter()
     options = DeployOptions(log_dir=deployed)
-    run_scenario(scenario, deployed, progress=False, engine=partial(Deployment, options=options), driver="deploy")
+    run_scenario(scenario, deployed, progress=False, engine=partial(Deployed, options=options), driver="deploy")
     wall = time.perf_counter() - start
     simulated = {}
     for name, scale in scales.items():

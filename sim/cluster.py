@@ -27,8 +27,9 @@ from typing import Any
 from sim.errors import InputError
 from sim.results.writer import make_folder, write_atomic
 from sim.scenario.grid import Grid
-from sim.scenario.schema import Scenario, parse
+from sim.scenario.parser import parse
 from sim.scenario.source import parse_text
+from sim.scenario.types import Scenario
 
 CONNECT_TIMEOUT_S = 20.0
 """How long to wait for the scheduler before giving up (seconds)."""
@@ -61,7 +62,7 @@ def rebuild(sent: dict[str, Any]) -> Scenario:
 
 def run_remote(sent: dict[str, Any]) -> dict[str, Any]:
     """Worker side: run the point into a temporary folder; its status, error and files (name -> bytes)."""
-    from sim.sweep import run_point
+    from sim.sweep_point import run_point  # here: it imports the runner (and torch); storing results need not
 
     scenario = rebuild(sent)
     with tempfile.TemporaryDirectory(prefix="dropsim-") as tmp:
@@ -115,7 +116,7 @@ def run_on_cluster(
     from distributed import as_completed
 
     from sim.runner import summarize
-    from sim.sweep import RunStatus
+    from sim.sweep_point import RunStatus
 
     client = connect(address)
     tag = uuid.uuid4().hex[:8]  # this sweep's task keys, unique on a shared scheduler

@@ -36,8 +36,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
+from sim.dp.strategies import STRATEGIES
+from sim.protocol.params import AggregationParams
 from sim.results.read import read_manifest, read_run_table, run_dirs
 from sim.results.writer import ResultsError, make_folder
+from sim.round.stages import TABLE_1
 
 
 def _budget(directory: Path) -> float:
@@ -46,7 +49,10 @@ def _budget(directory: Path) -> float:
         privacy = read_manifest(directory).get("scenario", {}).get("privacy", {})
     except ResultsError:
         return float("nan")
-    if not isinstance(privacy, dict) or privacy.get("strategy", "none") == "none":
+    if not isinstance(privacy, dict):
+        return float("nan")
+    strategy = STRATEGIES.get(str(privacy.get("strategy", AggregationParams.strategy)))
+    if strategy is not None and not strategy.enabled:
         return float("nan")
     return float(privacy.get("epsilon", float("nan")))
 
@@ -108,18 +114,14 @@ def _lines(rounds: pd.DataFrame, by: str | None, x: str, y: str) -> Iterator[tup
         )
 
 
+_MARKERS = "osD^v<>ph*"
+_LINES: tuple[Any, ...] = ("-", "-", "--", "-", ":", "-.", ":", "--", (0, (1, 3)), "-")
 STRATEGY_STYLE = {
-    name: (f"C{i}", marker, style)
-    for i, (name, marker, style) in enumerate(
-        zip(
-            ("orig", "early", "con", "xnoise", "xnoise-appr", "rebasing", "committee", "central", "local", "none"),
-            "osD^v<>ph*",
-            ("-", "-", "--", "-", ":", "-.", ":", "--", (0, (1, 3)), "-"),
-            strict=True,
-        )
-    )
+    name: (f"C{i}", _MARKERS[i % len(_MARKERS)], _LINES[i % len(_LINES)])
+    for i, name in enumerate(sorted(STRATEGIES, key=lambda name: not STRATEGIES[name].enabled))
 }
-"""One colour, marker and line style per strategy across all figures (strategies that coincide, such as
+"""One colour, marker and line style per strategy across all figures, in the order of
+:data:`~sim.dp.strategies.STRATEGIES` with the strategy adding no noise last (strategies that coincide, such as
 XNoise and rebasing at the budget, stay distinguishable)."""
 
 
@@ -264,14 +266,9 @@ def plot_results(paths: list[Path], out: Path, by: str | None = None) -> list[Pa
     return written
 
 
-PIPELINE_STAGES = {
-    1: ("c-comp", "clients mask"),
-    2: ("comm", "clients upload"),
-    3: ("s-comp", "server unmasks and sums"),
-    4: ("comm", "server dispatches"),
-    5: ("c-comp", "clients decode"),
-}
-"""Dordis Table 1's five stages of a chunk: resource kind and what happens (``pipeline_stage`` 1..5)."""
+PIPELINE_STAGES = {stage.number: (stage.kind, stage.what) for stage in TABLE_1}
+"""Dordis Table 1's five stages of a chunk (:mod:`sim.round.stages`): resource kind and what happens
+(``pipeline_stage`` 1..5)."""
 
 STAGE_COLOURS = {1: "#1f77b4", 2: "#ff7f0e", 3: "#2ca02c", 4: "#fdae6b", 5: "#9ecae1"}
 """Client compute in blues, communication in oranges, server compute green: the colour says the resource."""
@@ -472,8 +469,8 @@ def gantt_name(run_id: str, round: int) -> str:
 
 
 BREAKDOWN_KEYS = {
-    "protocol": ("aggregation.protocol", "fedavg"),
-    "strategy": ("privacy.strategy", "none"),
+    "protocol": ("aggregation.protocol", AggregationParams.protocol),
+    "strategy": ("privacy.strategy", AggregationParams.strategy),
     "dropout": ("dropout.rate", 0.0),
 }
 """Columns of a round-time breakdown group, the scenario key each is read from, and its default."""

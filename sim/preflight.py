@@ -11,14 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.costs.model import CostModel, CostModelError
-from sim.engine.privacy import padded
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
 from sim.learning.models import train_op, update_dimension
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
+from sim.round.privacy import padded
 from sim.scenario.errors import Problem, ScenarioError
-from sim.scenario.schema import Scenario
+from sim.scenario.types import Scenario
 
 
 def preflight(scenario: Scenario) -> list[Problem]:
@@ -112,8 +112,8 @@ def _trace(scenario: Scenario) -> list[Problem]:
 def _privacy(scenario: Scenario) -> list[Problem]:
     """Whether the noise can be planned for the budget and fits the bits (DP needs no machine, but a plan
     that cannot be made should stop the run before it starts, not in its first round)."""
-    from sim.dp.planner import model_dimension
-    from sim.engine.privacy import PrivacyLedger, nominal_sampling
+    from sim.round.privacy import PrivacyLedger, nominal_sampling
+    from sim.runner.privacy_table import model_dimension
 
     sc = scenario
     q, n = nominal_sampling(sc)

@@ -14,11 +14,9 @@ from __future__ import annotations
 
 import json
 import multiprocessing
-import traceback
 from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,19 +25,12 @@ from tqdm import tqdm
 
 from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.writer import MANIFEST, ResultsError, csv_bytes, make_folder, write_atomic, write_json
-from sim.runner import RunSummary, run_scenario, scenario_digest, summarize
+from sim.runner import scenario_digest, summarize
 from sim.scenario.grid import Grid
-from sim.scenario.schema import Scenario
+from sim.scenario.types import Scenario
+from sim.sweep_point import RunStatus, run_point
 
 RUN_COLUMNS = ("run_id", "status", "error", "rounds", "final_accuracy", "mean_round_time", "wall_seconds")
-
-
-@dataclass
-class RunStatus:
-    run_id: str
-    status: str
-    error: str = ""
-    summary: RunSummary | None = None
 
 
 def is_finished(directory: Path, scenario: Scenario) -> bool:
@@ -49,16 +40,6 @@ def is_finished(directory: Path, scenario: Scenario) -> bool:
     except ResultsError:
         return False
     return manifest.get("status") == "complete" and manifest.get("scenario_sha256") == scenario_digest(scenario)
-
-
-def run_point(scenario: Scenario, directory: str) -> RunStatus:
-    """Worker: one grid point (exceptions become a ``failed`` status; the run folder keeps details)."""
-    try:
-        summary = run_scenario(scenario, Path(directory), progress=False)
-    except Exception as exc:
-        (Path(directory) / "error.txt").write_text(traceback.format_exc(), encoding="utf-8")
-        return RunStatus(scenario.run_id, "failed", f"{type(exc).__name__}: {exc}")
-    return RunStatus(scenario.run_id, "complete", summary=summary)
 
 
 def run_sweep(

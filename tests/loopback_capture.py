@@ -21,10 +21,9 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.deploy.deployment import Deployment, DeployOptions
+from sim.deploy.deployment import DeployOptions
 from sim.deploy.worker import config_message
-from sim.engine.simulation import Simulation
-from sim.runner import run_scenario
+from sim.runner import Deployed, Simulation, run_scenario
 from sim.scenario import load
 
 ETH_P_ALL = 0x0003
@@ -72,7 +71,7 @@ def main(scenario_file: str, out: str) -> None:
     sniffer.start()
     options = DeployOptions(log_dir=folder / "deploy")
     run_scenario(
-        scenario, folder / "deploy", progress=False, engine=partial(Deployment, options=options), driver="deploy"
+        scenario, folder / "deploy", progress=False, engine=partial(Deployed, options=options), driver="deploy"
     )
     sniffer.stop.set()
     sniffer.join()

@@ -7,9 +7,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sim.engine.pipelined import PipelinedRound
+from sim.engine.round import Round
 from sim.scenario import load
-from sim.scenario.schema import Scenario
+from sim.scenario.types import Scenario
 
 SCENARIO = """
 name: pipe
@@ -34,24 +34,51 @@ def scenario(tmp_path: Path, *overrides: str) -> Scenario:
     return load(path, list(overrides), output=str(tmp_path / "out")).base()
 
 
-class Capture(PipelinedRound):
-    """A pipelined round that keeps itself and every client's encoding for inspection (patch it in as
-    ``sim.engine.simulation.PipelinedRound``; reset ``rounds`` first)."""
+class Captured:
+    """A pipelined round under observation: the round (:class:`~sim.engine.round.Round`) and its pipeline,
+    with every client's encoding and when each masked input reached the server (or was given up)."""
 
-    rounds: ClassVar[list[Capture]] = []
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(self, rnd: Round) -> None:
+        assert rnd.pipeline is not None, "a pipelined round"
+        self.round, self.pipeline = rnd, rnd.pipeline
         self.encodings: dict[int, np.ndarray] = {}
         self.sent_at: dict[tuple[int, int], float] = {}
         """(client, chunk) -> when its masked input reached the server (or was given up)."""
-        Capture.rounds.append(self)
+        pipe, sent, encode = rnd.pipeline, rnd.pipeline._sent, rnd.pipeline._encode
 
-    def _sent(self, c: int, j: int) -> None:
-        self.sent_at.setdefault((c, j), self.env.now)
-        super()._sent(c, j)
+        def _sent(c: int, j: int) -> None:
+            self.sent_at.setdefault((c, j), rnd.env.now)
+            sent(c, j)
 
-    def _encode(self, c, update):  # type: ignore[no-untyped-def]
-        encoded = super()._encode(c, update)
-        self.encodings[c] = np.asarray(encoded)
-        return encoded
+        def _encode(c: int, update: Any) -> Any:
+            encoded = encode(c, update)
+            self.encodings[c] = np.asarray(encoded)
+            return encoded
+
+        pipe._sent = _sent  # type: ignore[method-assign]
+        pipe._encode = _encode  # type: ignore[method-assign]
+
+    def __getattr__(self, name: str) -> Any:
+        """The round's attributes, then its pipeline's (``results``, ``cpu_gate``, ``failed``, ...)."""
+        if hasattr(self.round, name):
+            return getattr(self.round, name)
+        return getattr(self.pipeline, name)
+
+    @property
+    def chunk_machines(self) -> dict[tuple[int, int], Any]:
+        return self.round.client_machines
+
+    @property
+    def late(self) -> set[int]:
+        return self.round.roster.late
+
+
+class Capture:
+    """Keeps every pipelined round it observes (``Simulation(scenario, observe=Capture.observe)``; reset
+    ``rounds`` first)."""
+
+    rounds: ClassVar[list[Captured]] = []
+
+    @classmethod
+    def observe(cls, rnd: Round) -> None:
+        cls.rounds.append(Captured(rnd))

@@ -36,7 +36,7 @@ from sim.protocol.secagg import TooFewClientsError, share_threshold
 from sim.protocol.suite import RealSuite, survivors_bytes
 from sim.runner import run_scenario
 from sim.scenario import ScenarioError, load
-from sim.scenario.schema import parse
+from sim.scenario.parser import parse
 from sim.scenario.source import parse_text
 
 PRIVACY = Path(__file__).resolve().parent.parent / "scenarios" / "privacy.yaml"

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from sim.costs.model import CostModel, CostModelError, LinearCost
-from sim.costs.profiler import fit_nonnegative, run_profile
 from sim.learning.federated import SHAPES
 from sim.learning.models import MODELS, train_op
+from sim.profiling.profiler import fit_nonnegative, run_profile
 from sim.protocol.machine import Work
 
 

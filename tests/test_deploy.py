@@ -9,9 +9,9 @@ import pandas as pd
 import pytest
 
 from sim.cli import main
-from sim.deploy.deployment import DeployError, Deployment, DeployOptions, check_deployable
+from sim.deploy.deployment import DeployError, DeployOptions, check_deployable
 from sim.results.read import read_manifest, read_run_table
-from sim.runner import run_scenario
+from sim.runner import Deployed, run_scenario
 from sim.scenario import load
 
 pytestmark = pytest.mark.slow
@@ -44,7 +44,7 @@ def _both(tmp_path: Path, *overrides: str, seeded: bool = False) -> tuple[Path, 
     simulated, deployed = tmp_path / "sim", tmp_path / "deploy"
     run_scenario(scenario, simulated, progress=False)
     options = DeployOptions(log_dir=deployed, seeded_secrets=seeded)
-    run_scenario(scenario, deployed, progress=False, engine=partial(Deployment, options=options), driver="deploy")
+    run_scenario(scenario, deployed, progress=False, engine=partial(Deployed, options=options), driver="deploy")
     return simulated, deployed
 
 

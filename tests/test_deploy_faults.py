@@ -37,21 +37,21 @@ from typing import Any
 import numpy as np
 import pytest
 
+from sim.clients.sampling import sample_clients
 from sim.deploy import control
 from sim.deploy import identity as ids
-from sim.deploy.deployment import Deployment, DeployOptions
+from sim.deploy.deployment import DeployOptions
 from sim.deploy.framing import Closed, FrameError, Session, client_handshake, read_frame
-from sim.engine.sampling import sample_clients
-from sim.engine.simulation import RoundResult, Simulation
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine
 from sim.protocol.messages import Ciphertexts, KeyList, MaskedInput, Survivors
 from sim.protocol.wire import ModVector
 from sim.results.read import read_manifest, read_run_table
-from sim.runner import run_scenario
+from sim.round.records import RoundResult
+from sim.runner import Deployed, Simulation, run_scenario
 from sim.scenario import load
-from sim.scenario.schema import Scenario
+from sim.scenario.types import Scenario
 
 pytestmark = pytest.mark.slow
 
@@ -105,7 +105,7 @@ class Reference:
     def __init__(self, scenario: Scenario) -> None:
         self.sim = Simulation(scenario)
         self.dropout = ScriptedDropout()
-        self.sim.dropout = self.dropout  # type: ignore[assignment]
+        self.sim.world.dropout = self.dropout  # type: ignore[assignment]
 
     def step(self, drops: dict[int, str]) -> RoundResult:
         self.dropout.next = dict(drops)
@@ -126,8 +126,8 @@ def _sampled(scenario: Scenario, round: int) -> list[int]:
     return [int(c) for c in sample_clients(np.arange(scenario.population), scenario.sampling, scenario.seed, round)]
 
 
-def _new_refusals(dep: Deployment, before: int) -> list[str]:
-    return dep.server.rejected[before:]
+def _new_refusals(dep: Deployed, before: int) -> list[str]:
+    return dep.driver.server.rejected[before:]
 
 
 # ------------------------------------------------------------------------------------------ killed workers
@@ -176,7 +176,7 @@ class Killer(threading.Thread):
     """Watches round ``number`` of ``dep`` (every millisecond) and kills the worker playing ``client`` as
     ``kill`` says; ``signals`` logs ``(signal, the server's step when it was sent)``."""
 
-    def __init__(self, dep: Deployment, number: int, client: int, kill: Kill) -> None:
+    def __init__(self, dep: Deployed, number: int, client: int, kill: Kill) -> None:
         super().__init__(name="killer", daemon=True)
         self.dep, self.number, self.client, self.kill = dep, number, client, kill
         self.order = (*dep.scenario.aggregation.steps(), "done", "aborted")
@@ -186,16 +186,16 @@ class Killer(threading.Thread):
 
     def run(self) -> None:
         deadline = time.monotonic() + KILL_DEADLINE_S
-        st = self.dep.server.current
+        st = self.dep.driver.server.current
         while st is None or st.number != self.number or self.client not in st.peers:
             if time.monotonic() > deadline:
                 self.errors.append(f"round {self.number} with client {self.client} never started")
                 return
             time.sleep(POLL_S)
-            st = self.dep.server.current
+            st = self.dep.driver.server.current
         machine = st.machines[0]
         self.worker = st.peers[self.client].index
-        process = self.dep.processes[self.worker]
+        process = self.dep.driver.processes[self.worker]
         k = self.kill
 
         def step() -> str:
@@ -236,13 +236,15 @@ class Killer(threading.Thread):
 
 
 @pytest.fixture(scope="module")
-def killing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployment, Reference]]:
+def killing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployed, Reference]]:
     """Nine workers for five-client rounds: one can be killed in each of five rounds, and a sixth has four."""
     tmp = tmp_path_factory.mktemp("killing")
     scenario = _scenario(tmp, FAULTS)
-    dep = Deployment(scenario, DeployOptions(workers=9, step_timeout_s=60.0, log_dir=tmp))
+    dep = Deployed(scenario, DeployOptions(workers=9, step_timeout_s=60.0, log_dir=tmp))
     try:
-        ready = dep.loop.run_until_complete(dep.server.wait_for_workers(9, dep.live_workers, 120.0))
+        ready = dep.driver.loop.run_until_complete(
+            dep.driver.server.wait_for_workers(9, dep.driver.live_workers, 120.0)
+        )
         assert len(ready) == 9
         yield dep, Reference(scenario)
     finally:
@@ -250,7 +252,7 @@ def killing(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Deployme
 
 
 @pytest.mark.parametrize("stage", list(KILLS))
-def test_a_killed_worker_is_a_dropout_at_its_step(killing: tuple[Deployment, Reference], stage: str) -> None:
+def test_a_killed_worker_is_a_dropout_at_its_step(killing: tuple[Deployed, Reference], stage: str) -> None:
     """SIGKILL the worker playing a client during ``stage``: it is ``offline:<server step>``, the round
     completes over the others (over it too if it had uploaded its masked input: SecAgg recovers its
     self-mask in unmasking) and the aggregate is the simulator's with that client dropping there."""
@@ -263,7 +265,7 @@ def test_a_killed_worker_is_a_dropout_at_its_step(killing: tuple[Deployment, Ref
     candidates = slow if kill.slow else fast
     assert candidates and slow, f"round {number} samples {sampled}: no {'slow' if kill.slow else 'fast'} client"
     chosen = candidates[0]
-    assert dep.live_workers() >= len(sampled), "the round needs a worker for every sampled client"
+    assert dep.driver.live_workers() >= len(sampled), "the round needs a worker for every sampled client"
 
     killer = Killer(dep, number, chosen, kill)
     killer.start()
@@ -271,7 +273,7 @@ def test_a_killed_worker_is_a_dropout_at_its_step(killing: tuple[Deployment, Ref
     killer.join(KILL_DEADLINE_S)
     assert not killer.is_alive() and killer.errors == []
     assert killer.signals[-1] == ("SIGKILL", kill.step)
-    assert dep.processes[killer.worker].wait(10) == -signal.SIGKILL
+    assert dep.driver.processes[killer.worker].wait(10) == -signal.SIGKILL
 
     rec = result.record
     assert rec.outcome == "ok"
@@ -283,11 +285,11 @@ def test_a_killed_worker_is_a_dropout_at_its_step(killing: tuple[Deployment, Ref
     _same_round(result, ref.step({chosen: kill.equivalent}))
 
 
-def test_the_next_round_runs_with_the_workers_left(killing: tuple[Deployment, Reference]) -> None:
+def test_the_next_round_runs_with_the_workers_left(killing: tuple[Deployed, Reference]) -> None:
     """After the kills (four workers left of nine), a round's sampled clients beyond the live workers are
     ``offline:connect``; it completes over the others."""
     dep, ref = killing
-    live = dep.live_workers()
+    live = dep.driver.live_workers()
     number = dep.round + 1
     sampled = _sampled(dep.scenario, number)
     assert live >= 3, "too few workers left for SecAgg's threshold"
@@ -658,13 +660,13 @@ class Rogue:
 
 @dataclass
 class RogueDeployment:
-    dep: Deployment
+    dep: Deployed
     rogue: Rogue
     ref: Reference
 
     def round(self, attack: str) -> tuple[RoundResult, Played, list[str]]:
         """Play a round with the rogue doing ``attack``: the result, what it did, the refusals logged."""
-        before = len(self.dep.server.rejected)
+        before = len(self.dep.driver.server.rejected)
         self.rogue.play(attack)
         result = self.dep.step()
         played = self.rogue.played.get(timeout=ROGUE_WAIT_S)
@@ -713,10 +715,10 @@ def rogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RogueDeployment]
         handshake_timeout_s=HANDSHAKE_TIMEOUT_S,
         step_timeout_s=STEP_TIMEOUT_S,
     )
-    dep = Deployment(scenario, options)
-    host, port = dep.address
+    dep = Deployed(scenario, options)
+    host, port = dep.driver.address
     processes: list[subprocess.Popen[bytes]] = []
-    rogue = Rogue(dep.address, ROGUE, keys, scenario, dep.dim)
+    rogue = Rogue(dep.driver.address, ROGUE, keys, scenario, dep.dim)
     with (tmp / "workers.log").open("ab") as log:
         try:
             for j in range(ROGUE):
@@ -724,7 +726,7 @@ def rogue(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RogueDeployment]
                 command += ["--keys", str(keys)]
                 processes.append(subprocess.Popen(command, stdout=log, stderr=log))
             # the honest workers start (torch, the data) before the first round waits only for the rogue
-            ready = dep.loop.run_until_complete(dep.server.wait_for_workers(ROGUE, lambda: ROGUE, 120.0))
+            ready = dep.driver.loop.run_until_complete(dep.driver.server.wait_for_workers(ROGUE, lambda: ROGUE, 120.0))
             assert [p.index for p in ready] == list(range(ROGUE))
             rogue.thread.start()
             yield RogueDeployment(dep, rogue, Reference(scenario))
@@ -883,7 +885,7 @@ def test_junk_connections_are_refused_and_closed(rogue: RogueDeployment) -> None
     handshake frame, and an impostor without the party's key: each is refused with the reason logged and
     closed (the silent ones after the 0.5 s handshake timeout), while a round goes on."""
     dep = rogue.dep
-    before = len(dep.server.rejected)
+    before = len(dep.driver.server.rejected)
     garbage = np.random.default_rng(7).bytes(256)
     payloads = {
         "garbage": garbage,
@@ -893,19 +895,21 @@ def test_junk_connections_are_refused_and_closed(rogue: RogueDeployment) -> None
     }
     sockets = {}
     for name, payload in payloads.items():
-        s = socket.create_connection(dep.address, timeout=5.0)
+        s = socket.create_connection(dep.driver.address, timeout=5.0)
         s.sendall(payload)
         sockets[name] = s
     impostor: list[tuple[str, tuple[str, int]]] = []
-    thread = threading.Thread(target=lambda: impostor.append(asyncio.run(_impostor(dep.address, 2))), daemon=True)
+    thread = threading.Thread(
+        target=lambda: impostor.append(asyncio.run(_impostor(dep.driver.address, 2))), daemon=True
+    )
     thread.start()
 
     result, played, _ = rogue.round("leave")  # the rogue leaves at once: an offline client, no fault
     thread.join(ROGUE_WAIT_S)
     deadline = time.monotonic() + 5.0
-    while len(dep.server.rejected) - before < len(payloads) + 1 and time.monotonic() < deadline:
-        dep.loop.run_until_complete(asyncio.sleep(0.05))  # the silent ones' handshake deadline, if not yet
-    refusals = dep.server.rejected[before:]
+    while len(dep.driver.server.rejected) - before < len(payloads) + 1 and time.monotonic() < deadline:
+        dep.driver.loop.run_until_complete(asyncio.sleep(0.05))  # the silent ones' handshake deadline, if not yet
+    refusals = dep.driver.server.rejected[before:]
     ((seen, impostor_address),) = impostor
     assert seen == "Closed"  # the server closed the connection on it
     addresses = {name: s.getsockname() for name, s in sockets.items()} | {"impostor": impostor_address}
@@ -942,10 +946,10 @@ def test_rows_written_survive_the_loss_of_every_worker(tmp_path: Path) -> None:
         tmp_path, FAULTS, "rounds=3", "sampling.clients_per_round=3", "clients.compute.slowdown=[40.0, 40.0]"
     )
     out = tmp_path / "run"
-    deployments: list[Deployment] = []
+    deployments: list[Deployed] = []
 
-    def engine(sc: Scenario) -> Deployment:
-        deployments.append(Deployment(sc, DeployOptions(step_timeout_s=30.0, log_dir=out)))
+    def engine(sc: Scenario) -> Deployed:
+        deployments.append(Deployed(sc, DeployOptions(step_timeout_s=30.0, log_dir=out)))
         return deployments[0]
 
     tables = ("rounds", "clients", "stages")
@@ -957,7 +961,7 @@ def test_rows_written_survive_the_loss_of_every_worker(tmp_path: Path) -> None:
         while time.monotonic() < deadline:
             if rounds.exists() and rounds.read_bytes().count(b"\n") >= 2:  # header and round 1
                 written.update({t: (out / f"{t}.csv").read_bytes() for t in tables})
-                for process in deployments[0].processes:
+                for process in deployments[0].driver.processes:
                     process.kill()
                 return
             time.sleep(0.005)
@@ -969,7 +973,7 @@ def test_rows_written_survive_the_loss_of_every_worker(tmp_path: Path) -> None:
     wall = time.monotonic() - started  # bounded anyway: no client left to wait for, steps time out at 30 s
     killer.join(5)
     assert written, "round 1 was never written"
-    assert [p.returncode for p in deployments[0].processes] == [-signal.SIGKILL] * 3
+    assert [p.returncode for p in deployments[0].driver.processes] == [-signal.SIGKILL] * 3
     assert wall < 120.0
 
     for t in tables:

@@ -22,9 +22,10 @@ import pytest
 
 from sim.crypto import signatures
 from sim.crypto.randomness import SeededRandom
-from sim.deploy.deployment import Deployment, DeployOptions
+from sim.deploy.deployment import DeployOptions
 from sim.protocol.instances import RoundInstances
 from sim.protocol.messages import AdvertiseKeys
+from sim.runner import Deployed
 from sim.scenario import load
 from sim.seeds import Stream, seed_bytes
 
@@ -53,10 +54,10 @@ def _scenario(tmp_path: Path, protocol: str = "secagg", adversary: str = "semi-h
 @pytest.mark.parametrize("adversary", ["semi-honest", "malicious"])
 def test_deployed_clients_hold_secrets_the_scenario_seed_does_not_derive(tmp_path: Path, adversary: str) -> None:
     scenario = load(_scenario(tmp_path, adversary=adversary), [], output=str(tmp_path / "out")).base()
-    dep = Deployment(scenario, DeployOptions(log_dir=tmp_path))
+    dep = Deployed(scenario, DeployOptions(log_dir=tmp_path))
     try:
         result = dep.step()
-        state = dep.server.last
+        state = dep.driver.server.last
         assert state is not None and result.record.outcome == "ok"
         machine = state.machines[0]
         sampled = state.sampled
@@ -70,7 +71,7 @@ def test_deployed_clients_hold_secrets_the_scenario_seed_does_not_derive(tmp_pat
             if adversary == "malicious":
                 _, seed_identity = signatures.generate(SeededRandom(seed_bytes(scenario.seed, Stream.IDENTITY, c)))
                 key = machine.config.verification_keys[c]  # type: ignore[attr-defined]
-                assert key == dep.directory[state.peers[c].index] != seed_identity
+                assert key == dep.driver.directory[state.peers[c].index] != seed_identity
         # two clients never share a key pair
         assert len({machine.u1[c].s_pk for c in sampled}) == len(sampled)  # type: ignore[attr-defined]
     finally:

@@ -248,7 +248,7 @@ def test_sum_of_wrapped_encodings_decodes_to_the_sum_of_clipped_updates():
 def test_noisy_sum_decodes_to_the_sum_plus_noise_over_s():
     n, dim, sigma = 20, 300, 0.5
     enc = DSkellamEncoding(dim, 20, 1.0, 1000.0)
-    variance = (sigma * enc.scale) ** 2  # in the scaled domain, per DESIGN "Distributed DP"
+    variance = (sigma * enc.scale) ** 2  # in the scaled domain (docs/privacy.md, "The mechanism")
     updates = np.random.default_rng(9).normal(size=(n, dim)) * 0.1
     rng = np.random.default_rng(10)
     noisy = [

@@ -8,9 +8,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.engine.simulation import Simulation
 from sim.learning.models import count_parameters
-from sim.runner import run_scenario
+from sim.runner import Simulation, run_scenario
 from sim.scenario import load
 
 MLP_DIM = count_parameters("mlp", (1, 8, 8), 10)

@@ -8,7 +8,8 @@ import threading
 
 import pytest
 
-from sim.costs.interference import (
+from sim.costs.model import DEFAULT_PROFILE, CostModel, CostModelError
+from sim.profiling.interference import (
     FEATURES,
     FULL,
     QUICK,
@@ -17,7 +18,6 @@ from sim.costs.interference import (
     measure_pipeline,
     time_points,
 )
-from sim.costs.model import DEFAULT_PROFILE, CostModel, CostModelError
 
 
 def test_fit_recovers_known_coefficients_exactly():

@@ -18,7 +18,7 @@ from sim.learning.federated import (
 )
 from sim.learning.models import build_model, count_parameters, train_op
 from sim.learning.trainer import Learner, local_batches
-from sim.scenario.schema import Data, Partition, Training
+from sim.scenario.types import Data, Partition, Training
 
 
 def data_config(**kw) -> Data:

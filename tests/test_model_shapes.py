@@ -11,16 +11,16 @@ import pytest
 import torch
 
 from sim.costs.model import CostModel, CostModelError
-from sim.costs.profiler import VALIDATION_SHAPES, training_grid, training_plan
-from sim.dp.planner import model_dimension
-from sim.engine.simulation import Simulation
 from sim.learning.federated import SHAPES, SyntheticData, data_shape
 from sim.learning.models import MODELS, build_model, count_parameters, train_op
 from sim.learning.trainer import Learner
 from sim.preflight import preflight
-from sim.runner import run_scenario
-from sim.scenario import ScenarioError, load, schema
-from sim.scenario.schema import Data, Model, Partition, Training
+from sim.profiling.profiler import VALIDATION_SHAPES, training_grid, training_plan
+from sim.runner import Simulation, run_scenario
+from sim.runner.privacy_table import model_dimension
+from sim.scenario import ScenarioError, load
+from sim.scenario.types import MODELS as SCENARIO_MODELS
+from sim.scenario.types import Data, Model, Partition, Training
 from sim.seeds import Stream, generator
 
 # ResNet-18 at 3x32x32, 10 classes, counted by hand (GroupNorm has BatchNorm's 2 parameters per channel):
@@ -50,7 +50,7 @@ def test_parameter_counts_are_pinned():
 
 
 def test_the_scenario_offers_every_model():
-    assert schema.MODELS == MODELS
+    assert SCENARIO_MODELS == MODELS
 
 
 @pytest.mark.parametrize("name", ["resnet18", "vgg19"])

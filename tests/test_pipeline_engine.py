@@ -10,9 +10,7 @@ import pandas as pd
 import pytest
 from pipeline_harness import SCENARIO, Capture, scenario
 
-from sim.engine import simulation as simulation_module
-from sim.engine.simulation import Simulation
-from sim.runner import run_scenario
+from sim.runner import Simulation, run_scenario
 from sim.scenario import ScenarioError, load
 
 
@@ -41,13 +39,12 @@ def test_the_concatenated_aggregate_is_the_unchunked_one(tmp_path: Path, protoco
     assert hashes[1] == hashes[3] == hashes[7] == list(plain["model_sha256"])
 
 
-def test_a_client_leaving_during_unmasking_has_uploaded_every_chunk(tmp_path: Path, monkeypatch) -> None:
+def test_a_client_leaving_during_unmasking_has_uploaded_every_chunk(tmp_path: Path) -> None:
     # The first chunk's unmasking request reaches it while later chunks still upload: it answers no
     # unmasking request, and leaves once every masked input is at the server, so it is in every chunk's
     # sum whatever the timing (the socket deployment, timed otherwise, agrees).
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
-    Simulation(scenario(tmp_path, "pipeline={chunks: 3}", "dropout.stage=during_unmasking")).step()
+    Simulation(scenario(tmp_path, "pipeline={chunks: 3}", "dropout.stage=during_unmasking"), Capture.observe).step()
     (rnd,) = Capture.rounds
     assert [len(rnd.results[j].survivors) for j in range(3)] == [8, 8, 8]
     assert rnd.record.survivors == 8 and rnd.record.outcome == "ok"
@@ -92,15 +89,14 @@ def test_round_columns(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["orig", "xnoise"])
-def test_each_chunk_is_masked_unmasked_and_denoised_on_its_own(tmp_path: Path, monkeypatch, strategy: str) -> None:
+def test_each_chunk_is_masked_unmasked_and_denoised_on_its_own(tmp_path: Path, strategy: str) -> None:
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
     sc = scenario(
         tmp_path,
         "pipeline={chunks: 3}",
         f"privacy={{strategy: {strategy}, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}}",
     )
-    Simulation(sc).step()
+    Simulation(sc, Capture.observe).step()
     (rnd,) = Capture.rounds
     private = rnd.private
     assert private is not None and len(rnd.results) == 3
@@ -121,10 +117,9 @@ def test_each_chunk_is_masked_unmasked_and_denoised_on_its_own(tmp_path: Path, m
     assert len(seeds) == len(set(seeds))
 
 
-def test_resources_run_one_chunk_stage_at_a_time_in_order(tmp_path: Path, monkeypatch) -> None:
+def test_resources_run_one_chunk_stage_at_a_time_in_order(tmp_path: Path) -> None:
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
-    Simulation(scenario(tmp_path, "pipeline={chunks: 5}", "dropout.rate=0")).step()
+    Simulation(scenario(tmp_path, "pipeline={chunks: 5}", "dropout.rate=0"), Capture.observe).step()
     (rnd,) = Capture.rounds
     gates = [*rnd.cpu_gate.values(), *rnd.link_gate.values(), rnd.server_gate]
     for gate in gates:
@@ -180,8 +175,8 @@ def test_trace_replay_and_silent_dropout_in_pipelined_rounds(tmp_path: Path) -> 
 
 
 def test_auto_picks_the_planned_chunk_count(tmp_path: Path) -> None:
-    from sim.dp.planner import model_dimension
-    from sim.pipeline.planner import plan_chunks
+    from sim.runner.chunks import plan_chunks
+    from sim.runner.privacy_table import model_dimension
 
     sc = scenario(tmp_path, "pipeline={chunks: auto, max_chunks: 6}", "fidelity=timing")
     plan = plan_chunks(sc, model_dimension(sc))

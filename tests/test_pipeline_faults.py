@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 from pipeline_harness import Capture
 from pipeline_harness import scenario as harness_scenario
 
-from sim.engine import simulation as simulation_module
-from sim.engine.simulation import Simulation
+from sim.runner import Simulation
 from sim.scenario import load
-from sim.scenario.schema import Scenario
+from sim.scenario.types import Scenario
 
 XNOISE = "privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}"
 
@@ -24,8 +23,8 @@ def scenario(tmp_path: Path, *overrides: str) -> Scenario:
     return harness_scenario(tmp_path, "fidelity=timing", *overrides)
 
 
-def steps(tmp_path: Path, *overrides: str, rounds: int | None = None):  # type: ignore[no-untyped-def]
-    sim = Simulation(scenario(tmp_path, *overrides))
+def steps(tmp_path: Path, *overrides: str, rounds: int | None = None, observe=None):  # type: ignore[no-untyped-def]
+    sim = Simulation(scenario(tmp_path, *overrides), observe)
     return [sim.step() for _ in range(rounds or sim.scenario.rounds)]
 
 
@@ -63,14 +62,13 @@ def test_a_slow_client_cut_from_chunk_0_before_it_encodes_does_not_crash(tmp_pat
         ),
     ],
 )
-def test_natural_abort_loses_the_exposure_of_an_unmasked_chunk(tmp_path: Path, monkeypatch, overrides) -> None:
+def test_natural_abort_loses_the_exposure_of_an_unmasked_chunk(tmp_path: Path, overrides) -> None:
     # Another chunk aborts while chunk 0's server process is inside _server_react(machine.close_step()) of
     # its unmasking: close_step has set exposed (and the aggregate), the process is interrupted by
     # _stop_clients before it reaches "self.exposures.append(...)", record.exposed is None and the ledger
     # accounts nothing although the server holds an unmasked sum.
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
-    (result,) = steps(tmp_path, *overrides, XNOISE, rounds=1)
+    (result,) = steps(tmp_path, *overrides, XNOISE, rounds=1, observe=Capture.observe)
     rnd = Capture.rounds[0]
     revealed = [s.exposed for s in rnd.servers if s.exposed is not None]
     assert result.record.outcome.startswith("aborted") and revealed  # the precondition
@@ -78,29 +76,26 @@ def test_natural_abort_loses_the_exposure_of_an_unmasked_chunk(tmp_path: Path, m
     assert result.privacy is not None and result.privacy.epsilon > 0
 
 
-def test_any_abort_during_a_chunks_unmasking_work_loses_its_exposure(tmp_path: Path, monkeypatch) -> None:
+def test_any_abort_during_a_chunks_unmasking_work_loses_its_exposure(tmp_path: Path) -> None:
     # White box: the moment chunk 0's server machine has unmasked its sum (close_step of unmasking sets
     # exposed and the aggregate, then the driver charges the unmasking work), another chunk fails (any
     # chunk's abort at advertise_keys/share_keys does this; here it is forced). The chunk-0 server process
     # is interrupted inside _server_react, so lines "exposed = ...; self.exposures.append(...)" never run.
     Capture.rounds = []
 
-    class Forced(Capture):
-        def _machines(self):  # type: ignore[no-untyped-def]
-            out = super()._machines()
-            server, original = self.servers[0], self.servers[0].close_step
+    def forced(rnd) -> None:  # type: ignore[no-untyped-def]
+        Capture.observe(rnd)
+        server, original, failed = rnd.servers[0], rnd.servers[0].close_step, rnd.pipeline.failed
 
-            def close_step():  # type: ignore[no-untyped-def]
-                reaction = original()
-                if server.exposed is not None and not self.failed.triggered:
-                    self.failed.succeed("chunk 2: advertise_keys: forced abort")
-                return reaction
+        def close_step():  # type: ignore[no-untyped-def]
+            reaction = original()
+            if server.exposed is not None and not failed.triggered:
+                failed.succeed("chunk 2: advertise_keys: forced abort")
+            return reaction
 
-            server.close_step = close_step  # type: ignore[method-assign]
-            return out
+        server.close_step = close_step
 
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Forced)
-    (result,) = steps(tmp_path, "pipeline={chunks: 3}", "dropout.rate=0", XNOISE, rounds=1)
+    (result,) = steps(tmp_path, "pipeline={chunks: 3}", "dropout.rate=0", XNOISE, rounds=1, observe=forced)
     rnd = Capture.rounds[0]
     assert result.record.outcome.startswith("aborted: chunk 2")
     assert rnd.servers[0].exposed == 8  # the server holds chunk 0's unmasked sum of 8 clients
@@ -153,19 +148,19 @@ def test_a_fixed_chunk_count_above_max_chunks_is_refused(tmp_path: Path) -> None
 # --- 5. liveness model: a client timed out in one chunk ignores its trace offline time in the others ---
 
 
-def test_a_client_going_offline_after_missing_one_chunks_deadline_stops_sending(tmp_path: Path, monkeypatch) -> None:
+def test_a_client_going_offline_after_missing_one_chunks_deadline_stops_sending(tmp_path: Path) -> None:
     # masked_input timeout 4 ms: client 3 misses chunk 1's deadline (dropped_stage "timeout:masked_input")
     # but stays in chunks 0 and 2 ("out of that chunk only"). Its availability ends at 0.044 s, after
     # chunk 1's deadline and before its chunk-2 upload (0.0447-0.0472 s). Round._offline_watch returns
     # early because dropped_stage is set, so the offline client uploads chunk 2 and chunk 3, is in chunk
     # 2's sum, and never gets left_at.
-    class Offline(Capture):
-        def __init__(self, setup, number, sampled, drops, private=None, setup_error="", offline=None):  # type: ignore[no-untyped-def]
-            super().__init__(setup, number, sampled, drops, private, setup_error, {3: 0.044})
+    def offline(rnd) -> None:  # type: ignore[no-untyped-def]
+        rnd.offline = {3: 0.044}
+        Capture.observe(rnd)
 
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Offline)
-    steps(tmp_path, "pipeline={chunks: 4}", "dropout.rate=0", "timeouts={masked_input: 0.004}", rounds=1)
+    overrides = ("pipeline={chunks: 4}", "dropout.rate=0", "timeouts={masked_input: 0.004}")
+    steps(tmp_path, *overrides, rounds=1, observe=offline)
     rnd = Capture.rounds[0]
     client = rnd.clients[3]
     assert 3 in rnd.late and 3 in rnd.results[0].survivors  # late in chunk 1, in chunk 0's sum (precondition)
@@ -177,17 +172,17 @@ def test_a_client_going_offline_after_missing_one_chunks_deadline_stops_sending(
 # --- 6. privacy accounting: "the fewest survivors" is not the least noise under XNoise-Appr ------------
 
 
-class GoingOffline(Capture):
-    """A pipelined round in which chosen clients go offline at chosen times (set ``at`` first)."""
+def going_offline(at: dict[int, float]) -> Any:
+    """An observer that makes chosen clients go offline at chosen times (and captures the round)."""
 
-    at: ClassVar[dict[int, float]] = {}
+    def observe(rnd: Any) -> None:
+        rnd.offline = dict(at)
+        Capture.observe(rnd)
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.offline = dict(GoingOffline.at)
+    return observe
 
 
-def test_a_round_is_accounted_at_its_least_noisy_chunk(tmp_path: Path, monkeypatch) -> None:
+def test_a_round_is_accounted_at_its_least_noisy_chunk(tmp_path: Path) -> None:
     # Two clients go offline between their first and their last chunk's upload, so chunk 0 sums 8 clients
     # and chunk 2 sums 6. XNoise-Appr's residual is not monotone in the dropouts (n = 8, T = 4: accounted
     # variance 1.0, 1.094, 1.125, 1.094, 1.0 sigma*^2 for 0..4 dropped): chunk 0 is released with 1.0
@@ -199,16 +194,14 @@ def test_a_round_is_accounted_at_its_least_noisy_chunk(tmp_path: Path, monkeypat
         "privacy={strategy: xnoise-appr, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}",
     )
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", Capture)
-    steps(tmp_path, *overrides, rounds=1)
+    steps(tmp_path, *overrides, rounds=1, observe=Capture.observe)
     sent = Capture.rounds[0].sent_at
     # the round replays identically up to the first offline time: pick two clients and a moment for each
     # between its first and its last chunk's upload
     spread = sorted({c for c, _ in sent}, key=lambda c: sent[(c, 0)] - sent[(c, 2)])[:2]
-    GoingOffline.at = {c: (sent[(c, 0)] + sent[(c, 2)]) / 2 for c in spread}
+    at = {c: (sent[(c, 0)] + sent[(c, 2)]) / 2 for c in spread}
     Capture.rounds = []
-    monkeypatch.setattr(simulation_module, "PipelinedRound", GoingOffline)
-    (result,) = steps(tmp_path, *overrides, rounds=1)
+    (result,) = steps(tmp_path, *overrides, rounds=1, observe=going_offline(at))
     rnd = Capture.rounds[0]
     plan = rnd.private.plan
     counts = [len(rnd.results[j].survivors) for j in range(3)]
@@ -223,8 +216,8 @@ def test_a_round_is_accounted_at_its_least_noisy_chunk(tmp_path: Path, monkeypat
 
 
 def test_auto_profiles_without_dropout_when_the_first_round_aborts(tmp_path: Path) -> None:
-    from sim.dp.planner import model_dimension
-    from sim.pipeline.planner import plan_chunks
+    from sim.runner.chunks import plan_chunks
+    from sim.runner.privacy_table import model_dimension
 
     sc = scenario(tmp_path, "pipeline={chunks: auto, max_chunks: 4}", "dropout.rate=0.5", "aggregation.threshold=0.8")
     notes: list[str] = []

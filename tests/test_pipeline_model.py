@@ -9,9 +9,9 @@ import simpy
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.gates import StageGate
 from sim.pipeline.performance import PerformanceModel, StageModel, fit_stage, fit_stages
 from sim.pipeline.recurrence import DORDIS_RESOURCES, best_chunks, completion_time, finish_times
+from sim.round.gates import StageGate
 
 
 def simulate(latencies: list[float], resources: tuple[str, ...], chunks: int) -> list[list[float]]:

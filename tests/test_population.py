@@ -1,4 +1,4 @@
-"""Tests for sim.engine.population: Zipf latencies and the seeded assignment of ranks to clients.
+"""Tests for sim.clients.population: Zipf latencies and the seeded assignment of ranks to clients.
 
 The i-th slowest of N devices sits at ``u_i = (i^-a - N^-a) / (1 - N^-a)`` (1 for the slowest, 0 for the
 fastest). Its compute slow-down is ``L_fast + (L_slow - L_fast) u_i``; its per-megabit time is scaled the
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.population import Population, zipf_bandwidths, zipf_latencies
-from sim.scenario.schema import BandwidthProfile, Clients, ZipfProfile
+from sim.clients.population import Population, zipf_bandwidths, zipf_latencies
+from sim.scenario.types import BandwidthProfile, Clients, ZipfProfile
 from sim.seeds import Stream, generator
 
 # ------------------------------------------------------------------------------------------- helpers

@@ -14,7 +14,7 @@ import pytest
 
 from sim.cli import main
 from sim.dp.accounting import Accountant
-from sim.engine.privacy import padded
+from sim.round.privacy import padded
 from sim.runner import run_scenario
 from sim.scenario import load
 from sim.scenario.errors import ScenarioError
@@ -152,7 +152,7 @@ def test_small_poisson_rounds_do_not_crash(scenario_file, tmp_path, override):
 @pytest.mark.parametrize("bits", [30, 32])
 def test_many_bits_are_capped_by_what_the_samplers_take(scenario_file, tmp_path, mechanism, bits):
     from sim.dp.noise import MAX_VARIANCE
-    from sim.engine.privacy import PrivacyLedger
+    from sim.round.privacy import PrivacyLedger
 
     scenario = load(scenario_file, [f"aggregation.bits={bits}", f"privacy.mechanism={mechanism}"]).points()[0]
     for strategy in ("orig", "xnoise", "local", "central", "rebasing"):

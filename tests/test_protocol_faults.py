@@ -219,7 +219,11 @@ def test_reconstruction_errors_never_escape_as_value_error():
 
 
 def test_the_simulated_round_ends_when_close_step_raises_round_aborted_error():
+    from types import SimpleNamespace
+
     from sim.engine.round import Round
+    from sim.round.collector import Roster
+    from sim.round.records import ClientRecord
 
     class Contradicted:
         step, outcome = "unmasking", ""
@@ -229,8 +233,10 @@ def test_the_simulated_round_ends_when_close_step_raises_round_aborted_error():
             raise RoundAbortedError("unmasking: shares contradict each other", (3,))
 
     machine = Contradicted()
-    assert Round._close_step(machine) == Reaction()  # the driver's loop then sees "aborted" and ends the round
+    rnd = SimpleNamespace(roster=Roster({3: ClientRecord(client=3, slowdown=1.0, bandwidth_mbps=1.0, samples=1)}))
+    assert Round.close_step(rnd, machine) == Reaction()  # type: ignore[arg-type]  # the loop then sees "aborted"
     assert machine.step == "aborted"
+    assert rnd.roster.records[3].dropped_stage == "rejected: unmasking: shares contradict each other"  # the liar
 
 
 # ------------------------------------------------------------------- fault 3: low-order X25519 keys

@@ -8,11 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from sim.engine.simulation import Simulation
 from sim.results.read import read_run_table
 from sim.results.tables import CLIENT_COLUMNS, ROUND_COLUMNS, STAGE_COLUMNS
 from sim.results.writer import cell, csv_bytes
-from sim.runner import run_scenario
+from sim.runner import Simulation, run_scenario
 from sim.scenario import load
 
 SCENARIO = """

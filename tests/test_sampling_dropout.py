@@ -1,4 +1,4 @@
-"""Tests for sim.engine.sampling and sim.engine.dropout: who is sampled and who drops, per seeded round.
+"""Tests for sim.clients.sampling and sim.clients.dropout: who is sampled and who drops, per seeded round.
 
 Statistical checks use fixed seeds (so they are deterministic) and a 4-standard-error band.
 """
@@ -12,9 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.engine.dropout import DropoutModel
-from sim.engine.sampling import sample_clients
-from sim.scenario.schema import Dropout, Sampling
+from sim.clients.dropout import DropoutModel
+from sim.clients.sampling import sample_clients
+from sim.scenario.types import Dropout, Sampling
 
 # ------------------------------------------------------------------------------------------- helpers
 

@@ -24,11 +24,11 @@ from hypothesis import strategies as st
 from sim.costs.model import DEFAULT_PROFILE, CostModel
 from sim.deploy.validate import compare
 from sim.engine.host import SharedCores
-from sim.engine.round import CALL_OP, TRANSPORT_OPS
-from sim.engine.simulation import Simulation
 from sim.learning.trainer import local_batches
-from sim.runner import run_scenario
-from sim.scenario import ScenarioError, load, schema
+from sim.runner import Simulation, run_scenario
+from sim.scenario import ScenarioError, load
+from sim.scenario.types import Testbed as ScenarioTestbed
+from sim.world import CALL_OP, TRANSPORT_OPS
 
 Log = list[tuple[str, float]]
 
@@ -428,10 +428,10 @@ def test_testbed_reads_cores_and_is_resolved_only_when_given(tmp_path: Path) -> 
     path = tmp_path / "s.yaml"
     path.write_text(BASE + "testbed: {cores: 4}\n")
     scenario = load(path).base()
-    assert scenario.testbed == schema.Testbed(4)
+    assert scenario.testbed == ScenarioTestbed(4)
     assert scenario.resolved["testbed"] == {"cores": 4, "cpu_scale": 1.0}
     path.write_text(BASE + "testbed: {cores: 2, cpu_scale: 2.5}\n")
-    assert load(path).base().testbed == schema.Testbed(2, 2.5)
+    assert load(path).base().testbed == ScenarioTestbed(2, 2.5)
     for absent in ("", "testbed: null\n", "testbed:\n"):
         path.write_text(BASE + absent)
         scenario = load(path).base()
@@ -460,4 +460,4 @@ def test_testbed_errors_name_the_key_and_what_is_allowed(tmp_path: Path, section
 def test_testbed_record_refuses_bad_cores() -> None:
     for cores in (0, 2.5, True):
         with pytest.raises(ValueError, match="testbed cores"):
-            schema.Testbed(cores)  # type: ignore[arg-type]
+            ScenarioTestbed(cores)  # type: ignore[arg-type]

@@ -11,7 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.engine.availability import Availability
+from sim.clients.availability import Availability
 from sim.runner import run_scenario
 from sim.scenario import load
 from sim.traces.model import Trace
@@ -165,7 +165,7 @@ def test_private_rounds_are_accounted_at_the_rate_among_online_clients(tmp_path)
     import json
 
     from sim.dp.accounting import Accountant
-    from sim.engine.privacy import padded
+    from sim.round.privacy import padded
 
     rows = [(c, 0.0, 1e6) for c in (0, 1, 3, 5)]
     sc = scenario(

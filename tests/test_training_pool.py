@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sim.engine.simulation import Simulation
+from sim.runner import Simulation
 from sim.scenario import load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +63,7 @@ def test_closing_stops_the_workers_with_training_still_running() -> None:
 
 _ORPHAN_SCRIPT = """
 import sys, time
-from sim.engine.simulation import Simulation
+from sim.runner import Simulation
 from sim.scenario import load
 sc = load(sys.argv[1], ["training.workers=2", "training.local_epochs=20"]).base()
 simulation = Simulation(sc)

@@ -1,1 +1,1 @@
-"""The virtual-time cost model of compute operations and the profiler that fits it."""
+"""The virtual-time cost model of compute operations; :mod:`sim.profiling` measures it."""

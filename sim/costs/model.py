@@ -14,7 +14,7 @@ measured on; ``costs.profile`` in a scenario names another. Missing operations a
 the operation and the profile, never a silent zero.
 
 An optional top-level ``"pipeline": {"interference_s": b, "r2": ..., "points": [...], "baseline": {...},
-"method": ...}`` (measured by :mod:`sim.costs.interference`) gives :attr:`CostModel.interference_s`, the
+"method": ...}`` (measured by :mod:`sim.profiling.interference`) gives :attr:`CostModel.interference_s`, the
 ``beta_2`` of Dordis eq. 3 (section 4.2, ``tau = beta_1 d/m + beta_2 m + beta_3``): extra seconds of
 client compute per chunk task for each of the m chunks in the pipeline, on the reference device, scaled
 like all client compute by the client's slow-down factor. A profile without the key has 0.0 (no
@@ -32,6 +32,7 @@ from typing import Any
 
 from sim.errors import InputError
 from sim.protocol.machine import Work
+from sim.protocol.wire import Message
 
 DEFAULT_PROFILE = Path(__file__).with_name("default.json")
 FORMAT = 1
@@ -150,3 +151,9 @@ def read_profile(path: Path) -> Any:
         raise CostModelError(f"cost profile {path}: cannot be read: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise CostModelError(f"cost profile {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+
+
+def frame_size(message: Message) -> dict[str, float]:
+    """Cost features of encoding or decoding ``message`` (``wire.encode``, ``wire.decode``): frame bytes and
+    bit-packed values."""
+    return {"bytes": message.wire_size(), "packed": message.packed_elements()}

@@ -5,7 +5,7 @@ stack does while it computes). An emulated slower device (Zipf slow-down ``f >= 
 ``f`` times as long: after each operation its compute thread sleeps ``(f - 1)`` times the CPU seconds the
 operation used, still holding the party's processor. The simulator's testbed model (``testbed: {cores: K}``)
 charges the same: the operation's work on the host's shared cores, then the idle tail. Waiting
-operations are served in priority order (:data:`SIDE` first, as :class:`sim.engine.gates.Processor`),
+operations are served in priority order (:data:`SIDE` first, as :class:`sim.engine.processor.Processor`),
 first come first served within a priority.
 """
 
@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from threadpoolctl import threadpool_limits
 
-from sim.engine.gates import SIDE, STAGED
+from sim.round.gates import SIDE, STAGED
 
 T = TypeVar("T")
 

@@ -1,6 +1,6 @@
 """A deployment run: the scenario's rounds over real sockets, recorded in the simulator's tables.
 
-:class:`Deployment` is a :class:`~sim.engine.simulation.Simulation` whose rounds are played by a
+:class:`Deployment` is a :class:`~sim.runner.Simulation` whose rounds are played by a
 :class:`~sim.deploy.server.DeployServer` and client worker processes instead of SimPy processes: the
 sampling, the dropout plan, the privacy plan and accounting, the model update and the evaluation are
 the simulator's own code, so the two differ only in how a round is carried out and timed (wall-clock
@@ -14,11 +14,10 @@ import logging
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
-
-import numpy as np
 
 from sim.deploy.compute import ONE_THREAD_ENV, interleave_threads, one_thread_math
 from sim.deploy.identity import (
@@ -32,11 +31,11 @@ from sim.deploy.identity import (
 )
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
-from sim.engine.round import ClientRecord, RoundRecord
-from sim.engine.simulation import Simulation
 from sim.errors import InputError
-from sim.protocol.private import PrivateRound
-from sim.scenario.schema import Scenario
+from sim.round.plan import RoundPlan
+from sim.round.records import ClientRecord, RoundRecord
+from sim.scenario.types import Scenario
+from sim.world import World
 
 log = logging.getLogger("sim.deploy")
 
@@ -109,18 +108,22 @@ def worker_count(scenario: Scenario, options: DeployOptions) -> int:
     return n
 
 
-class Deployment(Simulation):
-    """The scenario's server here, its clients in worker processes; :meth:`step` plays the next round."""
+class Deployment:
+    """The scenario's server here, its clients in worker processes; :meth:`play` plays a round."""
 
-    def __init__(self, scenario: Scenario, options: DeployOptions | None = None) -> None:
+    name = "deploy"
+
+    def __init__(self, world: World, options: DeployOptions | None = None) -> None:
+        self.world = world
+        self.scenario = scenario = world.scenario
         check_deployable(scenario)
         self.options = opts = options or DeployOptions()
         self.n_workers = worker_count(scenario, opts)
         self.directory: dict[int, bytes] = {}
         if not opts.spawn:
             self.directory = opts.directory if opts.directory is not None else self._remote_keys()
-        super().__init__(scenario)
-        assert self.learner is not None
+        assert world.learner is not None
+        self.learner = world.learner
         self.identity = opts.identity or new_identity()
         self.deployment_id = new_deployment_id()
         """This deployment's random id: every protocol signature is bound to it."""
@@ -269,54 +272,52 @@ class Deployment(Simulation):
             return self.n_workers - len(failed)
         return sum(1 for j, p in enumerate(self.processes) if p.poll() is None and j not in failed)
 
-    def _play(
-        self,
-        r: int,
-        sampled: np.ndarray,
-        drops: dict[int, str],
-        private: PrivateRound | None,
-        refused: str,
-        offline: dict[int, float],
-    ) -> RoundRecord:
-        """Play round ``r`` over the sockets (``offline`` is empty: trace replay is not deployed)."""
-        pop = self.population
-        chosen = tuple(int(c) for c in sampled)
+    @property
+    def now(self) -> float:
+        """Seconds since the deployment started."""
+        return self.server.now()
+
+    def wait_until(self, t: float) -> None:
+        """Sleep until ``t`` (a deployment replays no trace: nothing asks it to wait)."""
+        time.sleep(max(0.0, t - self.now))
+
+    def play(self, plan: RoundPlan) -> RoundRecord:
+        """Play ``plan`` over the sockets (its ``offline`` is empty: trace replay is not deployed)."""
+        pop, data = self.world.population, self.world.data
         records = {
             c: ClientRecord(
                 client=c,
                 slowdown=float(pop.slowdown[c]),
                 bandwidth_mbps=float(pop.bandwidth_mbps[c]),
-                samples=int(self.data.num_samples(c)),
+                samples=int(data.num_samples(c)),
             )
-            for c in chosen
+            for c in plan.sampled
         }
-        chunks = self.setup.pipeline.chunks if self.setup.pipeline is not None else None
+        private = plan.private
         if private is not None and not self.options.seeded_secrets:
             private = replace(private, server_seed=os.urandom(32))  # central noise: the server's own secret
         return self.loop.run_until_complete(
-            self.server.play(
-                r,
-                chosen,
-                drops,
-                private,
-                refused,
-                records,
-                chunks,
-                None,
-                self.live_workers,
-                self.options.connect_timeout_s,
-            )
+            self.server.play(plan, private, records, self.live_workers, self.options.connect_timeout_s)
         )
+
+    def _finish_tasks(self) -> None:
+        """Let the tasks still on the loop (connections' readers and writers just cancelled) end before it
+        closes, so that none is left pending."""
+        pending = asyncio.all_tasks(self.loop)
+        for task in pending:
+            task.cancel()
+        if pending:
+            self.loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
 
     def close(self) -> None:
         """Tell the workers to exit and wait for them (killing any that do not within 10 s)."""
-        super().close()
         if self.loop.is_closed():
             return
         try:
             self.loop.run_until_complete(self.server.close())
         finally:
             self._stop_workers()
+            self._finish_tasks()
             self.loop.close()
             sys.setswitchinterval(self._switch)
             self._math.restore_original_limits()

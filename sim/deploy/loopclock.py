@@ -1,4 +1,4 @@
-"""The asyncio loop seen as the clock and event source of :class:`sim.engine.gates.StageGate`.
+"""The asyncio loop seen as the clock and event source of :class:`sim.round.gates.StageGate`.
 
 The pipeline's stage gates order a resource's (stage, chunk) tasks by Hyades appendix F; they need only
 ``now`` and ``event()`` with ``succeed()``, so the deployment's client workers use the very same gates

@@ -20,7 +20,7 @@ Faults are the protocol's business where the protocol defines them, and the conn
   mid-round misses the step's deadline (``deploy.step_timeout_s`` where the scenario sets none).
 
 Times are wall-clock seconds since the deployment started, in the simulator's records
-(:class:`~sim.engine.round.RoundRecord`), so the result tables are the same.
+(:class:`~sim.round.records.RoundRecord`), so the result tables are the same.
 """
 
 from __future__ import annotations
@@ -30,10 +30,12 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
+from sim.clients.population import MBPS
 from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor
 from sim.deploy.connection import Connection
@@ -41,9 +43,6 @@ from sim.deploy.framing import Closed, FrameError, server_handshake
 from sim.deploy.identity import Identity
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.shaping import TokenBucket
-from sim.engine.gates import StageGate
-from sim.engine.pipelined import step_spans
-from sim.engine.round import MBPS, ClientRecord, RoundRecord, client_cpu_share, revealed
 from sim.learning.trainer import Learner
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
@@ -59,7 +58,13 @@ from sim.protocol.machine import (
 from sim.protocol.messages import AggregateChunk
 from sim.protocol.private import PrivateRound
 from sim.protocol.wire import ModVector
-from sim.scenario.schema import Scenario
+from sim.round.closing import client_cpu_share, close_record, expose, step_spans
+from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
+from sim.round.gates import StageGate
+from sim.round.plan import RoundPlan
+from sim.round.records import ClientRecord, RoundRecord
+from sim.round.stages import AGGREGATE, DISPATCH, DUPLEX, SHARED, UPLOAD, gated
+from sim.scenario.types import Scenario
 
 log = logging.getLogger("sim.deploy.server")
 
@@ -87,25 +92,27 @@ class RoundState:
     number: int
     sampled: tuple[int, ...]
     inboxes: list[asyncio.Queue[tuple[str, int, bytes | str, float]]]
-    clients: dict[int, ClientRecord]
+    """Per instance: the server's arrivals, ``(kind, sender, payload or reason, arrived)``."""
+    roster: Roster
+    """Who is out of the round and why (the clients' records), shared by every instance."""
     peers: dict[int, Peer] = field(default_factory=dict)
     reports: dict[int, tuple[control.ClientReport, float]] = field(default_factory=dict)
-    gone: list[set[int]] = field(default_factory=list)
-    """Per instance: clients whose leaving it has seen (in order with their messages: a masked input sent
-    before the connection closed still counts)."""
-    late: set[int] = field(default_factory=set)
-    refused: set[int] = field(default_factory=set)
-    left_step: dict[int, str] = field(default_factory=dict)
-    """The step in which each client's connection closed (as first seen)."""
     decoded: set[int] = field(default_factory=set)
     """Pipelined: clients that have decoded every chunk's sum."""
     leaving: dict[int, str] = field(default_factory=dict)
     """Why each client that said so left (its planned stage, or ``aborted: <why>``)."""
-    left: set[int] = field(default_factory=set)
     machines: list[ServerMachine] = field(default_factory=list)
     """The round's server machines (one per chunk), for observers: ``machines[j].step``."""
     max_elements: int = 0
     """Most values a client's vector may hold this round (checked before decoding allocates)."""
+
+    @property
+    def clients(self) -> Mapping[int, ClientRecord]:
+        return self.roster.records
+
+    def closed(self, c: int) -> bool:
+        """Whether client ``c``'s connection closed during the round (the server saw it leave)."""
+        return c in self.roster.departed
 
 
 class DeployServer:
@@ -242,7 +249,7 @@ class DeployServer:
         if channel >= len(st.inboxes):
             peer.conn.close(f"frame on channel {channel}; the round has {len(st.inboxes)}")
             return
-        st.inboxes[channel].put_nowait(("msg", peer.client, payload, arrived - self.t0))
+        st.inboxes[channel].put_nowait((MESSAGE, peer.client, payload, arrived - self.t0))
 
     def _closed(self, peer: Peer, reason: str) -> None:
         if reason:
@@ -251,7 +258,7 @@ class DeployServer:
         st = self.current
         if st is not None and peer.round == st.number:
             for inbox in st.inboxes:
-                inbox.put_nowait(("gone", peer.client, reason, self.now()))
+                inbox.put_nowait((GONE, peer.client, reason, self.now()))
         self.changed.set()
 
     def idle(self) -> list[Peer]:
@@ -283,23 +290,21 @@ class DeployServer:
     # -- a round ---------------------------------------------------------------------------------------
     async def play(
         self,
-        number: int,
-        sampled: tuple[int, ...],
-        drops: dict[int, str],
+        plan: RoundPlan,
         private: PrivateRound | None,
-        refused: str,
         records: dict[int, ClientRecord],
-        chunks: int | None,
-        rate: float | None,
         live: Callable[[], int],
         connect_timeout: float,
     ) -> RoundRecord:
+        """Play ``plan`` (with ``private``: its privacy plan as this server holds it, the central noise seed
+        its own) with the workers; ``records`` are the sampled clients' fresh records."""
+        number, sampled, chunks = plan.number, plan.sampled, plan.chunks
         # the round starts once its workers are ready (a worker reconnecting after leaving the last round)
         peers = await self.wait_for_workers(len(sampled), live, connect_timeout)
         rec = RoundRecord(round=number, t_start=self.now(), sampled=len(sampled), chunks=chunks or 1)
         sc = self.scenario
-        if refused:
-            rec.t_end, rec.outcome = self.now(), f"aborted: {refused}"
+        if plan.refused:
+            rec.t_end, rec.outcome = self.now(), f"aborted: {plan.refused}"
             rec.clients = [records[c] for c in sampled]
             return rec
         for c, peer in zip(sampled, peers, strict=False):
@@ -325,9 +330,8 @@ class DeployServer:
             rec.clients = [records[c] for c in sampled]
             return rec
         m = len(inst.servers)
-        st = RoundState(number, sampled, [asyncio.Queue() for _ in range(m)], records, machines=list(inst.servers))
+        st = RoundState(number, sampled, [asyncio.Queue() for _ in range(m)], Roster(records), machines=inst.servers)
         st.max_elements = control.max_elements(self.learner.dim, private)
-        st.gone = [set() for _ in range(m)]
         self.current = st
         server_cpu = Processor("server")
         side = Processor("server-side") if chunks is not None else server_cpu
@@ -335,14 +339,13 @@ class DeployServer:
             for c, peer in played.items():
                 st.peers[c] = peer
             for c in sampled:
-                if c not in st.peers:
-                    for gone in st.gone:
-                        gone.add(c)
+                if c not in st.peers:  # no worker to play it: it never connects
+                    st.roster.depart(c, "connect", self.now())
                     records[c].dropped_stage = "offline:connect"
-            rate_cell = control.NO_RATE if rate is None else rate
+            rate_cell = control.NO_RATE if plan.rate is None else plan.rate
             keys = tuple(roster[c] for c in sampled) if sc.aggregation.malicious else ()
             for c, peer in st.peers.items():
-                drop = drops.get(c, "").encode()
+                drop = plan.drops.get(c, "").encode()
                 start = control.RoundStart(number, c, sampled, drop, chunks or 0, rate_cell, keys)
                 peer.conn.send(control.CONTROL, start.encode())
             model = await server_cpu.run(lambda: ModelDownload(number, self.learner.params).encode())
@@ -355,26 +358,27 @@ class DeployServer:
                 await self._serve_pipelined(st, rec, inst, server_cpu, side)
         finally:
             rec.t_end = self.now()
-            await self._end(st, rec, drops)
+            await self._end(st, rec)
             server_cpu.shutdown()
             side.shutdown()
-        rec.exposures = [e for e in (revealed(s) for s in inst.servers) if e is not None]
-        rec.exposed = min(rec.exposures) if rec.exposures else None
-        if chunks is None:
-            rec.exposures = []
+        expose(rec, inst.servers, chunks is not None)
         survivors = set(rec.aggregate.survivors) if rec.aggregate is not None else set()
         lanes = (server_cpu,) if side is server_cpu else (server_cpu, side)
         rec.server_cpu_s = sum(lane.cpu_s for lane in lanes)
-        self._close_record(st, rec, survivors, drops, sum(lane.busy_s for lane in lanes))
+        self._close_record(st, rec, survivors, len(plan.drops), sum(lane.busy_s for lane in lanes))
         return rec
 
-    def _send(self, st: RoundState, rec: RoundRecord, c: int, channel: int, payload: bytes) -> None:
+    def _send(self, st: RoundState, rec: RoundRecord, c: int, channel: int, payload: bytes) -> asyncio.Future[Any]:
+        """Send ``payload`` to client ``c`` on ``channel`` (nothing to one out of the round); the future is
+        done once it is written."""
         peer = st.peers.get(c)
-        if peer is None or peer.conn.closed or c in st.late or c in st.refused:
-            return
+        if peer is None or peer.conn.closed or st.roster.excluded(c):
+            done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            done.set_result(None)
+            return done
         rec.server_bytes_out += len(payload)
         st.clients[c].bytes_down += len(payload)
-        peer.conn.send(channel, payload)
+        return peer.conn.send(channel, payload)
 
     async def _react(
         self,
@@ -412,57 +416,42 @@ class DeployServer:
         channel: int,
         cpu: Processor,
         priority: int = STAGED,
-        from_first: bool = False,
+        lazy: bool = False,
+        accepted: Callable[[int], None] | None = None,
     ) -> None:
         """Feed ``machine`` the step's answers until it expects nobody, or the step's deadline passes (with
-        ``from_first``: counted from the first answer, as the engine's later chunks)."""
-        step = machine.step
-        timeout = self.scenario.timeouts.get(step, self.step_timeout)
-        deadline = None if from_first else time.monotonic() + timeout
+        ``lazy``: counted from the first answer, as the engine's later chunks). The decisions and labels are
+        the round layer's (:class:`~sim.round.collector.StepCollector`): an answer counts if it arrived by
+        the deadline, even when the busy server reads it later. ``accepted`` is told each sender whose
+        message the machine took."""
+        timeout = self.scenario.timeouts.get(machine.step, self.step_timeout)
+        collector = StepCollector(machine, st.roster, timeout, self.now(), lazy, channel)
         inbox = st.inboxes[channel]
-        while True:
-            waiting = machine.expected() - st.gone[channel] - st.late - st.refused
-            if not waiting:
-                return
+        while collector.waiting():
             try:
-                if deadline is None:
-                    kind, sender, payload, arrived = await asyncio.wait_for(inbox.get(), self.step_timeout)
-                else:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise asyncio.TimeoutError
-                    kind, sender, payload, arrived = await asyncio.wait_for(inbox.get(), remaining)
-            except asyncio.TimeoutError:
-                for c in sorted(waiting):
-                    st.late.add(c)
-                    if not st.clients[c].dropped_stage:
-                        st.clients[c].dropped_stage = f"timeout:{step}"
-                    for other in st.inboxes:
-                        other.put_nowait(("out", c, "", self.now()))
+                kind, sender, payload, arrived = inbox.get_nowait()  # what has arrived counts by its arrival
+            except asyncio.QueueEmpty:
+                wait = self.step_timeout if collector.deadline is None else collector.deadline - self.now()
+                try:
+                    kind, sender, payload, arrived = await asyncio.wait_for(inbox.get(), max(0.0, wait))
+                except asyncio.TimeoutError:
+                    self._out(st, collector.expire())
+                    return
+            reason = payload if kind == GONE and isinstance(payload, str) else ""
+            decision = collector.arrival(kind, sender, arrived, reason)
+            if decision is CLOSE:
+                self._out(st, collector.missed)
                 return
-            if kind == "gone":
-                st.gone[channel].add(sender)
-                st.left_step.setdefault(sender, step)
-                st.left.add(sender)
+            if kind == GONE:
                 if math.isnan(st.clients[sender].left_at):
                     st.clients[sender].left_at = arrived
-                if payload and not st.clients[sender].dropped_stage:
-                    st.clients[sender].dropped_stage = f"rejected: {payload!s}"
                 continue
-            if kind == "out":
-                continue  # put out of the round (late or refused) while another instance waited for it
-            if deadline is None and kind == "msg":
-                deadline = time.monotonic() + timeout
+            if decision is UNASKED:
+                assert isinstance(payload, bytes)
+                self._reject(st, sender, collector.unasked(sender, wire.message_name(payload)))
+            if decision is not ACCEPT:
+                continue
             assert isinstance(payload, bytes)
-            if sender in st.late or sender in st.refused:
-                continue  # after its deadline, or after one of its messages was refused: discarded
-            # (a message that arrived before its sender's connection closed still counts: a client that
-            # uploads and leaves is in the sum)
-            if sender not in machine.expected():
-                self._reject(
-                    st, sender, f"a message it was not asked for in step {step} ({wire.message_name(payload)})"
-                )
-                continue
             record = st.clients[sender]
             record.bytes_up += len(payload)
             rec.server_bytes_in += len(payload)
@@ -474,8 +463,13 @@ class DeployServer:
                 await self._react(st, rec, receive, cpu, channel, priority)
             except wire.WireError as exc:
                 self._reject(st, sender, f"malformed message: {exc}")
+                continue
             except RemoteProtocolError as exc:
                 self._reject(st, sender, exc.reason)
+                continue
+            collector.took(sender)
+            if accepted is not None:
+                accepted(sender)
 
     async def _close_step(
         self,
@@ -488,23 +482,24 @@ class DeployServer:
     ) -> None:
         """Close the machine's step. What the clients sent may not fit together (shares that contradict each
         other): the machine has then aborted the round, which ends here with the reason logged and the
-        clients found lying put out; the deployment goes on with the next round."""
+        clients found lying refused; the deployment goes on with the next round."""
         try:
             await self._react(st, rec, machine.close_step, cpu, channel, priority)
         except RoundAbortedError as exc:
             named = f" (found lying: clients {', '.join(map(str, exc.suspects))})" if exc.suspects else ""
             self._refuse(f"round {st.number}: aborted: {exc.reason}{named}")
-            for c in exc.suspects:
-                if c in st.clients and c not in st.refused:
-                    st.refused.add(c)
-                    st.clients[c].dropped_stage = f"rejected: {exc.reason}"
+            self._out(st, st.roster.blame(exc))
 
     def _reject(self, st: RoundState, c: int, reason: str) -> None:
         self._refuse(f"round {st.number}: client {c}'s message refused: {reason}")
-        st.refused.add(c)
-        st.clients[c].dropped_stage = f"rejected: {reason}"
-        for inbox in st.inboxes:
-            inbox.put_nowait(("out", c, "", self.now()))
+        st.roster.reject(c, reason)
+        self._out(st, [c])
+
+    def _out(self, st: RoundState, clients: list[int]) -> None:
+        """Clients put out of the round (late, refused): wake every instance waiting for them."""
+        for c in clients:
+            for inbox in st.inboxes:
+                inbox.put_nowait((OUT, c, "", self.now()))
 
     async def _serve_single(self, st: RoundState, rec: RoundRecord, machine: ServerMachine, cpu: Processor) -> None:
         await self._react(st, rec, machine.begin, cpu, 0)
@@ -524,11 +519,42 @@ class DeployServer:
     async def _serve_pipelined(
         self, st: RoundState, rec: RoundRecord, inst: RoundInstances, cpu: Processor, side: Processor
     ) -> None:
+        """Every chunk's instance, as the engine's :class:`~sim.engine.pipelined.Pipeline`: the server's CPU
+        takes one chunk's aggregation at a time (Dordis Table 1, stage 3), and each chunk's sum goes to a
+        client once that client's link may take it (stage 4: with ``pipeline.links: shared`` after every
+        chunk's upload of that client, on its one link; with ``duplex`` on its downlink, in chunk order)."""
         m = len(inst.servers)
-        gate = StageGate(LoopClock(), "server.cpu", (3,), m)  # type: ignore[arg-type]
+        sc = self.scenario
+        dispatch = sc.pipeline is None or sc.pipeline.dispatch
+        links = DUPLEX if sc.pipeline is not None and sc.pipeline.links == DUPLEX else SHARED
+        clock = LoopClock()
+        gate = StageGate(clock, "server.cpu", gated("server.cpu", links, dispatch), m)
+        link_resource = "client.downlink" if links == DUPLEX else "client.link"
+        client_link = {
+            c: StageGate(clock, f"client{c}.link", gated(link_resource, links, dispatch), m) for c in st.sampled
+        }
+        """Each client's link as the server sees it: its uploads (stage 2) end as they arrive."""
+        shape = sc.aggregation.spec.pipeline
+        assert shape is not None, f"protocol {sc.aggregation.protocol} cannot be pipelined"
+        aggregate_from = shape.aggregate_from  # the uploads' step: the server's stage 3 starts as it ends
         results: dict[int, Aggregate] = {}
         chunk_steps: list[tuple[str, float, float]] = []
-        dispatch = self.scenario.pipeline is None or self.scenario.pipeline.dispatch
+        dispatches: list[asyncio.Task[None]] = []
+
+        def uploaded(j: int) -> Callable[[int], None]:
+            def done(c: int) -> None:
+                if UPLOAD in client_link[c].stages:
+                    client_link[c].release(UPLOAD, j)
+
+            return done
+
+        async def send_sum(c: int, j: int, payload: bytes) -> None:
+            link = client_link[c]
+            await link.admit(DISPATCH, j)
+            try:
+                await self._send(st, rec, c, j, payload)
+            finally:
+                link.release(DISPATCH, j)
 
         async def serve(j: int) -> None:
             machine = inst.servers[j]
@@ -537,10 +563,15 @@ class DeployServer:
             start, first = self.now(), True
             while machine.step not in ("done", "aborted"):
                 step = machine.step
-                await self._collect(st, rec, machine, j, lane, priority, from_first=first and j > 0)
+                upload = step == aggregate_from
+                await self._collect(
+                    st, rec, machine, j, lane, priority, lazy=first and j > 0, accepted=uploaded(j) if upload else None
+                )
                 first = False
-                if step == "masked_input":
-                    await gate.admit(3, j)  # type: ignore[misc]
+                if upload:
+                    for c in st.sampled:  # whoever did not upload this chunk will not: its link is free of it
+                        uploaded(j)(c)
+                    await gate.admit(AGGREGATE, j)
                     lane, priority = cpu, STAGED
                 await self._close_step(st, rec, machine, lane, j, priority)
                 chunk_steps.append((step, start, self.now()))
@@ -549,16 +580,20 @@ class DeployServer:
                 gate.abandon(j)
                 raise _ChunkAbortedError(f"chunk {j}: {machine.outcome.removeprefix('aborted: ')}")
             aggregate = results[j] = machine.aggregate
+            survivors = set(aggregate.survivors)
+            for c in st.sampled:
+                if c not in survivors:
+                    client_link[c].abandon(j)
             if dispatch:
-                bits = self.scenario.aggregation.bits if inst.private is None else inst.private.bits
+                bits = sc.aggregation.bits if inst.private is None else inst.private.bits
                 message = AggregateChunk(st.number, j, ModVector(bits, aggregate.vector))
                 payload = await cpu.run(message.encode)
-                gate.release(3, j)
+                gate.release(AGGREGATE, j)
                 for c in aggregate.survivors:
-                    if c not in st.left:
-                        self._send(st, rec, c, j, payload)
+                    if not st.closed(c):
+                        dispatches.append(asyncio.create_task(send_sum(c, j, payload)))
             else:
-                gate.release(3, j)
+                gate.release(AGGREGATE, j)
 
         tasks = [asyncio.create_task(serve(j)) for j in range(m)]
         try:
@@ -576,15 +611,17 @@ class DeployServer:
             deadline = time.monotonic() + self.step_timeout
             survivors = set(rec.aggregate.survivors)
             while time.monotonic() < deadline:
-                if all(c in st.decoded or c in st.left or st.peers[c].conn.closed for c in survivors if c in st.peers):
+                if all(c in st.decoded or st.closed(c) or st.peers[c].conn.closed for c in survivors if c in st.peers):
                     break
                 self.changed.clear()
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
+        for task in dispatches:
+            task.cancel()
         rec.outcome = "ok"
         rec.steps = step_spans(chunk_steps)
 
-    async def _end(self, st: RoundState, rec: RoundRecord, drops: dict[int, str]) -> None:
+    async def _end(self, st: RoundState, rec: RoundRecord) -> None:
         """Tell the round's workers it is over, collect their reports, free them."""
         outcome = (rec.outcome or "aborted").encode()
         for peer in st.peers.values():
@@ -593,7 +630,7 @@ class DeployServer:
         deadline = time.monotonic() + REPORT_WAIT_S
         while time.monotonic() < deadline:
             # a late or refused client's connection is closed below: its timeline is not waited for
-            if all(c in st.reports or p.conn.closed or c in st.late or c in st.refused for c, p in st.peers.items()):
+            if all(c in st.reports or p.conn.closed or st.roster.excluded(c) for c, p in st.peers.items()):
                 break
             self.changed.clear()
             try:
@@ -602,7 +639,7 @@ class DeployServer:
                 break
         for c, peer in st.peers.items():
             peer.round, peer.client = 0, -1
-            if c in st.late or st.clients[c].dropped_stage.startswith("rejected"):
+            if st.roster.excluded(c):
                 peer.conn.close()  # a stalled or misbehaving connection starts afresh
         self.current, self.last = None, st
         for c, (report, offset) in st.reports.items():
@@ -623,22 +660,18 @@ class DeployServer:
                 st.leaving[c] = report.left.decode(errors="replace")
                 record.left_at = place(report.left_at)
 
-    def _close_record(
-        self, st: RoundState, rec: RoundRecord, survivors: set[int], drops: dict[int, str], busy: float
-    ) -> None:
-        rec.survivors = len(survivors)
-        rec.dropped_planned = len(drops)
+    def _close_record(self, st: RoundState, rec: RoundRecord, survivors: set[int], planned: int, busy: float) -> None:
+        """The round layer's closing (:func:`~sim.round.closing.close_record`), after the labels only a
+        deployment learns: what a client said of its leaving, and a connection that closed without a word
+        (killed, crashed, cut: ``offline:<step>``)."""
         rec.server_compute_s = busy
         for c in st.sampled:
             record = st.clients[c]
             if c in st.leaving:  # it said why (its planned stage, or that it refused the server)
                 record.dropped_stage = st.leaving[c]
-            elif c in st.left and not record.dropped_stage:  # its connection closed: killed, crashed, cut
-                record.dropped_stage = f"offline:{st.left_step.get(c, 'download')}"
-            if c not in survivors and not record.dropped_stage:
-                record.dropped_stage = "not aggregated"
-            rec.clients.append(record)
-        rec.timed_out = sum(1 for c in rec.clients if c.dropped_stage.startswith("timeout:"))
+            elif st.closed(c):
+                st.roster.label(c, f"offline:{st.roster.departed[c][0]}")
+        close_record(rec, st.roster, st.sampled, survivors, planned)
         length = rec.t_end - rec.t_start
         if length > 0:
             rec.utilisation = {

@@ -10,7 +10,7 @@ simulator builds them, but with secrets from the operating system and the worker
 sending the machines' messages in frames, through token buckets at the client's bandwidth, and computing
 on one processor slowed down by the client's Zipf factor (:mod:`sim.deploy.compute`). A pipelined round
 runs one machine per chunk, with the client's CPU and link taking one chunk's stage at a time
-(:class:`sim.engine.gates.StageGate`, Hyades appendix F).
+(:class:`sim.round.gates.StageGate`, Hyades appendix F).
 
 A planned dropout leaves before its step: the worker closes its connection (the server sees the close at
 once) and connects again for the next round; with ``dropout.silent`` it just stops answering. A server
@@ -32,31 +32,30 @@ from typing import Any
 import numpy as np
 import torch
 
+from sim.clients.population import MBPS, Population
 from sim.crypto.randomness import RandomSource, SystemRandom
 from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads, one_thread_math
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
-from sim.deploy.loopclock import LoopClock
+from sim.deploy.loopclock import LoopClock, LoopEvent
 from sim.deploy.shaping import TokenBucket
-from sim.engine.gates import StageGate
-from sim.engine.population import Population
-from sim.engine.privacy import PrivacyLedger, nominal_sampling
-from sim.engine.round import MBPS
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.trainer import Learner
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError
-from sim.protocol.messages import AggregateChunk, MaskedInput
+from sim.protocol.messages import AggregateChunk
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import fixed_point
-from sim.runner import scenario_digest
+from sim.round.gates import StageGate
+from sim.round.privacy import PrivacyLedger, nominal_sampling
+from sim.round.stages import DECODE, MASK, SHARED, UPLOAD, gated
 from sim.scenario.grid import Grid
-from sim.scenario.schema import Scenario
 from sim.scenario.source import as_plain, parse_text
+from sim.scenario.types import Scenario, scenario_digest
 
 log = logging.getLogger("sim.deploy.worker")
 
@@ -179,6 +178,8 @@ class Play:
     all_sent: asyncio.Event = field(default_factory=asyncio.Event)
     max_elements: int = 0
     """Most values a vector from the server may hold this round (checked before decoding allocates)."""
+    uploads: list[asyncio.Task[None]] = field(default_factory=list)
+    """Pipelined: the uploads waiting for the link or being written."""
 
     def sent(self, j: int) -> None:
         self.unsent.discard(j)
@@ -482,15 +483,19 @@ class Worker:
     ) -> None:
         c, m = p.start.client, len(inst.slots)
         sc = p.shared.scenario
-        if leave_before == "advertise_keys":
+        shape = sc.aggregation.spec.pipeline
+        assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
+        if leave_before == shape.first_step:  # before its instances' first step: before encoding
             self._leave(p, p.start.drop.decode())
         encoded = await p.cpu.run(lambda: inst.encode(c, update))
         assert isinstance(encoded, np.ndarray)
         p.unsent = set(range(m))
         clock = LoopClock()
         dispatch = sc.pipeline is None or sc.pipeline.dispatch
-        cpu_gate = StageGate(clock, f"client{c}.cpu", (1, 5) if dispatch else (1,), m)  # type: ignore[arg-type]
-        link_gate = StageGate(clock, f"client{c}.link", (2,), m)  # type: ignore[arg-type]
+        links = sc.pipeline.links if sc.pipeline is not None else SHARED
+        cpu_gate = StageGate(clock, f"client{c}.cpu", gated("client.cpu", links, dispatch), m)
+        link_gate = StageGate(clock, f"client{c}.uplink", (UPLOAD,), m)
+        """The client's link for its uploads; the server gates the dispatches to it (stage 4)."""
         tasks = [
             asyncio.create_task(
                 self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, leave_before, cpu_gate, link_gate)
@@ -505,7 +510,7 @@ class Worker:
                 await p.cpu.run(lambda: self._finish_decode(p, inst))
                 p.conn.send(control.CONTROL, control.Decoded(p.start.round).encode())
         finally:
-            for task in tasks:
+            for task in [*tasks, *p.uploads]:
                 task.cancel()
 
     async def _chunk(
@@ -516,23 +521,23 @@ class Worker:
         piece: np.ndarray,
         weight: float,
         leave_before: str | None,
-        cpu_gate: StageGate,
-        link_gate: StageGate,
+        cpu_gate: StageGate[LoopEvent],
+        link_gate: StageGate[LoopEvent],
     ) -> None:
         """Chunk ``j``'s instance: stages 1 (mask) and 2 (upload), its answers in stage 3, then 5 (decode)."""
         c = p.start.client
         machine = p.machines[j] = inst.client(c, j, keys=self._keys(), signing=self.identity.signing)
-        await cpu_gate.admit(1, j)  # type: ignore[misc]
+        await cpu_gate.admit(MASK, j)
         await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate)
         while True:
             payload = await self._receive(p, j)
-            staged = (1, j) not in cpu_gate.done
+            staged = (MASK, j) not in cpu_gate.done
             priority = STAGED if staged else SIDE
             message = await p.cpu.run(lambda payload=payload: self._decode(p, payload), priority)  # type: ignore[misc]
             if isinstance(message, AggregateChunk):
-                await cpu_gate.admit(5, j)  # type: ignore[misc]
+                await cpu_gate.admit(DECODE, j)
                 await p.cpu.run(lambda message=message: self._decode_chunk(p, inst, j, message))  # type: ignore[misc]
-                cpu_gate.release(5, j)
+                cpu_gate.release(DECODE, j)
                 return
             if leave_before and machine.stage_of(message) == leave_before:
                 if leave_before in p.shared.scenario.aggregation.after_upload():
@@ -542,19 +547,27 @@ class Worker:
             await self._chunk_react(p, j, call, priority, cpu_gate, link_gate)
 
     async def _chunk_react(
-        self, p: Play, j: int, call: Any, priority: int, cpu_gate: StageGate, link_gate: StageGate
+        self, p: Play, j: int, call: Any, priority: int, cpu_gate: StageGate[LoopEvent], link_gate: StageGate[LoopEvent]
     ) -> None:
         reaction, frames = await self._compute(p, call, priority)
+        shape = p.shared.scenario.aggregation.spec.pipeline
+        assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
         for send, frame in zip(reaction.sends, frames, strict=True):
-            if isinstance(send.message, MaskedInput):
-                cpu_gate.release(1, j)  # stage 1 ends with the masked input computed
-                await link_gate.admit(2, j)  # type: ignore[misc]
-                sent = p.conn.send(j, frame)
-                sent.add_done_callback(lambda _f: link_gate.release(2, j))
-                sent.add_done_callback(lambda _f: p.sent(j))
+            if isinstance(send.message, shape.upload):
+                cpu_gate.release(MASK, j)  # stage 1 ends with the masked input computed
+                # stage 2 waits for the link, not the chunk's instance (as the engine's upload process)
+                p.uploads.append(asyncio.create_task(self._upload(p, j, frame, link_gate)))
             else:
-                sent = p.conn.send(j, frame)
-            sent.add_done_callback(p.timeline.sent)
+                p.conn.send(j, frame).add_done_callback(p.timeline.sent)
+
+    @staticmethod
+    async def _upload(p: Play, j: int, frame: bytes, link_gate: StageGate[LoopEvent]) -> None:
+        """Stage 2: chunk ``j``'s masked input over the client's link once the link may take it."""
+        await link_gate.admit(UPLOAD, j)
+        sent = p.conn.send(j, frame)
+        sent.add_done_callback(lambda _f: link_gate.release(UPLOAD, j))
+        sent.add_done_callback(lambda _f: p.sent(j))
+        sent.add_done_callback(p.timeline.sent)
 
     @staticmethod
     def _decode_chunk(p: Play, inst: RoundInstances, j: int, message: AggregateChunk) -> None:

@@ -20,14 +20,14 @@ Kamath, Steinke 2020 (Proposition 12) / Balle et al. 2020 (``epsilon``), identic
 ``dp_accounting.rdp.compute_epsilon``. ``plan_variance`` inverts that for a whole training run, and
 ``choose_scale`` picks the DSkellam scale that fits k standard deviations of the aggregate in 2^bits.
 
-Provenance of the formulas (checked, not only copied from DESIGN.md):
-- The Skellam bound is implemented as DESIGN.md writes it, with ``mu`` = central variance. It agrees with the
+Provenance of the formulas (docs/privacy.md, "Accounting", writes them out; checked, not only copied):
+- The Skellam bound is implemented as docs/privacy.md writes it, with ``mu`` = central variance. It agrees with the
   authors' own accounting code (google-research/federated, ``distributed_dp/accounting_utils.py``,
   ``_skellam_rdp``, whose Skellam noise Sk(lambda, lambda) has lambda = variance / 2). The paper's own
   statement was not reachable from here; instead the tests check the bound numerically against the exact
   Renyi divergence of two shifted one-dimensional Skellam distributions (it is an upper bound, and tight as
   the variance grows; reading ``mu`` as the Poisson parameter instead would be twice too loose).
-- The rounding inflation of D2 and D1 is DESIGN.md's, identical to ``rounded_l2_norm_bound`` and
+- The rounding inflation of D2 and D1 is docs/privacy.md's, identical to ``rounded_l2_norm_bound`` and
   ``rounded_l1_norm_bound`` of the same file.
 - The discrete-Gaussian bound is the three-term minimum of that file's ``compute_rdp_dgaussian`` (which
   cites Proposition 14 / Eq. 17 of arXiv:2102.06387) with tau of the paper's Theorem 1; the tests check it
@@ -153,7 +153,7 @@ def rounding_sensitivity(clip: float, scale: float, dim: int, beta: float = DEFA
 
     With S = c s (the clip in integer units) conditional stochastic rounding with bias beta keeps the rounded
     vector's L2 norm within (Kairouz, Liu, Steinke ICML'21, arXiv:2102.06387, conditional randomized rounding,
-    as in their code's ``rounded_l2_norm_bound``; DESIGN.md)
+    as in their code's ``rounded_l2_norm_bound``; docs/privacy.md)
     ``D2 s = min(S + sqrt(d), sqrt(S^2 + d/4 + sqrt(2 ln(1/beta)) (S + sqrt(d)/2)))``; beta = 0 (plain
     stochastic rounding) keeps only the first bound. An integer vector has L1 <= min(sqrt(d) L2, L2^2), so
     ``D1 = D2 s min(sqrt(d), D2 s) / s``. Both come back divided by s (model units).
@@ -178,7 +178,7 @@ def skellam_rdp_bound(
     """Unsampled Skellam RDP (nats) at ``orders`` for given sensitivities ``l2``, ``l1`` (model units).
 
     Agarwal, Kairouz, Liu NeurIPS'21 (multi-dimensional Skellam mechanism), written in model units as in
-    DESIGN.md, with mu = ``variance`` (central, model units) and s = ``scale``::
+    docs/privacy.md, with mu = ``variance`` (central, model units) and s = ``scale``::
 
         eps(a) = a l2^2 / (2 mu) + min(((2a - 1) s l2^2 + 6 l1) / (4 s^3 mu^2), 3 l1 / (2 s mu)).
 
@@ -213,7 +213,7 @@ def skellam_rdp(
     """Unsampled RDP (nats) at ``orders`` of DSkellam whose central noise has ``variance`` (model units).
 
     :func:`skellam_rdp_bound` at the rounding-inflated sensitivities (D2, D1) = :func:`rounding_sensitivity`
-    of ``clip``, ``scale``, ``dim``, ``beta``: DESIGN.md's
+    of ``clip``, ``scale``, ``dim``, ``beta``: docs/privacy.md's
     ``eps(a) = a D2^2/(2 mu) + min(((2a-1) s D2^2 + 6 D1) / (4 s^3 mu^2), 3 D1/(2 s mu))``, mu = variance.
     """
     d2, d1 = rounding_sensitivity(clip, scale, dim, beta)
@@ -337,7 +337,7 @@ def subsampled_rdp(rdp_fn: RdpFunction, orders: Sequence[float] | np.ndarray, q:
     """RDP (nats) at integer ``orders`` of a mechanism with per-round curve ``rdp_fn`` under Poisson rate ``q``.
 
     Zhu & Wang ICML'19, general upper bound: their Theorem 5 as Hyades (appendix C) and the DDGauss authors'
-    code cite it (DESIGN.md says Theorem 6; that code gives that number to its factor-free branch).
+    code cite it (some write Theorem 6; that code gives that number to its factor-free branch).
     Hyades Theorem 1 extends it to clients sampled at any rates in [0, q] (dropped before sampling)::
 
         eps_q(a) <= 1/(a-1) log{ (1-q)^(a-1) (a q - q + 1) + C(a,2) q^2 (1-q)^(a-2) e^eps(2)

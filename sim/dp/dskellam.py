@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.dp.noise import SIGNS_DOMAIN, Keystream
-from sim.protocol.encoding import EncodingError
+from sim.errors import EncodingError
 
 MAX_BITS = 32
 MAX_ROUNDING_TRIES = 1000

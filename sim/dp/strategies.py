@@ -27,6 +27,11 @@ the server (each expanded from its own seed). The strategies:
   residual m sigma*^2.
 - ``none``: no noise.
 
+Each is one :class:`Strategy` object in :data:`STRATEGIES` (its behaviour as attributes and methods; a
+plug-in registers its own with :func:`register_strategy`); a :class:`RoundNoise` names its strategy and
+dispatches to it. What a strategy needs of the aggregation protocol (``requires``) is decided on the
+protocol's side (:meth:`sim.protocol.spec.ProtocolSpec.supports`): this module knows no protocol.
+
 The privacy a round really gives is accounted at :meth:`RoundNoise.accounted`: the residual, less the
 share the T_C colluders know of it (their own noise, the residual being spread evenly over survivors).
 Variances are exact :class:`fractions.Fraction` of the (float) target, so "the residual equals the target"
@@ -40,22 +45,155 @@ from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
 
-STRATEGIES = ("none", "orig", "early", "con", "xnoise", "xnoise-appr", "rebasing", "committee", "central", "local")
-"""Every ``privacy.strategy``."""
-REMOVING = ("xnoise", "xnoise-appr")
-"""Strategies whose clients share noise seeds and whose server removes excess components."""
-DISTRIBUTED = ("orig", "early", "con", "xnoise", "xnoise-appr", "rebasing", "committee")
-"""Strategies where clients add the central noise together (collusion inflation applies)."""
+NOTHING = "nothing"
+"""What a strategy that adds no noise requires of the aggregation protocol."""
+ENCODED = "encoded"
+"""A strategy whose noise is added to fixed-point encodings (any encoded protocol)."""
+SECURE = "secure"
+"""A strategy whose clients share the central noise, which only secure aggregation (masks with secret-shared
+seeds) keeps from the server."""
 
 
-def allowed(protocol: str) -> tuple[str, ...]:
-    """Strategies a protocol supports: removal and rebasing need seeds shared under secure aggregation, and
-    under ``plain`` the server sees each noisy update alone, so only central and local DP hold."""
-    if protocol in ("secagg", "secagg+"):
-        return STRATEGIES
-    if protocol == "plain":
-        return ("none", "central", "local")
-    return ("none",)
+@dataclass(frozen=True)
+class Strategy:
+    """One ``privacy.strategy``: what each client adds, what is removed under dropout, and what is left.
+
+    The defaults are Orig's: every client adds chi(sigma^2 / n), nothing is removed. A strategy overrides
+    :meth:`components` (and :meth:`removed`, :meth:`residual`, :meth:`accounted` where it differs); ``plan``
+    is the round's :class:`RoundNoise`, whose ``sigma`` is the target with the collusion inflation of
+    ``distributed`` strategies. Register a new one with :func:`register_strategy`; the aggregation protocols
+    decide from ``requires`` whether they can run it."""
+
+    name: str
+    requires: str = SECURE
+    """What the aggregation protocol must offer: :data:`NOTHING`, :data:`ENCODED` or :data:`SECURE`."""
+    enabled: bool = True
+    """Whether it adds noise at all (False only for ``none``: the run has no DP)."""
+    distributed: bool = True
+    """Whether clients add the central noise together (the collusion inflation t / (t - T_C) applies)."""
+    removes: bool = False
+    """Whether clients share seeds of removable components and the server removes excess ones (XNoise: the
+    protocols' noise-removal step and dropout stage exist only then)."""
+    rebasing: bool = False
+    """Whether every survivor replaces its first component with fresh noise sized for the survivors."""
+    central: bool = False
+    """Whether the (trusted) server adds the noise to the aggregate."""
+    early: bool = False
+    """Whether the server stops training before a round would pass the budget."""
+
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        """Variance of each client component (model units); index 0 is never removed."""
+        return (plan.sigma / plan.sampled,)
+
+    def server(self, plan: RoundNoise) -> Fraction:
+        """Variance the server adds to the aggregate."""
+        return plan.sigma if self.central else Fraction(0)
+
+    def removed(self, plan: RoundNoise, dropped: int) -> tuple[int, ...]:
+        """Indices of the components every survivor loses when ``dropped`` clients dropped (called with
+        ``dropped <= tolerance`` and survivors left)."""
+        return ()
+
+    def residual(self, plan: RoundNoise, dropped: int) -> Fraction:
+        """Central variance left in the aggregate (called with survivors left)."""
+        m = plan.sampled - dropped
+        if self.central:
+            return plan.server
+        gone = set(plan.removed(dropped))
+        per_client = sum((v for k, v in enumerate(plan.components) if k not in gone), Fraction(0))
+        return m * per_client
+
+    def accounted(self, plan: RoundNoise, dropped: int) -> Fraction:
+        """The variance the round's privacy is accounted at: against the server, with the T_C colluders' own
+        noise known to it."""
+        m = plan.sampled - dropped
+        residual = plan.residual(dropped)
+        if m <= 0 or not plan.collusion or not self.distributed:
+            return residual
+        return residual * max(m - plan.collusion, 0) / m
+
+
+class _NoNoise(Strategy):
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        return (Fraction(0),)
+
+
+class _Con(Strategy):
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        return (plan.sigma / plan.guessed_survivors,)
+
+
+class _Committee(Strategy):
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        return (plan.sigma / (plan.sampled - plan.tolerance),)
+
+
+class _Local(Strategy):
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        return (plan.sigma,)
+
+    def accounted(self, plan: RoundNoise, dropped: int) -> Fraction:
+        return plan.sigma  # one client's own noise: private against anyone who sees its input alone
+
+
+class _XNoise(Strategy):
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        n, t, s = plan.sampled, plan.tolerance, plan.sigma
+        return (s / n, *(s / ((n - k + 1) * (n - k)) for k in range(1, t + 1)))
+
+    def removed(self, plan: RoundNoise, dropped: int) -> tuple[int, ...]:
+        return tuple(range(dropped + 1, plan.tolerance + 1))
+
+
+class _XNoiseAppr(Strategy):
+    def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+        n, t, s = plan.sampled, plan.tolerance, plan.sigma
+        if t == 0:
+            return (s / n,)
+        return (s / n, plan.eta, *(plan.eta * 2 ** (k - 2) for k in range(2, plan.tau + 2)))
+
+    def removed(self, plan: RoundNoise, dropped: int) -> tuple[int, ...]:
+        n, t = plan.sampled, plan.tolerance
+        if not t:
+            return ()
+        lam = (t - dropped) * plan.sigma / ((n - t) * (n - dropped))
+        units = math.floor(lam / plan.eta)  # 0 .. 2^tau
+        if units == 2**plan.tau:
+            return tuple(range(1, plan.removable + 1))
+        return tuple(k for k in range(2, plan.tau + 2) if units >> (k - 2) & 1)
+
+
+class _Rebasing(Strategy):
+    def residual(self, plan: RoundNoise, dropped: int) -> Fraction:
+        m = plan.sampled - dropped
+        return plan.rebased(m) * m
+
+
+STRATEGIES: dict[str, Strategy] = {}
+"""Every ``privacy.strategy``, by name (in the order scenarios and tables list them)."""
+
+
+def register_strategy(strategy: Strategy) -> Strategy:
+    """Make ``strategy`` a ``privacy.strategy`` (its name must be new)."""
+    if strategy.name in STRATEGIES:
+        raise ValueError(f"strategy {strategy.name!r} is registered already")
+    STRATEGIES[strategy.name] = strategy
+    return strategy
+
+
+for _strategy in (
+    _NoNoise("none", requires=NOTHING, enabled=False, distributed=False),
+    Strategy("orig"),
+    Strategy("early", early=True),
+    _Con("con"),
+    _XNoise("xnoise", removes=True),
+    _XNoiseAppr("xnoise-appr", removes=True),
+    _Rebasing("rebasing", rebasing=True),
+    _Committee("committee"),
+    _NoNoise("central", requires=ENCODED, distributed=False, central=True),
+    _Local("local", requires=ENCODED, distributed=False),
+):
+    register_strategy(_strategy)
 
 
 @dataclass(frozen=True)
@@ -85,6 +223,11 @@ class RoundNoise:
             raise ValueError(f"collusion {self.collusion} must be below the threshold {self.threshold}")
 
     @property
+    def spec(self) -> Strategy:
+        """The strategy's behaviour (:data:`STRATEGIES`)."""
+        return STRATEGIES[self.strategy]
+
+    @property
     def guessed_survivors(self) -> int:
         """``con``'s floor(n (1 - x)), at least 1 (a small round may have fewer clients than the guess
         leaves)."""
@@ -92,10 +235,10 @@ class RoundNoise:
 
     # -- components -------------------------------------------------------------------------------
     @cached_property
-    def _sigma(self) -> Fraction:
+    def sigma(self) -> Fraction:
         """The target, inflated by t / (t - T_C) for distributed strategies."""
         s = Fraction(self.target)
-        if self.collusion and self.strategy in DISTRIBUTED:
+        if self.collusion and self.spec.distributed:
             s *= Fraction(self.threshold, self.threshold - self.collusion)
         return s
 
@@ -108,29 +251,12 @@ class RoundNoise:
     def eta(self) -> Fraction:
         """XNoise-Appr's smallest removable unit, eta = sigma^2 T / (2^tau n (n - T))."""
         n, t = self.sampled, self.tolerance
-        return self._sigma * t / (2**self.tau * n * (n - t))
+        return self.sigma * t / (2**self.tau * n * (n - t))
 
     @cached_property
     def components(self) -> tuple[Fraction, ...]:
         """Variance of each client component (model units); index 0 is never removed."""
-        n, t, s = self.sampled, self.tolerance, self._sigma
-        match self.strategy:
-            case "none" | "central":
-                return (Fraction(0),)
-            case "orig" | "early" | "rebasing":
-                return (s / n,)
-            case "con":
-                return (s / self.guessed_survivors,)
-            case "committee":
-                return (s / (n - t),)
-            case "local":
-                return (s,)
-            case "xnoise":
-                return (s / n, *(s / ((n - k + 1) * (n - k)) for k in range(1, t + 1)))
-            case _:  # xnoise-appr
-                if t == 0:
-                    return (s / n,)
-                return (s / n, self.eta, *(self.eta * 2 ** (k - 2) for k in range(2, self.tau + 2)))
+        return self.spec.components(self)
 
     @property
     def removable(self) -> int:
@@ -140,11 +266,11 @@ class RoundNoise:
     @property
     def server(self) -> Fraction:
         """Variance the server adds to the aggregate (``central``)."""
-        return self._sigma if self.strategy == "central" else Fraction(0)
+        return self.spec.server(self)
 
     def rebased(self, survivors: int) -> Fraction:
         """``rebasing``: the variance of the fresh noise each of ``survivors`` sends with -n_0."""
-        return self._sigma / survivors
+        return self.sigma / survivors
 
     # -- removal ----------------------------------------------------------------------------------
     def removed(self, dropped: int) -> tuple[int, ...]:
@@ -154,39 +280,18 @@ class RoundNoise:
             raise ValueError(f"{dropped} dropped of {n} sampled: a survivor set larger than the sample")
         if dropped > t or dropped >= n:
             return ()
-        if self.strategy == "xnoise":
-            return tuple(range(dropped + 1, t + 1))
-        if self.strategy == "xnoise-appr" and t:
-            lam = (t - dropped) * self._sigma / ((n - t) * (n - dropped))
-            units = math.floor(lam / self.eta)  # 0 .. 2^tau
-            if units == 2**self.tau:
-                return tuple(range(1, self.removable + 1))
-            return tuple(k for k in range(2, self.tau + 2) if units >> (k - 2) & 1)
-        return ()
+        return self.spec.removed(self, dropped)
 
     def residual(self, dropped: int) -> Fraction:
         """Central variance left in the aggregate when ``dropped`` of the sampled clients dropped."""
-        m = self.sampled - dropped
-        if m <= 0:
+        if self.sampled - dropped <= 0:
             return Fraction(0)
-        if self.strategy == "rebasing":
-            return self.rebased(m) * m
-        if self.strategy == "central":
-            return self.server
-        gone = set(self.removed(dropped))
-        per_client = sum((v for k, v in enumerate(self.components) if k not in gone), Fraction(0))
-        return m * per_client
+        return self.spec.residual(self, dropped)
 
     def accounted(self, dropped: int) -> Fraction:
         """The variance the round's privacy is accounted at: against the server, with the T_C colluders'
         own noise known to it (``local``: one client's own noise)."""
-        if self.strategy == "local":
-            return self._sigma
-        m = self.sampled - dropped
-        residual = self.residual(dropped)
-        if m <= 0 or not self.collusion or self.strategy not in DISTRIBUTED:
-            return residual
-        return residual * max(m - self.collusion, 0) / m
+        return self.spec.accounted(self, dropped)
 
     @cached_property
     def largest_residual(self) -> Fraction:

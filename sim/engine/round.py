@@ -1,6 +1,6 @@
 """One federated round in virtual time: SimPy processes around the sans-IO protocol machines.
 
-The frame of a round (DESIGN "A round"): the server sends the global model to every sampled client
+The frame of a round (docs/architecture.md, "A round"): the server sends the global model to every sampled client
 (concurrent transfers share the server's downlink), each client trains (its cost-model time times its
 slow-down), then enters the aggregation protocol with its update. From there the round is driven by the
 machines (:mod:`sim.protocol.registry`): every message a machine emits crosses the simulated network with
@@ -13,28 +13,35 @@ for a client by the sleep that emulates its slow-down (:mod:`sim.engine.host`).
 
 Collection steps end when every client the server machine still expects has answered or has left, or
 when the step's timeout passes; clients that have not answered by then are late (``timeout:<step>``) and
-whatever they send afterwards is discarded. A client that drops out leaves just before its planned step;
+whatever they send afterwards is discarded (the decisions and labels are the round layer's:
+:class:`sim.round.collector.StepCollector`). A client that drops out leaves just before its planned step;
 unless ``dropout.silent`` the server learns of it at once (a closed connection), else only by the
 timeout. A client machine that detects a misbehaving server aborts (``aborted: <why>``) and leaves. When
 the server machine is done or aborts, the round ends: clients still busy are stopped and their transfers
 cancelled.
+
+A pipelined round (``plan.chunks``: m instances, one per chunk; :mod:`sim.engine.pipelined`) is the same
+round with a :class:`~sim.engine.pipelined.Pipeline` beside it: its parties compute on processors, its
+server serves every chunk's instance and its clients run one instance per chunk, through the gates of
+Dordis Table 1.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import simpy
 
-from sim.costs.model import CostModel
-from sim.engine.gates import STAGED, BusyMeter
+from sim.clients.population import MBPS, Population
+from sim.costs.model import CostModel, frame_size
 from sim.engine.host import SharedCores
 from sim.engine.network import Flow, Link, Network
-from sim.engine.population import Population
+from sim.engine.pipelined import Pipeline
+from sim.engine.processor import BusyMeter
 from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
 from sim.protocol.fedavg import ModelDownload
@@ -50,101 +57,14 @@ from sim.protocol.machine import (
     ServerMachine,
     Work,
 )
-from sim.protocol.private import PrivateRound
-from sim.protocol.registry import AFTER_SAMPLING, AggregationParams, ClientFactory
+from sim.protocol.registry import AFTER_SAMPLING, AggregationParams
 from sim.protocol.wire import Blank, Message
-
-TRANSPORT_OPS = ("deploy.send", "deploy.receive")
-"""Cost-model operations of the testbed's sockets per message (:mod:`sim.costs.transport`): the sender's
-framing and writing, the receiver's reading and checking, each a job on the host's cores while the bytes
-flow."""
-CALL_OP = "deploy.call"
-"""Cost-model operation of handing one computation to a party's compute thread on the testbed."""
-
-MBPS = 1e6
-"""Bits per second in one Mbps."""
-
-_NAN = float("nan")
-
-
-@dataclass
-class ClientRecord:
-    """What one sampled client did in a round (virtual seconds; NaN for what it never did)."""
-
-    client: int
-    slowdown: float
-    bandwidth_mbps: float
-    samples: int
-    download_start: float = _NAN
-    download_end: float = _NAN
-    train_start: float = _NAN
-    train_end: float = _NAN
-    upload_s: float = 0.0
-    """Total time of this client's transfers to the server."""
-    compute_s: float = 0.0
-    """Total protocol compute time charged to this client (besides training)."""
-    cpu_s: float = 0.0
-    """CPU seconds of all its computations, training included, without its slow-down: simulated, the
-    reference-device seconds charged (the cost profile's, as each computation starts); deployed, the CPU
-    time of the worker's compute thread."""
-    bytes_down: int = 0
-    bytes_up: int = 0
-    dropped_stage: str = ""
-    """Empty for a survivor, else the planned dropout stage, ``offline:<step>`` (its availability ended
-    during that server step), ``timeout:<step>``, ``rejected: <why>`` (the server refused its message) or
-    ``aborted: <why>`` (it refused the server's)."""
-    last_upload_end: float = _NAN
-    left_at: float = _NAN
-    """Virtual time it left the round (a planned dropout or going offline); NaN if it did not."""
-
-
-@dataclass
-class RoundRecord:
-    """The outcome and timeline of one round."""
-
-    round: int
-    t_start: float
-    t_end: float = _NAN
-    outcome: str = ""
-    sampled: int = 0
-    survivors: int = 0
-    online: int = 0
-    """Clients the server could sample from (online under a trace; else the population)."""
-    dropped_planned: int = 0
-    timed_out: int = 0
-    clients: list[ClientRecord] = field(default_factory=list)
-    steps: list[tuple[str, float, float]] = field(default_factory=list)
-    """Server collection steps as ``(name, start, end)``."""
-    aggregate_start: float = _NAN
-    server_bytes_in: int = 0
-    server_bytes_out: int = 0
-    server_compute_s: float = 0.0
-    server_cpu_s: float = 0.0
-    """CPU seconds of the server's computations (:attr:`ClientRecord.cpu_s`'s counterpart)."""
-    aggregate: Aggregate | None = None
-    exposed: int | None = None
-    """Survivors whose noisy sum the server unmasked, even if the round then aborted (XNoise's noise
-    removal); None if nothing was revealed."""
-    exposures: list[int] = field(default_factory=list)
-    """Pipelined: the survivor count of every chunk whose sum the server unmasked (``exposed`` is the
-    smallest)."""
-    chunks: int = 1
-    """Chunks the update was cut into (1: not pipelined)."""
-    utilisation: dict[str, float] = field(default_factory=dict)
-    """Fraction of the round each resource was busy: ``client_cpu``, ``client_link`` (means over the sampled
-    clients), ``server_cpu``, ``server_link``."""
-    spans: list[tuple[str, str, int | None, int | None, float, float, int]] = field(default_factory=list)
-    """Further rows of the stages table: ``(stage, resource, chunk, pipeline_stage, start, end, parties)``."""
-    held: dict[tuple[int, int], list[tuple[float, float]]] = field(default_factory=dict)
-    """Pipelined: (Table 1 stage, chunk) -> when each party was admitted to that stage of that chunk and
-    when it released it (virtual s)."""
-
-    @property
-    def last_trained(self) -> float | None:
-        """When the last client to enter the aggregation finished training (where ``agg_time`` starts);
-        None if no client trained."""
-        trained = [c.train_end for c in self.clients if not math.isnan(c.train_end)]
-        return max(trained) if trained else None
+from sim.round.closing import client_cpu_share, close_record, expose
+from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
+from sim.round.gates import STAGED
+from sim.round.plan import RoundPlan
+from sim.round.records import ClientRecord, RoundRecord
+from sim.world import TRANSPORT_OPS
 
 
 @dataclass
@@ -171,7 +91,7 @@ class RoundSetup:
     aggregation: AggregationParams
     seed: int
     pipeline: PipelineParams | None = None
-    """Pipelined aggregation (:class:`sim.engine.pipelined.PipelinedRound`), or None."""
+    """Pipelined aggregation (:class:`sim.engine.pipelined.Pipeline`), or None."""
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
     host: SharedCores | None = None
@@ -197,38 +117,32 @@ class PipelineParams:
 class Round:
     """The processes of one round; :meth:`run` is the server's process and returns a :class:`RoundRecord`."""
 
-    def __init__(
-        self,
-        setup: RoundSetup,
-        number: int,
-        sampled: np.ndarray,
-        drops: dict[int, str],
-        private: PrivateRound | None = None,
-        setup_error: str = "",
-        offline: dict[int, float] | None = None,
-    ) -> None:
+    def __init__(self, setup: RoundSetup, plan: RoundPlan) -> None:
         self.s = setup
-        self.private = private
-        self.offline = {c: t for c, t in (offline or {}).items() if math.isfinite(t)}
+        self.plan = plan
+        self.private = plan.private
+        self.offline = {c: t for c, t in plan.offline.items() if math.isfinite(t)}
         """Sampled client -> virtual time its availability ends (trace replay): it leaves then, mid-step."""
         self.client_procs: dict[int, simpy.Process] = {}
-        self.client_machines: dict[int, ClientMachine] = {}
+        self.client_machines: dict[tuple[int, int], ClientMachine] = {}
+        """(client, instance) -> its machine, once it has entered the protocol."""
         self.transfers: dict[int, list[simpy.Process]] = {}
         """Client -> the deliveries to or from it in flight (cut when it goes offline)."""
         self.env = setup.env
-        self.number = number
-        self.sampled = tuple(int(c) for c in sampled)
+        self.number = plan.number
+        self.sampled = tuple(int(c) for c in plan.sampled)
         self.full = setup.learner is not None
         stages = setup.aggregation.dropout_stages()
-        self.leave_before = {c: stages[stage] for c, stage in drops.items()}
+        self.drops = dict(plan.drops)
+        self.leave_before = {c: stages[stage] for c, stage in self.drops.items()}
         """Client -> the step it leaves before (``""``: before the download)."""
-        if setup.learner is not None and not setup_error:  # training.workers > 1: train them in the background
-            setup.learner.prefetch(number, [c for c in self.sampled if self.leave_before.get(c) != ""])
-        self.drops = drops
-        self.inbox = simpy.Store(self.env)
-        self.client_inbox = {c: simpy.Store(self.env) for c in self.sampled}
-        self.gone: set[int] = set()
-        self.late: set[int] = set()
+        if setup.learner is not None and not plan.refused:  # training.workers > 1: train them in the background
+            setup.learner.prefetch(self.number, [c for c in self.sampled if self.leave_before.get(c) != ""])
+        self.m = plan.chunks or 1
+        """Protocol instances of the round (its chunks; 1 when it is not pipelined)."""
+        self.inboxes = [simpy.Store(self.env) for _ in range(self.m)]
+        """Per instance: the server's arrivals, ``(kind, sender, message, arrived)``."""
+        self.client_inbox = {(c, j): simpy.Store(self.env) for c in self.sampled for j in range(self.m)}
         self.flows: dict[int, Flow] = {}
         self.procs: list[simpy.Process] = []
         self.encoded: dict[int, tuple[Message, bytes]] = {}
@@ -237,7 +151,7 @@ class Round:
         self._model: ModelDownload | None = None
         pop = setup.population
         self.links: dict[int, tuple[Link, Link]] = {}
-        self.record = RoundRecord(round=number, t_start=self.env.now, sampled=len(self.sampled))
+        self.record = RoundRecord(round=self.number, t_start=self.env.now, sampled=len(self.sampled), chunks=self.m)
         self.clients: dict[int, ClientRecord] = {}
         self.link_meters = {c: BusyMeter(self.env) for c in self.sampled}
         self.server_link = BusyMeter(self.env)
@@ -250,76 +164,86 @@ class Round:
                 bandwidth_mbps=float(pop.bandwidth_mbps[c]),
                 samples=int(setup.samples(c)),
             )
+        self.roster = Roster(self.clients)
+        """Who is out of the round and why (shared by every instance)."""
         self.signing: dict[int, wire.Data] = {}
         """Long-term signing keys of the sampled clients (malicious variant)."""
         self.instances: RoundInstances | None = None
-        self.machine: ServerMachine | None = None
-        self.client_factory: ClientFactory | None = None
-        self.setup_error = setup_error
+        self.servers: list[ServerMachine] = []
+        """The server machine of each instance."""
+        self.setup_error = plan.refused
         """Why the round cannot run (it then aborts at once), or empty."""
-        if not setup_error:
+        if not self.setup_error:
             try:
-                self.machine, self.client_factory = self._machines()
+                self.instances = RoundInstances(
+                    setup.aggregation,
+                    setup.seed,
+                    self.number,
+                    self.sampled,
+                    setup.dim,
+                    self.private,
+                    plan.chunks,
+                    self.full,
+                )
             except RoundSetupError as exc:
                 self.setup_error = str(exc)
-
-    def _machines(self) -> tuple[ServerMachine, ClientFactory]:
-        self.instances = self._instances(None)
-        self.signing = self.instances.signing
-        return self.instances.servers[0], self.instances.factories[0]
-
-    def _instances(self, chunks: int | None) -> RoundInstances:
-        """The round's protocol machines, as every driver builds them from the seed."""
-        s = self.s
-        return RoundInstances(s.aggregation, s.seed, self.number, self.sampled, s.dim, self.private, chunks, self.full)
+            else:
+                self.signing, self.servers = self.instances.signing, self.instances.servers
+        self.pipeline: Pipeline | None = None
+        """The pipelined round's chunks, stage gates and processors (None: not pipelined)."""
+        if plan.chunks is not None:
+            assert setup.pipeline is not None, "a pipelined plan needs the scenario's pipeline section"
+            self.pipeline = Pipeline(self, setup.pipeline.dispatch, setup.pipeline.duplex)
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
         env, rec = self.env, self.record
-        if self.machine is None:
+        if not self.servers:
             rec.t_end, rec.outcome = env.now, f"aborted: {self.setup_error}"
             rec.clients = [self.clients[c] for c in self.sampled]
             return rec
-        machine = self.machine
-        yield from self._server_compute([Work("wire.encode", _frame_size(self._model_message()))])
+        yield from self.server_compute([Work("wire.encode", frame_size(self._model_message()))])
         for c in self.sampled:
             self.client_procs[c] = proc = env.process(self._client(c))
             self.procs.append(proc)
         for c, at in self.offline.items():
             self.procs.append(env.process(self._offline_watch(c, at)))
-        yield from self._server_react(machine.begin(), STAGED, machine)
+        if self.pipeline is None:
+            aggregate = yield from self._serve(self.servers[0])
+        else:
+            aggregate = yield from self.pipeline.serve()
+        self._stop_clients()
+        rec.t_end = env.now
+        rec.aggregate = aggregate
+        expose(rec, self.servers, self.pipeline is not None)
+        if self.pipeline is not None:
+            self.pipeline.close(rec)
+        self._close_record(set(aggregate.survivors) if aggregate is not None else set())
+        return rec
+
+    def _serve(self, machine: ServerMachine) -> Generator[simpy.Event, Any, Aggregate | None]:
+        """The server's side of the round's one instance, step by step; returns its aggregate."""
+        env, rec = self.env, self.record
+        yield from self.server_react(machine.begin(), STAGED, machine)
         step_start = rec.t_start
         while machine.step not in ("done", "aborted"):
             step = machine.step
-            yield from self._collect(machine, step, self.inbox, self.late)
+            yield from self.collect(machine, 0)
             collected = env.now
-            yield from self._server_react(self._close_step(machine), STAGED, machine)
+            yield from self.server_react(self.close_step(machine), STAGED, machine)
             final = machine.step in ("done", "aborted")
             # A step lasts until the next one starts (its closing work included); the last step's closing
             # work is the aggregation (``aggregate_s``), so the steps and it add up to the round.
             rec.steps.append((step, step_start, collected if final else env.now))
             rec.aggregate_start = collected
             step_start = env.now
-        self._stop_clients()
-        rec.t_end = env.now
         rec.outcome = machine.outcome
-        rec.aggregate = machine.aggregate
-        rec.exposed = revealed(machine)
-        survivors = set(machine.aggregate.survivors) if machine.aggregate is not None else set()
-        self._close_record(survivors)
-        return rec
+        return machine.aggregate
 
     def _close_record(self, survivors: set[int]) -> None:
-        """Final counts, utilisation and client outcomes of the round."""
+        """Final counts, client outcomes and utilisation of the round."""
         rec = self.record
-        rec.survivors = len(survivors)
-        rec.dropped_planned = len(self.drops)
-        rec.timed_out = sum(1 for c in self.clients.values() if c.dropped_stage.startswith("timeout:"))
-        for c in self.sampled:
-            record = self.clients[c]
-            if c not in survivors and not record.dropped_stage:
-                record.dropped_stage = "not aggregated"
-            rec.clients.append(record)
+        close_record(rec, self.roster, self.sampled, survivors, len(self.drops))
         length = rec.t_end - rec.t_start
         if length > 0:
             links = [self.link_meters[c].total() / length for c in self.sampled]
@@ -332,111 +256,112 @@ class Round:
 
     def _server_busy(self) -> float:
         """Seconds of the round during which the server computed."""
+        if self.pipeline is not None:
+            return self.pipeline.server_cpu.meter.total()
         return self.record.server_compute_s
 
-    def _collect(
-        self,
-        machine: ServerMachine,
-        step: str,
-        inbox: simpy.Store,
-        late: set[int],
-        priority: int = STAGED,
-        from_first: bool = False,
+    def collect(
+        self, machine: ServerMachine, j: int, priority: int = STAGED, lazy: bool = False
     ) -> Generator[simpy.Event, Any, None]:
-        """Handle answers to ``step`` until nobody is awaited or its timeout passes. A message counts if it
-        arrived by the deadline, even when the busy server gets to it later; one that arrived after the
-        deadline closes the step (the inbox is in arrival order). ``late`` collects the clients that missed
-        a deadline (their later messages are discarded); the server's work runs at ``priority``. With
-        ``from_first`` the timeout counts from the first answer (a pipelined round's later chunks, whose
-        clients reach them one chunk after another)."""
-        env = self.env
-        timeout = self.s.timeouts.get(step)
-        deadline_at: float | None = None
+        """Handle the answers to ``machine``'s step (instance ``j``) until nobody is awaited or its timeout
+        passes (:class:`~sim.round.collector.StepCollector`; with ``lazy`` the timeout counts from the
+        first answer). A message counts if it arrived by the deadline, even when the busy server gets to it
+        later; one that arrived after the deadline closes the step (the inbox is in arrival order). The
+        server's work runs at ``priority``."""
+        env, inbox = self.env, self.inboxes[j]
+        collector = StepCollector(machine, self.roster, self.s.timeouts.get(machine.step), env.now, lazy, j)
         deadline: simpy.Event | None = None
-        if timeout is not None and not from_first:
-            deadline_at, deadline = env.now + timeout, env.timeout(timeout)
-        while True:
-            waiting = machine.expected() - self.gone
-            if not waiting:
-                return
+        if collector.deadline is not None and collector.timeout is not None:
+            deadline = env.timeout(collector.timeout)
+        while collector.waiting():
             get = inbox.get()
             yield get if deadline is None else env.any_of([get, deadline])
-            missed = not get.triggered
-            if missed:
+            if not get.triggered:
                 get.cancel()
-            else:
-                kind, sender, message, arrived = get.value  # type: ignore[misc]
-                missed = deadline_at is not None and arrived > deadline_at
-                if timeout is not None and deadline_at is None and kind == "msg":
-                    deadline_at = arrived + timeout
-                    deadline = env.timeout(deadline_at - env.now)
-            if missed:
-                for c in sorted(waiting):
-                    late.add(c)
-                    self._missed(c)
-                    if not self.clients[c].dropped_stage:
-                        self.clients[c].dropped_stage = f"timeout:{step}"
+                self._missed(collector.expire())
                 return
-            if kind == "gone":
-                self.gone.add(sender)
+            kind, sender, message, arrived = get.value  # type: ignore[misc]
+            lazily = collector.deadline is None
+            decision = collector.arrival(kind, sender, arrived)
+            if decision is CLOSE:
+                self._missed(collector.missed)
+                return
+            if lazily and collector.deadline is not None:
+                deadline = env.timeout(collector.deadline - env.now)
+            if decision is UNASKED:
+                self._reject(sender, collector.unasked(sender, type(message).__name__))
+            if decision is not ACCEPT:
                 continue
-            if sender in late or sender not in machine.expected():
-                continue
-            yield from self._server_compute([Work("wire.decode", _frame_size(message))], priority)
+            yield from self.server_compute([Work("wire.decode", frame_size(message))], priority)
             try:
                 reaction = machine.receive(sender, message)
             except RemoteProtocolError as exc:
                 self._reject(sender, exc.reason)
                 continue
-            yield from self._server_react(reaction, priority, machine)
+            collector.took(sender)
+            yield from self.server_react(reaction, priority, machine)
 
-    @staticmethod
-    def _close_step(machine: ServerMachine) -> Reaction:
+    def close_step(self, machine: ServerMachine) -> Reaction:
         """``machine.close_step()``. On :class:`RoundAbortedError` (what the clients sent contradicts itself)
-        the machine has aborted already and its outcome says why: the round ends as for any abort."""
+        the machine has aborted already and its outcome says why: the round ends as for any abort, and the
+        clients found lying are refused."""
         try:
             return machine.close_step()
-        except RoundAbortedError:
+        except RoundAbortedError as exc:
+            self.roster.blame(exc)
             return Reaction()
 
-    def _missed(self, c: int) -> None:
-        """Client ``c`` missed a step's deadline (it is late; the server ignores it from now on)."""
+    def _missed(self, late: list[int]) -> None:
+        """Clients ``late`` missed a step's deadline: they are out of the round from now on. In a pipelined
+        round the other chunks' instances stop waiting for them (a silent leaver costs one timeout, not one
+        per chunk); the sums they are already in keep them."""
+        if self.pipeline is not None:
+            for c in late:  # wake the instances waiting for it
+                for inbox in self.inboxes:
+                    inbox.put((OUT, c, None, self.env.now))
 
     def _reject(self, sender: int, reason: str) -> None:
         """The server refused ``sender``'s message: it is out of the round."""
-        self.gone.add(sender)
-        self.clients[sender].dropped_stage = f"rejected: {reason}"
+        self.roster.reject(sender, reason)
 
-    def _server_compute(
+    def server_compute(
         self, work: list[Work] | tuple[Work, ...], priority: int = STAGED
     ) -> Generator[simpy.Event, Any, None]:
         seconds = self.s.costs.work_seconds(work) / self.s.server_speed
         self.record.server_cpu_s += seconds
-        if seconds > 0:
-            host = self.s.host
-            if host is None:
-                self.record.server_compute_s += seconds
-                yield self.env.timeout(seconds)
-                return
-            seconds += self.s.call_s
-            start = self.env.now
-            try:
-                yield from host.compute(seconds)
-            finally:
-                self.record.server_compute_s += self.env.now - start
+        if seconds <= 0:
+            return
+        host = self.s.host
+        if self.pipeline is not None:
+            if host is not None:
+                seconds += self.s.call_s
+            hold = None if host is None else (lambda: host.compute(seconds))
+            yield from self.pipeline.server_cpu.run(seconds, priority, self._charge_server, hold)
+            return
+        if host is None:
+            self.record.server_compute_s += seconds
+            yield self.env.timeout(seconds)
+            return
+        seconds += self.s.call_s
+        start = self.env.now
+        try:
+            yield from host.compute(seconds)
+        finally:
+            self.record.server_compute_s += self.env.now - start
 
-    def _server_react(
+    def _charge_server(self, seconds: float) -> None:
+        self.record.server_compute_s += seconds
+
+    def server_react(
         self, reaction: Reaction, priority: int = STAGED, machine: ServerMachine | None = None
     ) -> Generator[simpy.Event, Any, None]:
         """Do the server's work of ``reaction`` and send its messages (``machine``: the instance it came
-        from, which routes them in a pipelined round)."""
-        encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
-        yield from self._server_compute([*reaction.work, *self._first_encodings(reaction, encode)], priority)
+        from, whose clients' inboxes they go to)."""
+        encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
+        yield from self.server_compute([*reaction.work, *self._first_encodings(reaction, encode)], priority)
+        chunk = self.servers.index(machine) if machine is not None and machine in self.servers else 0
         for send in reaction.sends:
-            self._spawn_delivery(SERVER, send.to, send.message, self._chunk_of(machine))
-
-    def _chunk_of(self, machine: ServerMachine | None) -> int:
-        return 0
+            self.spawn_delivery(SERVER, send.to, send.message, chunk)
 
     def _first_encodings(self, reaction: Reaction, encode: list[Work]) -> list[Work]:
         """Encoding work of the messages not serialised before (a broadcast is encoded once)."""
@@ -462,11 +387,11 @@ class Round:
         before the download (a dropout after sampling)."""
         env, rec, s = self.env, self.clients[c], self.s
         if self.leave_before.get(c) == "":
-            self._leave(c, AFTER_SAMPLING)
+            self.leave(c, AFTER_SAMPLING)
             return None
         rec.download_start = env.now
-        yield from self._transfer(SERVER, c, self._model_message())
-        yield from self._client_compute(c, [Work("wire.decode", _frame_size(self._model_message()))])
+        yield from self.transfer(SERVER, c, self._model_message())
+        yield from self.client_compute(c, [Work("wire.decode", frame_size(self._model_message()))])
         rec.download_end = rec.train_start = env.now
         samples = rec.samples
         train_cost = s.costs.seconds(
@@ -498,23 +423,26 @@ class Round:
             if trained is None:
                 return
             update, weight = trained
-            machine = self.client_machines[c] = self._client_machine(c)
+            if self.pipeline is not None:
+                yield from self.pipeline.client(c, update, weight)
+                return
+            machine = self.client_machines[(c, 0)] = self.client_machine(c)
             if leave_before == machine.first_step:
-                self._leave(c, self.drops[c])
+                self.leave(c, self.drops[c])
                 return
             yield from self._client_react(c, machine.start(update, weight))
-            inbox = self.client_inbox[c]
+            inbox = self.client_inbox[(c, 0)]
             while True:
                 message = yield inbox.get()
-                yield from self._client_compute(c, [Work("wire.decode", _frame_size(message))])
+                yield from self.client_compute(c, [Work("wire.decode", frame_size(message))])
                 if leave_before and machine.stage_of(message) == leave_before:
-                    self._leave(c, self.drops[c])
+                    self.leave(c, self.drops[c])
                     return
                 try:
                     reaction = machine.receive(message)
                 except RemoteProtocolError as exc:
                     rec.dropped_stage = f"aborted: {exc.reason}"
-                    self.inbox.put(("gone", c, None, env.now))
+                    self.inboxes[0].put((GONE, c, None, env.now))
                     return
                 yield from self._client_react(c, reaction)
         except simpy.Interrupt:
@@ -528,11 +456,11 @@ class Round:
             self._model = ModelDownload(self.number, params)
         return self._model
 
-    def _client_machine(self, c: int) -> ClientMachine:
+    def client_machine(self, c: int, chunk: int | None = None) -> ClientMachine:
         assert self.instances is not None
-        return self.instances.client(c)
+        return self.instances.client(c, chunk)
 
-    def _client_compute(
+    def client_compute(
         self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0
     ) -> Generator[simpy.Event, Any, None]:
         """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
@@ -542,26 +470,37 @@ class Round:
         if reference > 0 and host is not None:
             reference += self.s.call_s
         seconds = reference * rec.slowdown
-        if seconds > 0:
-            start = self.env.now
-            try:
-                if host is None:
-                    yield self.env.timeout(seconds)
-                else:
-                    yield from host.compute(reference, rec.slowdown)
-            except simpy.Interrupt:
-                rec.compute_s += self.env.now - start  # cut short: only what it did
-                raise
-            rec.compute_s += seconds if host is None else self.env.now - start
+        if seconds <= 0:
+            return
+        if self.pipeline is not None:
+            hold = None if host is None else (lambda: host.compute(reference, rec.slowdown))
+            yield from self.pipeline.cpu[c].run(
+                seconds, priority, lambda worked: self._charge_client(rec, worked), hold
+            )
+            return
+        start = self.env.now
+        try:
+            if host is None:
+                yield self.env.timeout(seconds)
+            else:
+                yield from host.compute(reference, rec.slowdown)
+        except simpy.Interrupt:
+            rec.compute_s += self.env.now - start  # cut short: only what it did
+            raise
+        rec.compute_s += seconds if host is None else self.env.now - start
+
+    @staticmethod
+    def _charge_client(rec: ClientRecord, seconds: float) -> None:
+        rec.compute_s += seconds
 
     def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
-        encode = [Work("wire.encode", _frame_size(send.message)) for send in reaction.sends]
-        yield from self._client_compute(c, [*reaction.work, *encode])
+        encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
+        yield from self.client_compute(c, [*reaction.work, *encode])
         for send in reaction.sends:
-            self._spawn_delivery(c, send.to, send.message)
+            self.spawn_delivery(c, send.to, send.message)
 
-    def _spawn_delivery(self, sender: int, to: int, message: Message, chunk: int = 0) -> simpy.Process:
-        proc = self.env.process(self._deliver(sender, to, message, chunk))
+    def spawn_delivery(self, sender: int, to: int, message: Message, chunk: int = 0) -> simpy.Process:
+        proc = self.env.process(self.deliver(sender, to, message, chunk))
         self.procs.append(proc)
         self.transfers.setdefault(to if sender == SERVER else sender, []).append(proc)
         return proc
@@ -583,40 +522,61 @@ class Round:
         for transfer in self.transfers.get(c, []):
             if transfer.is_alive:
                 transfer.interrupt("offline")
-        self._leave(c, f"offline:{step}")
+        self.leave(c, f"offline:{step}")
 
     def _has_left(self, c: int) -> bool:
-        """Whether client ``c`` is out of the round already (dropped, late, rejected)."""
+        """Whether client ``c`` is out of the round already (dropped, late, rejected; pipelined: left it,
+        as one late in one chunk is still in the others)."""
+        if self.pipeline is not None:
+            return c in self.pipeline.left
         return bool(self.clients[c].dropped_stage)
 
     def _current_step(self) -> str:
-        """The server step under way (for ``offline:<step>``)."""
-        return self.machine.step if self.machine is not None else ""
+        """The server step under way (for ``offline:<step>``); pipelined, the earliest unfinished chunk's."""
+        if self.pipeline is None:
+            return self.servers[0].step if self.servers else ""
+        for server in self.servers:
+            if server.step not in ("done", "aborted"):
+                return server.step
+        return "done"
 
     def _client_alive(self, c: int) -> bool:
         proc = self.client_procs.get(c)
-        return proc is not None and proc.is_alive
+        alive = proc is not None and proc.is_alive
+        return alive or (self.pipeline is not None and any(p.is_alive for p in self.pipeline.procs[c].values()))
 
     def _interrupt_client(self, c: int, why: str) -> None:
-        self.client_procs[c].interrupt(why)
+        chunks = self.pipeline.procs[c].values() if self.pipeline is not None else ()
+        for proc in [self.client_procs[c], *chunks]:
+            if proc.is_alive:
+                proc.interrupt(why)
 
     def _has_finished(self, c: int) -> bool:
-        """Whether client ``c`` has done its whole part of the protocol."""
-        machine = self.client_machines.get(c)
-        return machine is not None and bool(getattr(machine, "finished", False))
+        """Whether client ``c`` has done its whole part of the protocol (pipelined: every chunk's instance,
+        and decoded every sum sent to it)."""
+        machines = [self.client_machines.get((c, j)) for j in range(self.m)]
+        protocol_done = all(m is not None and m.finished for m in machines)
+        return protocol_done and (self.pipeline is None or not self.pipeline.decoding(c))
 
-    def _leave(self, c: int, stage: str) -> None:
+    def leave(self, c: int, stage: str, notify: bool = False) -> None:
+        """Client ``c`` leaves the round at ``stage``; the server learns it at once unless ``dropout.silent``
+        (with ``notify``: in any case, as a client refusing the server closes its connection)."""
         self.clients[c].dropped_stage = stage
         self.clients[c].left_at = self.env.now
         if not self.s.silent_dropout:
             self._notify_gone(c)
+        if self.pipeline is not None:
+            if notify and self.s.silent_dropout:
+                self._notify_gone(c)
+            self.pipeline.leave(c)
 
     def _notify_gone(self, c: int) -> None:
-        """Tell the server that client ``c``'s connection closed."""
-        self.inbox.put(("gone", c, None, self.env.now))
+        """Tell the server that client ``c``'s connection closed (every instance of the round)."""
+        for inbox in self.inboxes:
+            inbox.put((GONE, c, None, self.env.now))
 
     # -- network ----------------------------------------------------------------------------------
-    def _transfer(
+    def transfer(
         self, sender: int, to: int, message: Message, sent: Callable[[], None] | None = None
     ) -> Generator[simpy.Event, Any, Message]:
         """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes. ``sent`` is called
@@ -667,51 +627,26 @@ class Round:
             yield self.env.timeout(self.s.latency_s)  # sent, the link free, the message not there yet
         return wire.decode(data) if self.full else message
 
-    def _deliver(
+    def deliver(
         self, sender: int, to: int, message: Message, chunk: int = 0, sent: Callable[[], None] | None = None
     ) -> Generator[simpy.Event, Any, None]:
         try:
             start = self.env.now
-            received = yield from self._transfer(sender, to, message, sent)
+            received = yield from self.transfer(sender, to, message, sent)
             if sender == SERVER:
                 self._client_box(to, chunk).put(received)
             else:
                 rec = self.clients[sender]
                 rec.upload_s += self.env.now - start
                 rec.last_upload_end = self.env.now
-                self._server_box(chunk).put(("msg", sender, received, self.env.now))
+                self._server_box(chunk).put((MESSAGE, sender, received, self.env.now))
         except simpy.Interrupt:
             return
 
     def _client_box(self, c: int, chunk: int) -> simpy.Store:
         """Where client ``c``'s messages of instance ``chunk`` arrive."""
-        return self.client_inbox[c]
+        return self.client_inbox[(c, chunk)]
 
     def _server_box(self, chunk: int) -> simpy.Store:
         """Where the server's messages of instance ``chunk`` arrive."""
-        return self.inbox
-
-
-def revealed(server: ServerMachine) -> int | None:
-    """Survivors whose sum the server unmasked, even if the round then aborted (XNoise's noise removal);
-    None if nothing was revealed."""
-    if server.aggregate is not None:
-        return len(server.aggregate.survivors)
-    exposed = getattr(server, "exposed", None)
-    return int(exposed) if exposed is not None else None
-
-
-def client_cpu_share(records: list[ClientRecord], length: float) -> float:
-    """Mean fraction of a round of ``length`` seconds the clients' CPUs were busy (training and protocol
-    compute); NaN without clients."""
-    cpu = [(r.compute_s + _finite(r.train_end - r.train_start)) / length for r in records]
-    return sum(cpu) / len(cpu) if cpu else math.nan
-
-
-def _finite(x: float) -> float:
-    return x if math.isfinite(x) else 0.0
-
-
-def _frame_size(message: Message) -> dict[str, float]:
-    """Cost features of encoding or decoding ``message``: frame bytes and bit-packed values."""
-    return {"bytes": message.wire_size(), "packed": message.packed_elements()}
+        return self.inboxes[chunk]

@@ -28,7 +28,7 @@ from functools import cached_property
 import numpy as np
 
 from sim.learning.datasets import DataError, Dataset, load_cifar10, load_digits, load_femnist
-from sim.scenario.schema import SYNTHETIC_CLASSES, SYNTHETIC_SHAPE, Data
+from sim.scenario.types import SYNTHETIC_CLASSES, SYNTHETIC_SHAPE, Data
 from sim.seeds import Stream, generator
 
 SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {

@@ -43,7 +43,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sim.scenario.schema import Model
+from sim.scenario.types import Model
 
 MODELS = ("cnn", "mlp", "resnet18", "vgg19", "linear")
 

@@ -3,7 +3,8 @@
 At the start of a round the engine names the sampled clients that will train; :class:`TrainingPool`
 splits them into one group per worker and sends each group the global model once. Every worker holds its
 own :class:`~sim.learning.trainer.Learner` built from the same model name, data set (loaded in the worker
-from the same configuration), training settings and seed. A client's update depends only on the global
+from the same configuration), training settings and seed (by the function the learner hands the pool, so
+that this module does not import the trainer). A client's update depends only on the global
 model, the client's data and its ``TRAINING`` stream for the round, as it does in this process, so the
 models are bit-identical to ``workers: 1`` (tested) for the models here, which hold no state besides
 their parameters (a model with buffers, such as batch-norm statistics, is refused). The engine still
@@ -19,24 +20,32 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.connection
 import os
+import pickle
 import signal
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future, ProcessPoolExecutor
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
-from sim.scenario.schema import Data, Training
-
-if TYPE_CHECKING:
-    from sim.learning.trainer import Learner
+from sim.scenario.types import Data
 
 Update = tuple[np.ndarray, float]
 DataSource = tuple[Data, int, int]
 """How a worker builds the data set: ``(data config, population, seed)`` for
 :func:`~sim.learning.federated.load_federated` (the same partition as this process's)."""
 
-_worker: list[Learner] = []
+
+class LocalTrainer(Protocol):
+    """What a worker trains clients with: a :class:`~sim.learning.trainer.Learner`."""
+
+    params: np.ndarray
+
+    def local_update(self, client: int, round: int) -> Update: ...
+
+
+_worker: list[LocalTrainer] = []
 """The worker process's own learner (one, once started)."""
 
 
@@ -48,13 +57,12 @@ def _exit_with_parent() -> None:
         os._exit(1)
 
 
-def _start_worker(model_name: str, source: DataSource, training: Training, seed: int) -> None:
-    from sim.learning.federated import load_federated
-    from sim.learning.trainer import Learner
-
+def _start_worker(build: bytes) -> None:
+    """``build``: the pickled function that builds the worker's learner. It is unpickled only here, once
+    Ctrl-C is ignored: unpickling imports the trainer (and torch), building it loads the data set."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     threading.Thread(target=_exit_with_parent, daemon=True).start()
-    _worker.append(Learner(model_name, load_federated(*source), training, seed, source))
+    _worker.append(pickle.loads(build)())
 
 
 def _train(params: np.ndarray, round: int, clients: list[int]) -> list[Update]:
@@ -64,15 +72,16 @@ def _train(params: np.ndarray, round: int, clients: list[int]) -> list[Update]:
 
 
 class TrainingPool:
-    """``workers`` processes training clients for one learner."""
+    """``workers`` processes training clients for one learner; each builds its own with ``build`` (a
+    picklable function: a module-level function or a :func:`functools.partial` of one)."""
 
-    def __init__(self, model_name: str, source: DataSource, training: Training, seed: int, workers: int) -> None:
+    def __init__(self, build: Callable[[], LocalTrainer], workers: int) -> None:
         self.workers = workers
         self._executor = ProcessPoolExecutor(
             max_workers=workers,
             mp_context=multiprocessing.get_context("spawn"),
             initializer=_start_worker,
-            initargs=(model_name, source, training, seed),
+            initargs=(pickle.dumps(build),),
         )
         self._pending: dict[tuple[int, int], tuple[Future[list[Update]], int]] = {}
 

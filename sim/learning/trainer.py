@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from functools import partial
 
 import numpy as np
 import torch
@@ -18,10 +19,10 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from sim.errors import InputError
-from sim.learning.federated import FederatedData
+from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import build_model
 from sim.learning.pool import DataSource, TrainingPool
-from sim.scenario.schema import Training
+from sim.scenario.types import Training
 from sim.seeds import Stream, int_seed
 
 _EVAL_BATCH = 1024
@@ -62,7 +63,8 @@ class Learner:
             return
         if self._pool is None:
             assert self._source is not None
-            self._pool = TrainingPool(self._model_name, self._source, self.training, self.seed, self.training.workers)
+            build = partial(_worker_learner, self._model_name, self._source, self.training, self.seed)
+            self._pool = TrainingPool(build, self.training.workers)
         self._pool.start(self.params, round, clients, [self.data.num_samples(c) for c in clients])
 
     def close(self) -> None:
@@ -127,6 +129,12 @@ class Learner:
 
     def model_sha256(self) -> str:
         return hashlib.sha256(self.params.astype("<f4").tobytes()).hexdigest()
+
+
+def _worker_learner(model_name: str, source: DataSource, training: Training, seed: int) -> Learner:
+    """A training worker's own learner (:class:`~sim.learning.pool.TrainingPool`): the same model, seed and
+    settings, the data set loaded there from its source."""
+    return Learner(model_name, load_federated(*source), training, seed, source)
 
 
 def local_batches(samples: int, batch_size: int, epochs: int) -> int:

@@ -147,6 +147,8 @@ def plot_accuracy(item: Item, rows: Sequence[Row], results: dict[Path, Path], ou
 def plot_pipeline(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: Path) -> list[Path]:
     """Left: round time plain (dotted) and pipelined (solid) against dropout; right: the speedup, with the
     paper's range shaded (Dordis Figure 10). Colour: strategy; filled markers SecAgg, hollow SecAgg+."""
+    from sim.protocol.registry import PROTOCOLS
+
     frame = _frame(rows)
     fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
     strategies: list[str] = []
@@ -161,7 +163,8 @@ def plot_pipeline(item: Item, rows: Sequence[Row], results: dict[Path, Path], ou
             colour, marker, _ = style(str(strategy))
             strategies += [] if strategy in strategies else [str(strategy)]
             dash = ":" if quantity == "round time, plain" else "-"
-            face = colour if protocol == "secagg" else "white"
+            spec = PROTOCOLS.get(str(protocol))  # filled: secure aggregation on the complete graph (SecAgg)
+            face = colour if spec is not None and spec.secure and not spec.sparse_graph else "white"
             line = group.sort_values("d")
             ax.plot(100 * line["d"], line["value"], color=colour, marker=marker, markerfacecolor=face, linestyle=dash)
     paper = item.paper_value("speedup", "range")

@@ -128,7 +128,7 @@ def measure_privacy(item: Item, results: dict[Path, Path], reduced: bool) -> lis
     """Epsilon after the scenario's rounds per strategy and dropout rate (the sweep's values), by the
     accounting alone (``dropsim privacy``: planned, noised and accounted as a run is), and, where the
     scenario was run, each run's final epsilon."""
-    from sim.dp.planner import model_dimension, privacy_table
+    from sim.runner.privacy_table import model_dimension, privacy_table
     from sim.scenario import load
 
     rows: list[Row] = []

@@ -3,5 +3,5 @@
 :mod:`sim.pipeline.recurrence` gives the completion times of m equal chunk-aggregation tasks through
 stages on shared resources; :mod:`sim.pipeline.performance` holds the per-stage latency model of Dordis
 eq. 3 and its fit; the SimPy side (gated resources that run one chunk's stage at a time) is
-:mod:`sim.engine.gates`.
+:mod:`sim.round.gates`.
 """

@@ -19,9 +19,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-DORDIS_RESOURCES = ("client.cpu", "link", "server.cpu", "link", "client.cpu")
-"""Dominant resource of each stage of Dordis Table 1: c-comp, comm, s-comp, comm, c-comp."""
-DUPLEX_RESOURCES = ("client.cpu", "uplink", "server.cpu", "downlink", "client.cpu")
+from sim.round import stages
+
+DORDIS_RESOURCES = stages.resources(stages.SHARED)
+"""Dominant resource of each stage of Dordis Table 1 (:mod:`sim.round.stages`): c-comp, comm, s-comp, comm,
+c-comp."""
+DUPLEX_RESOURCES = stages.resources(stages.DUPLEX)
 """The same with the upload and the dispatch on the two directions of a full-duplex link."""
 
 

@@ -21,11 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.protocol.machine import RoundSetupError
-
-
-class EncodingError(RoundSetupError):
-    """Parameters that leave no room to encode (too few bits for the number of clients)."""
+from sim.errors import EncodingError
 
 
 @dataclass(frozen=True)

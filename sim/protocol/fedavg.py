@@ -9,8 +9,9 @@ one accumulation per arrival plus one finalisation, as a streaming server would 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
@@ -21,9 +22,16 @@ from sim.protocol.machine import (
     Reaction,
     RemoteProtocolError,
     Send,
+    ServerMachine,
     Work,
 )
-from sim.protocol.wire import F32_VECTOR, F64, U32, U64, Blank, Message, Vector, vector_length
+from sim.protocol.spec import ChunkSlot, ClientFactory, ProtocolSpec
+from sim.protocol.wire import F32_VECTOR, F64, U32, U64, Blank, Data, Message, Vector, vector_length
+
+if TYPE_CHECKING:
+    from sim.protocol.params import AggregationParams
+    from sim.protocol.private import PrivateRound
+    from sim.protocol.suite import Suite
 
 
 @dataclass(frozen=True)
@@ -58,6 +66,8 @@ class FedAvgServer:
         self.step = "upload"
         self.outcome = ""
         self.aggregate: Aggregate | None = None
+        self.exposed: int | None = None
+        """Nothing is revealed but the aggregate (:attr:`ServerMachine.exposed`)."""
         self._updates: dict[int, tuple[float, Vector]] = {}
 
     def begin(self) -> Reaction:
@@ -136,3 +146,31 @@ class FedAvgClient:
 
     def receive(self, message: object) -> Reaction:
         raise RemoteProtocolError(SERVER, f"sent {type(message).__name__}; FedAvg clients expect no messages")
+
+
+class FedAvgSpec(ProtocolSpec):
+    """FedAvg's registry entry: one ``upload`` step of float updates (nothing encoded, nothing secret)."""
+
+    def machines(
+        self,
+        params: AggregationParams,
+        round: int,
+        sampled: tuple[int, ...],
+        dim: int,
+        suite: Suite,
+        graph_seed: int,
+        verification_keys: Mapping[int, Data] | None,
+        private: PrivateRound | None,
+        chunk: ChunkSlot | None,
+        context: bytes,
+    ) -> tuple[ServerMachine, ClientFactory]:
+        return FedAvgServer(round, sampled, dim), lambda c, _rng, _enc, _sig: FedAvgClient(round, c)
+
+
+FEDAVG = FedAvgSpec(
+    "fedavg",
+    ("upload",),
+    {"before_upload": "upload"},
+    encoded=False,
+    operations=("fedavg.accumulate", "fedavg.finalize"),
+)

@@ -38,6 +38,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from sim.errors import RoundSetupError  # noqa: F401  (re-exported: raised by machines, imported from here)
 from sim.protocol.wire import Message, Vector
 
 SERVER = -1
@@ -46,10 +47,6 @@ SERVER = -1
 
 class ProtocolError(Exception):
     """A protocol step that cannot go on."""
-
-
-class RoundSetupError(ValueError):
-    """Parameters with which a round cannot be run safely or at all; the round aborts with this reason."""
 
 
 class RoundAbortedError(ProtocolError):
@@ -128,6 +125,10 @@ class ServerMachine(Protocol):
     outcome: str
     """``"ok"`` once done, ``"aborted: <reason>"`` when the round cannot complete, ``""`` before."""
     aggregate: Aggregate | None
+    """The round's aggregate once done (None before, or when it aborted)."""
+    exposed: int | None
+    """How many clients' sum the machine has unmasked, even if the round then aborted (XNoise unmasks
+    before it removes the excess noise); None while nothing is revealed. Privacy accounting charges it."""
 
     def begin(self) -> Reaction:
         """Start the first step; returns the server's requests."""
@@ -148,6 +149,8 @@ class ServerMachine(Protocol):
 class ClientMachine(Protocol):
     first_step: str
     """The step :meth:`start` performs (for dropout before it)."""
+    finished: bool
+    """Whether the client has done its whole part of the round (nothing more is asked of it)."""
 
     def start(self, update: Vector, weight: float) -> Reaction:
         """Enter the protocol with this round's local update and its weight (sample count)."""

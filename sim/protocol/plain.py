@@ -10,14 +10,38 @@ encoding instead; strategies that remove or rebase noise need the secure protoco
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from sim.crypto.randomness import RandomSource
 from sim.protocol.encoding import FixedPoint, add_mod
-from sim.protocol.machine import SERVER, Aggregate, LocalProtocolError, Reaction, RemoteProtocolError, Send, Work
+from sim.protocol.machine import (
+    SERVER,
+    Aggregate,
+    LocalProtocolError,
+    Reaction,
+    RemoteProtocolError,
+    Send,
+    ServerMachine,
+    Work,
+)
 from sim.protocol.messages import EncodedUpdate
 from sim.protocol.private import PrivateRound
-from sim.protocol.wire import Blank, Message, ModVector, Vector
+from sim.protocol.spec import (
+    DP_OPERATIONS,
+    ENCODED_OPERATIONS,
+    ChunkSlot,
+    ClientFactory,
+    ProtocolSpec,
+    fixed_point,
+)
+from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
+
+if TYPE_CHECKING:
+    from sim.protocol.params import AggregationParams
+    from sim.protocol.suite import Suite
 
 
 class PlainServer:
@@ -37,6 +61,8 @@ class PlainServer:
         self.step = "upload"
         self.outcome = ""
         self.aggregate: Aggregate | None = None
+        self.exposed: int | None = None
+        """Nothing is revealed but the aggregate (:attr:`ServerMachine.exposed`)."""
         self._inputs: set[int] = set()
         self._total: Vector = Blank(dim, np.uint32)
         """Sum mod 2^bits of the encodings received so far (summed on arrival)."""
@@ -137,3 +163,28 @@ class PlainClient:
 
     def receive(self, message: Message) -> Reaction:
         raise RemoteProtocolError(SERVER, f"sent {type(message).__name__}; plain clients expect no messages")
+
+
+class PlainSpec(ProtocolSpec):
+    """``plain``'s registry entry: one ``upload`` step of encodings in the clear (central or local DP only)."""
+
+    def machines(
+        self,
+        params: AggregationParams,
+        round: int,
+        sampled: tuple[int, ...],
+        dim: int,
+        suite: Suite,
+        graph_seed: int,
+        verification_keys: Mapping[int, Data] | None,
+        private: PrivateRound | None,
+        chunk: ChunkSlot | None,
+        context: bytes,
+    ) -> tuple[ServerMachine, ClientFactory]:
+        encoding = fixed_point(params, len(sampled))
+        return PlainServer(round, sampled, dim, encoding, private), lambda c, rng, enc, _sig: PlainClient(
+            round, c, dim, encoding, enc, private, rng
+        )
+
+
+PLAIN = PlainSpec("plain", ("upload",), {"before_upload": "upload"}, operations=(*ENCODED_OPERATIONS, *DP_OPERATIONS))

@@ -17,7 +17,7 @@ import numpy as np
 
 from sim.dp import noise
 from sim.dp.dskellam import DSkellamEncoding
-from sim.dp.strategies import REMOVING, RoundNoise
+from sim.dp.strategies import RoundNoise
 from sim.protocol.machine import Work
 
 Admission = Callable[[int], "str | None"]
@@ -59,11 +59,11 @@ class PrivateRound:
     @property
     def removing(self) -> bool:
         """Whether clients share seeds of removable components and the server removes excess ones."""
-        return self.plan.strategy in REMOVING and self.plan.removable > 0
+        return self.plan.spec.removes and self.plan.removable > 0
 
     @property
     def rebasing(self) -> bool:
-        return self.plan.strategy == "rebasing"
+        return self.plan.spec.rebasing
 
     def variance(self, k: int) -> float:
         """Integer-domain variance of noise component ``k``."""

@@ -28,9 +28,7 @@ import json
 import math
 from typing import Any
 
-from sim.engine.privacy import RoundPrivacy
-from sim.engine.round import ClientRecord
-from sim.engine.simulation import RoundResult
+from sim.round.records import ClientRecord, RoundPrivacy, RoundResult
 
 ROUND_COLUMNS = (
     "run_id",

@@ -18,8 +18,9 @@ from typing import Any
 import yaml
 
 from sim.scenario.errors import Problem, ScenarioError
-from sim.scenario.schema import Scenario, parse
+from sim.scenario.parser import parse
 from sim.scenario.source import Document, KeyPath
+from sim.scenario.types import Scenario
 
 _NOT_SWEEPABLE = {"sweep", "name", "output"}
 _SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")

@@ -6,8 +6,6 @@ The manifest is written before the first round (status ``running``) and closed w
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import time
 import traceback
@@ -20,18 +18,12 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from sim.engine.simulation import Simulation
 from sim.results.manifest import host, versions
 from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.tables import round_rows, step_columns
 from sim.results.writer import MANIFEST, ResultsError, RunWriter
-from sim.scenario.schema import Scenario
-
-
-def scenario_digest(scenario: Scenario) -> str:
-    """SHA-256 of the resolved scenario: a finished run with the same digest need not run again."""
-    text = json.dumps(scenario.resolved, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()
+from sim.runner.experiment import Experiment, Simulation
+from sim.scenario.types import Scenario, scenario_digest
 
 
 @dataclass
@@ -96,7 +88,7 @@ def prepare_output(directory: Path, scenario: Scenario, force: bool = False, dri
     return True
 
 
-def _close(sim: Simulation | None) -> None:
+def _close(sim: Experiment | None) -> None:
     if sim is not None:
         sim.close()
 
@@ -126,11 +118,12 @@ def run_scenario(
     scenario: Scenario,
     directory: Path,
     progress: bool = True,
-    engine: Callable[[Scenario], Simulation] = Simulation,
+    engine: Callable[[Scenario], Experiment] = Simulation,
     driver: str = "simulate",
 ) -> RunSummary:
-    """Run ``scenario`` and write its results to ``directory``: simulated, or by another ``engine`` (the
-    socket deployment, ``driver="deploy"``), which the manifest records."""
+    """Run ``scenario`` and write its results to ``directory``: simulated, or through another ``engine``
+    (an :class:`Experiment` with another driver, such as the socket deployment, ``driver="deploy"``), which
+    the manifest records."""
     started = time.perf_counter()
     manifest: dict[str, Any] = {
         "driver": driver,
@@ -156,7 +149,7 @@ def run_scenario(
     epsilon = math.inf
     aborted = 0
     t_end = 0.0
-    sim: Simulation | None = None
+    sim: Experiment | None = None
     try:
         sim = engine(scenario)
         writer.manifest.update(
@@ -164,11 +157,11 @@ def run_scenario(
             cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
             **sim.manifest_entries(),
         )
-        if sim.setup.pipeline is not None:
+        if sim.chunks is not None:
             plan = sim.chunk_plan
             writer.manifest.update(
                 pipeline={
-                    "chunks": sim.setup.pipeline.chunks,
+                    "chunks": sim.chunks,
                     "chosen_by": "auto" if plan is not None else "scenario",
                     "predicted_s": {str(m): t for m, t in plan.predicted.items()} if plan is not None else {},
                 }

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 import sim
-from sim.deploy.cli import add_deploy_parsers, cmd_deploy, cmd_validate, cmd_worker
+from sim.cli.deploy import add_deploy_parsers, cmd_deploy, cmd_validate, cmd_worker
 from sim.errors import InputError
 from sim.paper.cli import add_reproduce_parser, cmd_reproduce
 from sim.scenario import load
@@ -233,14 +233,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from sim.dp.planner import PLANNED, model_dimension, privacy_table
-    from sim.dp.strategies import allowed
+    from sim.dp.strategies import STRATEGIES
     from sim.results.writer import csv_bytes, make_folder, write_atomic
+    from sim.runner.privacy_table import PLANNED, model_dimension, privacy_table
 
     grid = load(args.file, args.overrides)
     scenario = grid.base()
     protocol = scenario.aggregation.protocol
-    supported = [s for s in PLANNED if s in allowed(protocol)]
+    supported = [s for s in PLANNED if scenario.aggregation.spec.supports(STRATEGIES[s])]
     strategies = args.strategies or supported
     unknown = [s for s in strategies if s not in supported]
     bad_rates = [x for x in args.dropout if not 0 <= x < 1]
@@ -305,7 +305,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from sim.costs.profiler import run_profile
+    from sim.profiling.profiler import run_profile
 
     if args.pipeline is not None and args.only:
         print("dropsim: --only re-measures operations of a profile; it does not go with --pipeline", file=sys.stderr)
@@ -322,7 +322,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
     if args.only:
         from sim.costs.model import CostModelError
-        from sim.costs.profiler import update_profile
+        from sim.profiling.profiler import update_profile
 
         try:
             doc = update_profile(args.out, args.only, quick=args.quick, progress=say)
@@ -348,19 +348,20 @@ def cmd_profile_pipeline(args: argparse.Namespace) -> int:
     """``dropsim profile --pipeline SCENARIO``: fitted stage latencies, predicted times, the chosen m."""
     import dataclasses
 
-    from sim.dp.planner import model_dimension
-    from sim.pipeline.planner import check_chunks, plan_chunks
+    from sim.protocol.registry import either, pipelined, protocols_where
     from sim.results.writer import csv_bytes, make_folder, write_atomic
-    from sim.scenario.schema import Pipeline
+    from sim.runner.chunks import check_chunks, plan_chunks
+    from sim.runner.privacy_table import model_dimension
+    from sim.scenario.types import Pipeline
 
     if args.rounds < 1:
         print(f"dropsim: --rounds {args.rounds} is below 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     scenario = load(args.pipeline, args.overrides).base()
-    if scenario.aggregation.protocol not in ("secagg", "secagg+"):
+    if scenario.aggregation.spec.pipeline is None:
         print(
             f"dropsim: {args.pipeline}: aggregation.protocol is {scenario.aggregation.protocol!r}; pipelining "
-            "runs one secure-aggregation instance per chunk: use secagg or secagg+",
+            f"runs one secure-aggregation instance per chunk: use {either(protocols_where(pipelined))}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT

@@ -14,9 +14,9 @@ coefficients (a feature whose coefficient comes out negative is dropped and the 
 - ``fedavg.accumulate`` and ``fedavg.finalize``: the FedAvg server machine's ``close_step`` over n
   updates of d values, fitted as ``a + b n d + c d``; ``accumulate`` (charged per arriving update) gets
   ``b`` per element, ``finalize`` gets ``a`` and ``c``.
-- the secure-aggregation and wire operations of :mod:`sim.costs.micro`;
+- the secure-aggregation and wire operations of :mod:`sim.profiling.micro`;
 - the profile's ``pipeline`` entry: the interference of pipelined chunk tasks on a client's compute
-  (Dordis eq. 3's beta_2), measured by :mod:`sim.costs.interference`.
+  (Dordis eq. 3's beta_2), measured by :mod:`sim.profiling.interference`.
 
 Torch runs with one thread, and numpy's BLAS too (threadpoolctl), so the reference device is one core
 of the profiling machine; a client's slow-down factor and the server's speed scale from there.
@@ -37,16 +37,16 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from sim.costs.micro import BENCHMARKS
 from sim.costs.model import FORMAT
-from sim.costs.transport import TRANSPORT
 from sim.learning.federated import SHAPES, FederatedData
 from sim.learning.models import MODELS, train_op
 from sim.learning.trainer import Learner, local_batches
+from sim.profiling.micro import BENCHMARKS
+from sim.profiling.transport import TRANSPORT
 from sim.protocol.fedavg import ClientUpdate, FedAvgServer
 from sim.results.manifest import host, versions
 from sim.results.writer import write_json
-from sim.scenario.schema import Training
+from sim.scenario.types import Training
 
 
 class _RandomData(FederatedData):
@@ -217,7 +217,7 @@ def _measure(bench: Any, quick: bool, repeats: int) -> dict[str, Any]:
 def update_profile(
     path: Path, ops: Sequence[str], quick: bool = False, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Measure again only the operations ``ops`` (of :data:`~sim.costs.micro.BENCHMARKS` and the transport
+    """Measure again only the operations ``ops`` (of :data:`~sim.profiling.micro.BENCHMARKS` and the transport
     operations) and replace their entries in the profile at ``path``, each stamped with its own
     ``measured_at`` and ``host``; the rest of the profile is kept. Refuses a profile measured on another
     kind of machine (another processor or core count: its other fits would describe a different one).
@@ -293,7 +293,7 @@ def _run_profile(
         "operations": operations,
     }
     say("pipeline interference (Dordis eq. 3)")
-    from sim.costs.interference import measure_pipeline  # it uses this module's fit_nonnegative
+    from sim.profiling.interference import measure_pipeline  # it uses this module's fit_nonnegative
 
     doc["pipeline"] = measure_pipeline(quick=quick)
     write_json(out, doc)

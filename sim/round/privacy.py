@@ -19,7 +19,6 @@ the server refuses to go on if accounting the round would pass the budget, and t
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from fractions import Fraction
 
 from sim.dp.accounting import Accountant, choose_scale, epsilon, plan_variance
@@ -29,29 +28,14 @@ from sim.dp.strategies import RoundNoise
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.private import Admission, PrivateRound
 from sim.protocol.registry import AggregationParams, reconstruction_threshold
-from sim.scenario.schema import Privacy, Scenario
+from sim.round.records import RoundPrivacy
+from sim.scenario.types import Privacy, Scenario
 from sim.seeds import Stream, seed_bytes
 
 
 def padded(dim: int) -> int:
     """d' = the next power of two >= dim (the Hadamard rotation's length)."""
     return 1 << max(0, (dim - 1).bit_length())
-
-
-@dataclass(frozen=True)
-class RoundPrivacy:
-    """What a round's privacy columns report."""
-
-    target_variance: float
-    """sigma*^2, model units."""
-    realised_variance: float
-    """The noise variance really left in the aggregate (NaN if no aggregate)."""
-    accounted_variance: float
-    """The variance the round was accounted at (the residual less what colluders know)."""
-    epsilon: float
-    """Cumulative epsilon at ``privacy.delta`` after this round."""
-    scale: float
-    """DSkellam scale s of the round (NaN without DP)."""
 
 
 def nominal_sampling(scenario: Scenario) -> tuple[float, int]:
@@ -149,7 +133,7 @@ class PrivacyLedger:
     @staticmethod
     def largest_component(plan: RoundNoise) -> Fraction:
         """The largest noise variance any single sample is drawn at (model units)."""
-        rebased = plan.rebased(1) if plan.strategy == "rebasing" else Fraction(0)
+        rebased = plan.rebased(1) if plan.spec.rebasing else Fraction(0)
         return max((*plan.components, plan.server, rebased))
 
     def round(self, number: int, sampled: int, q: float | None = None) -> tuple[RoundNoise, PrivateRound]:
@@ -164,7 +148,7 @@ class PrivacyLedger:
             mechanism=self.p.mechanism,
             plan=plan,
             server_seed=seed_bytes(self.seed, Stream.NOISE, number),
-            admit=self._admission(plan, encoding.scale, q) if self.p.strategy == "early" else None,
+            admit=self._admission(plan, encoding.scale, q) if plan.spec.early else None,
         )
         return plan, private
 

@@ -27,8 +27,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from sim.scenario.schema import BandwidthProfile, Clients, ZipfProfile
+from sim.scenario.types import BandwidthProfile, Clients, ZipfProfile
 from sim.seeds import Stream, generator
+
+MBPS = 1e6
+"""Bits per second in one Mbps (bandwidths are in Mbps)."""
 
 
 def zipf_positions(n: int, zipf_a: float) -> np.ndarray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sim.scenario.schema import Sampling
+from sim.scenario.types import Sampling
 from sim.seeds import Stream, generator
 
 

@@ -21,11 +21,11 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sim.engine.round import RoundRecord
 from sim.errors import InputError
 from sim.pipeline.performance import PerformanceModel, fit_stages
 from sim.pipeline.recurrence import DORDIS_RESOURCES, DUPLEX_RESOURCES
-from sim.scenario.schema import Model, Scenario
+from sim.round.records import RoundRecord
+from sim.scenario.types import Model, Scenario
 
 PROXY_CHUNKS = (1, 2, 4, 8, 16)
 """Chunk counts of the profiling runs (those up to ``pipeline.max_chunks``)."""
@@ -75,7 +75,7 @@ def _proxy(scenario: Scenario, dim: int, chunks: int, calm: bool = False) -> Sce
 
 
 def _simulate(scenario: Scenario) -> list[RoundRecord]:
-    from sim.engine.simulation import Simulation
+    from sim.runner.experiment import Simulation
 
     simulation = Simulation(scenario)
     return [simulation.step().record for _ in range(scenario.rounds)]
@@ -137,7 +137,7 @@ def plan_chunks(scenario: Scenario, dim: int, say: Callable[[str], None] | None 
 
 def _encoded_length(scenario: Scenario, dim: int) -> int:
     """Values per encoded update: DSkellam pads to a power of two."""
-    from sim.engine.privacy import padded
+    from sim.round.privacy import padded
 
     return padded(dim) if scenario.privacy.enabled else dim
 

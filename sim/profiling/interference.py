@@ -16,11 +16,11 @@ pipeline, more so as it deepens. Here it is measured, not assumed:
   both modes start from the same cache state.
 
 Both are fitted as ``seconds per chunk = a (d/m) + b m + c`` by non-negative least squares
-(:func:`sim.costs.profiler.fit_nonnegative`); the pipelined ``b`` is ``interference_s``: extra client CPU
+(:func:`sim.profiling.profiler.fit_nonnegative`); the pipelined ``b`` is ``interference_s``: extra client CPU
 seconds per chunk task per chunk in the pipeline, on the reference device (slow-down 1). The receiver
 runs on the same machine, so the loopback IO costs both ends of the connection.
 
-:func:`measure_pipeline` times in a child process (``python -m sim.costs.interference``) with glibc's
+:func:`measure_pipeline` times in a child process (``python -m sim.profiling.interference``) with glibc's
 malloc trim and mmap thresholds raised (``GLIBC_TUNABLES``): the wire encoder's bit packing allocates
 temporaries of 32 bytes per value, and with the default thresholds whether they are freshly page-faulted
 depends on allocation history, which moves the per-value cost by a factor of 2 to 3 from round to round
@@ -314,7 +314,7 @@ def fit_interference(points: Sequence[tuple[int, int]], seconds: Sequence[float]
     Returns ``{"interference_s": b, "coef": {"const": c, "chunk_elements": a, "chunks": b}, "r2": ...}``;
     a coefficient the non-negative fit dropped is 0.0.
     """
-    from sim.costs.profiler import fit_nonnegative  # here: the profiler imports torch, the timing child need not
+    from sim.profiling.profiler import fit_nonnegative  # here: the profiler imports torch, the timing child need not
 
     if len(points) != len(seconds) or len(points) < len(FEATURES):
         raise ValueError(
@@ -328,12 +328,12 @@ def fit_interference(points: Sequence[tuple[int, int]], seconds: Sequence[float]
 
 
 def _time_in_child(settings: PipelineSettings, seed: int) -> list[PointTiming]:
-    """:func:`time_points` in ``python -m sim.costs.interference`` with :data:`MALLOC_TUNABLES`."""
+    """:func:`time_points` in ``python -m sim.profiling.interference`` with :data:`MALLOC_TUNABLES`."""
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "GLIBC_TUNABLES": MALLOC_TUNABLES}
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     timeout = 2 * settings.budget_s + 60
-    cmd = [sys.executable, "-m", "sim.costs.interference", json.dumps(asdict(settings)), str(seed)]
+    cmd = [sys.executable, "-m", "sim.profiling.interference", json.dumps(asdict(settings)), str(seed)]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
@@ -381,9 +381,9 @@ def measure_pipeline(
 
 
 def main(argv: Sequence[str]) -> int:
-    """The timing child: ``python -m sim.costs.interference SETTINGS_JSON SEED`` prints the points as JSON."""
+    """The timing child: ``python -m sim.profiling.interference SETTINGS_JSON SEED`` prints the points as JSON."""
     if len(argv) != 2:
-        print("usage: python -m sim.costs.interference SETTINGS_JSON SEED", file=sys.stderr)
+        print("usage: python -m sim.profiling.interference SETTINGS_JSON SEED", file=sys.stderr)
         return 2
     raw = json.loads(argv[0])
     settings = PipelineSettings(**{**raw, "dims": tuple(raw["dims"]), "chunks": tuple(raw["chunks"])})

@@ -18,7 +18,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from sim.deploy.identity import (
     SERVER_KEY_ENV,
@@ -38,6 +38,11 @@ from sim.deploy.identity import (
     worker_key_file,
 )
 from sim.errors import InputError
+
+if TYPE_CHECKING:
+    from sim.deploy.deployment import DeployOptions
+    from sim.runner import Experiment
+    from sim.scenario.types import Scenario
 
 __all__ = ["add_deploy_parsers", "cmd_deploy", "cmd_validate", "cmd_worker", "deploy_options"]
 
@@ -177,11 +182,16 @@ def _identity(key_file: Path) -> tuple[Identity, bool]:
         raise InputError(str(exc)) from None
 
 
-def cmd_deploy(args: argparse.Namespace) -> int:
-    from functools import partial
+def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experiment]:
+    """What runs a scenario through a deployment with ``options``."""
+    from sim.runner import Deployed
 
-    from sim.cli import _print_table
-    from sim.deploy.deployment import Deployment, check_deployable
+    return lambda scenario: Deployed(scenario, options)
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    from sim.cli.main import _print_table
+    from sim.deploy.deployment import check_deployable
     from sim.preflight import check_all
     from sim.runner import prepare_output, run_scenario, summarize
     from sim.scenario import load
@@ -200,7 +210,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         print(f"waiting for workers at {args.host}:{args.port}", file=sys.stderr)
     if prepare_output(out, scenario, force=args.force, driver="deploy"):
         summary = run_scenario(
-            scenario, out, progress=not args.quiet, engine=partial(Deployment, options=options), driver="deploy"
+            scenario, out, progress=not args.quiet, engine=through_deployment(options), driver="deploy"
         )
     else:
         print(f"{out} already holds this scenario's complete deployment (--force runs it again)", file=sys.stderr)
@@ -262,9 +272,8 @@ def _read(load: Callable[[], T]) -> T:
 
 def cmd_validate(args: argparse.Namespace) -> int:
     from dataclasses import replace
-    from functools import partial
 
-    from sim.deploy.deployment import SEEDED_SECRETS, Deployment, check_deployable
+    from sim.deploy.deployment import SEEDED_SECRETS, check_deployable
     from sim.deploy.validate import compare, plot, testbed_overrides
     from sim.preflight import check_all
     from sim.runner import run_scenario
@@ -292,7 +301,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         replace(scenario, output=str(deployed)),
         deployed,
         progress=not args.quiet,
-        engine=partial(Deployment, options=options),
+        engine=through_deployment(options),
         driver="deploy",
     )
     validation = compare(simulated, deployed, skip_first=args.skip_first)

@@ -35,7 +35,7 @@ from sim.protocol.encoding import FixedPoint, add_mod
 from sim.protocol.fedavg import ModelDownload
 from sim.protocol.messages import AdvertiseKeys, MaskedInput, ShareKeys
 from sim.protocol.registry import AggregationParams, round_machines
-from sim.protocol.secagg import SECRET_ELEMENTS, share_threshold
+from sim.protocol.secagg import SECAGG, SECRET_ELEMENTS, share_threshold
 from sim.protocol.suite import RealSuite, plaintext_bytes
 from sim.protocol.wire import ModVector
 
@@ -238,7 +238,7 @@ def _entries(quick: bool) -> Iterator[Point]:
         shares = [ShareKeys(1, c, tuple((v, bytes(132)) for v in sampled if v != c)) for c in sampled]
 
         def run(sampled: tuple[int, ...] = sampled, adverts: list[Any] = adverts, shares: list[Any] = shares) -> None:
-            server, _ = round_machines(AggregationParams("secagg"), 1, sampled, 10, RealSuite(), graph_seed=0)
+            server, _ = round_machines(AggregationParams(SECAGG.name), 1, sampled, 10, RealSuite(), graph_seed=0)
             for m in adverts:
                 server.receive(m.client, m)
             server.close_step()

@@ -24,9 +24,9 @@ import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from sim.costs.micro import Benchmark, Point
 from sim.deploy.compute import Processor
 from sim.deploy.framing import Session, read_frame, send_frame
+from sim.profiling.micro import Benchmark, Point
 
 _KEY = bytes(range(16))
 

@@ -2,7 +2,7 @@
 
 For each strategy and dropout rate x, every one of the scenario's rounds samples its nominal n clients, of
 which round(x n) (half up, as ``dropout.mode: fixed``) drop before uploading; the round is planned, run
-through the noise plan and accounted exactly as a simulated round is (:class:`sim.engine.privacy.PrivacyLedger`),
+through the noise plan and accounted exactly as a simulated round is (:class:`sim.round.privacy.PrivacyLedger`),
 including ``early``'s stop before the round that would pass the budget, and rounds that abort because
 fewer clients than the secure-aggregation threshold upload (they reveal nothing and cost nothing).
 Rows: ``strategy, dropout, epsilon, rounds_completed`` and, as siblings, the planned ``target_variance``
@@ -18,9 +18,9 @@ from typing import Any
 
 from sim.dp.strategies import STRATEGIES
 from sim.protocol.registry import AggregationParams, reconstruction_threshold
-from sim.scenario.schema import Scenario
+from sim.scenario.types import Scenario
 
-PLANNED = tuple(s for s in STRATEGIES if s != "none")
+PLANNED = tuple(name for name, s in STRATEGIES.items() if s.enabled)
 """Strategies ``dropsim privacy`` compares by default."""
 
 
@@ -34,14 +34,14 @@ def model_dimension(scenario: Scenario) -> int:
 
 def minimum_survivors(aggregation: AggregationParams, n: int) -> int:
     """Fewest uploads a round of ``n`` goes on with: the secure protocols' threshold, one for ``plain``."""
-    return reconstruction_threshold(aggregation, n) if aggregation.protocol in ("secagg", "secagg+") else 1
+    return reconstruction_threshold(aggregation, n) if aggregation.spec.secure else 1
 
 
 def privacy_table(
     scenario: Scenario, dropouts: Sequence[float], dim: int, strategies: Sequence[str] = PLANNED
 ) -> list[dict[str, Any]]:
     """One row per strategy and dropout rate (see the module docstring)."""
-    from sim.engine.privacy import PrivacyLedger, nominal_sampling
+    from sim.round.privacy import PrivacyLedger, nominal_sampling
 
     sc = scenario
     q, n = nominal_sampling(sc)

@@ -1,0 +1,93 @@
+"""The simulator: the driver that plays round plans in virtual time (SimPy).
+
+The server's clock runs continuously across rounds: round r+1 starts the moment round r ends. With a
+``testbed`` section every party's compute shares the host's cores (:mod:`sim.engine.host`), one pool for
+the whole run. ``full`` and ``timing`` fidelity (which skips training and all payload arithmetic) give
+identical virtual times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import simpy
+
+from sim.clients.population import MBPS
+from sim.engine.host import SharedCores
+from sim.engine.network import Link, Network
+from sim.engine.round import PipelineParams, Round, RoundSetup
+from sim.round.plan import RoundPlan
+from sim.round.records import RoundRecord
+from sim.round.stages import DUPLEX
+from sim.world import CALL_OP, TRANSPORT_OPS, World
+
+
+class Simulator:
+    """Plays the rounds of one run in virtual time (:class:`sim.round.driver.Driver`).
+
+    ``observe`` is called with each :class:`~sim.engine.round.Round` before it runs (tests and tools that
+    look inside a round)."""
+
+    name = "simulate"
+
+    def __init__(self, world: World, observe: Callable[[Round], None] | None = None) -> None:
+        sc = world.scenario
+        self.world = world
+        self.observe = observe
+        self.env = simpy.Environment()
+        self.network = Network(self.env)
+        bps = sc.server.bandwidth_mbps * MBPS
+        self.setup = RoundSetup(
+            env=self.env,
+            network=self.network,
+            server_up=Link("server.up", bps, shared=True),
+            server_down=Link("server.down", bps, shared=True),
+            population=world.population,
+            costs=world.costs,
+            server_speed=sc.server.speed,
+            timeouts=sc.timeouts,
+            silent_dropout=sc.dropout.silent,
+            dim=world.dim,
+            train_op=world.train_op,
+            local_epochs=sc.training.local_epochs,
+            batch_size=sc.training.batch_size,
+            samples=world.data.num_samples,
+            learner=world.learner,
+            aggregation=sc.aggregation,
+            seed=sc.seed,
+            latency_s=sc.server.latency_ms / 1000,
+            host=SharedCores(self.env, sc.testbed.cores) if sc.testbed is not None else None,
+        )
+        if sc.testbed is not None:  # the testbed's own costs: fail now, not mid-run, if the profile lacks them
+            for op in TRANSPORT_OPS:
+                world.costs.seconds(op, {"bytes": 1.0})
+            self.setup.call_s = world.costs.seconds(CALL_OP, {})
+        if sc.pipeline is not None:
+            if sc.pipeline.chunks is None:
+                raise ValueError("pipeline.chunks: auto is resolved before a driver is built (sim.runner)")
+            self.setup.pipeline = PipelineParams(sc.pipeline.chunks, sc.pipeline.dispatch, sc.pipeline.links == DUPLEX)
+
+    @property
+    def now(self) -> float:
+        return float(self.env.now)
+
+    def wait_until(self, t: float) -> None:
+        self.env.run(until=t)
+
+    def play(self, plan: RoundPlan) -> RoundRecord:
+        """Run ``plan`` in virtual time."""
+        round = Round(self.setup, plan)
+        if self.observe is not None:
+            self.observe(round)
+        process = self.env.process(round.run())
+        self.env.run(until=process)
+        record = process.value
+        assert isinstance(record, RoundRecord)
+        return record
+
+    def manifest_entries(self) -> dict[str, object]:
+        """Nothing: the simulator's runs are described by their scenario."""
+        return {}
+
+    def close(self) -> None:
+        """Nothing to release (the world's model is the run's)."""

@@ -1,0 +1,111 @@
+"""The ``dropout.mode`` values: one :class:`DropoutMode` object per mode, registered in :data:`MODES`.
+
+- ``fixed``: exactly ``floor(rate * n + 1/2)`` of the n sampled clients (rounded half up), chosen
+  uniformly; Dordis section 6.1 ("clients randomly drop with a configurable rate in each round").
+- ``bernoulli``: each sampled client independently with probability ``rate``.
+- ``per_client``: client i has its own probability p_i, drawn once per run: ``high`` with probability
+  ``high_fraction``, otherwise uniform in ``low`` (DReS-FL section 6: 0.99 with probability 1/2, else
+  U[0, 0.1]); each round each sampled client drops with its p_i.
+
+A mode declares the keys of the ``dropout:`` section it reads (the parser reads and checks them) and draws:
+:meth:`DropoutMode.prepare` once per run (its per-run state), :meth:`DropoutMode.drops` each round from that
+round's ``DROPOUT`` stream (:class:`sim.clients.dropout.DropoutModel` runs them). The modes live here, beside
+the scenario's types, because the parser must know them and :mod:`sim.clients` imports the scenario (not the
+other way round); :mod:`sim.clients.dropout` re-exports them. numpy and the seeds are imported when a mode
+first draws, so the scenario's types stay light.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from sim.scenario.types import Dropout
+
+
+class DropoutMode:
+    """One ``dropout.mode``. The base draws nothing; a mode overrides :meth:`drops` (and :meth:`prepare`
+    for per-run state)."""
+
+    name = ""
+    keys: tuple[str, ...] = ()
+    """Keys of the ``dropout:`` section only this mode reads (besides ``rate``, ``stage`` and ``silent``)."""
+    uses_rate = True
+    """Whether ``dropout.rate`` applies."""
+
+    def can_drop(self, config: Dropout) -> bool:
+        """Whether any client may drop under ``config``."""
+        return (config.rate or 0) > 0
+
+    def prepare(self, config: Dropout, population: int, seed: int) -> Any:
+        """Per-run state, drawn once for a population of ``population`` clients (None: the mode has none)."""
+        return None
+
+    def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
+        """The sampled clients (a subset of ``sampled``, in its order) that drop this round, drawn from ``rng``."""
+        raise NotImplementedError
+
+
+class Fixed(DropoutMode):
+    name = "fixed"
+
+    def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
+        import numpy as np
+
+        n = int(sampled.shape[0])
+        k = min(n, math.floor(config.rate * n + 0.5))
+        return sampled[np.sort(rng.choice(n, size=k, replace=False))] if k else sampled[:0]
+
+
+class Bernoulli(DropoutMode):
+    name = "bernoulli"
+
+    def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
+        n = int(sampled.shape[0])
+        return sampled[rng.random(n) < config.rate]
+
+
+class PerClient(DropoutMode):
+    name = "per_client"
+    keys = ("high", "high_fraction", "low")
+    uses_rate = False
+
+    def can_drop(self, config: Dropout) -> bool:
+        return True
+
+    def prepare(self, config: Dropout, population: int, seed: int) -> np.ndarray:
+        """Each client's drop probability."""
+        import numpy as np
+
+        from sim.seeds import Stream, generator
+
+        rng = generator(seed, Stream.DROPOUT, 0)
+        high = rng.random(population) < config.high_fraction
+        low = rng.uniform(config.low[0], config.low[1], size=population)
+        return np.where(high, config.high, low)
+
+    def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
+        n = int(sampled.shape[0])
+        return sampled[rng.random(n) < state[sampled]]
+
+
+MODES: dict[str, DropoutMode] = {}
+"""Every ``dropout.mode``, by name (the first is the default)."""
+
+
+def register_dropout_mode(mode: DropoutMode) -> DropoutMode:
+    """Make ``mode`` a ``dropout.mode`` (its name must be new)."""
+    if mode.name in MODES:
+        raise ValueError(f"dropout mode {mode.name!r} is registered already")
+    MODES[mode.name] = mode
+    return mode
+
+
+for _mode in (Fixed(), Bernoulli(), PerClient()):
+    register_dropout_mode(_mode)
+
+DEFAULT_MODE = Fixed.name
+"""The ``dropout.mode`` of a scenario that names none."""

@@ -1,0 +1,439 @@
+"""The scenario parser: checks a scenario document into the frozen types of :mod:`sim.scenario.types`.
+
+Every value is checked where it is read; all problems are reported together (one :class:`ScenarioError`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+from typing import Any
+
+from sim.dp.strategies import STRATEGIES
+from sim.protocol.registry import PROTOCOLS, AggregationParams, either, optional_stages
+from sim.scenario.dropout_modes import DEFAULT_MODE, MODES
+from sim.scenario.errors import ScenarioError
+from sim.scenario.reader import Reader
+from sim.scenario.source import Document
+from sim.scenario.types import (
+    DATASETS,
+    FIDELITIES,
+    LINK_MODELS,
+    MAX_CHUNKS,
+    MECHANISMS,
+    MODELS,
+    SYNTHETIC_CLASSES,
+    SYNTHETIC_SHAPE,
+    TRACE_SAMPLING,
+    BandwidthProfile,
+    Clients,
+    Data,
+    Dropout,
+    Evaluation,
+    Model,
+    Partition,
+    Pipeline,
+    Privacy,
+    Sampling,
+    Scenario,
+    Server,
+    Testbed,
+    TraceReplay,
+    Training,
+    ZipfProfile,
+)
+
+
+def parse(doc: Document, default_name: str | None = None) -> Scenario:
+    """Check and resolve a scenario document (without a ``sweep`` key: see :mod:`sim.scenario.grid`)."""
+    r = Reader(doc, doc.data)
+    name = r.string("name", default_name or Path(doc.name).stem)
+    seed = r.integer("seed", 0, lo=0, hi=2**63 - 1)
+    rounds = r.integer("rounds", lo=1)
+    population = r.integer("population", lo=1)
+
+    sampling = _sampling(r.section("sampling"), population)
+    clients = _clients(r.section("clients"))
+    s = r.section("server")
+    server = Server(
+        bandwidth_mbps=s.number("bandwidth_mbps", 1000.0, lo=0, lo_open=True),
+        speed=s.number("speed", 1.0, lo=0, lo_open=True),
+        latency_ms=s.number("latency_ms", 0.0, lo=0),
+    )
+    s.finish()
+    aggregation = _aggregation(r.section("aggregation"), sampling)
+    privacy = _privacy(r.section("privacy"), aggregation, sampling, population)
+    aggregation = dataclasses.replace(aggregation, strategy=privacy.strategy, collusion=privacy.collusion)
+    steps = aggregation.steps()
+    dropout = _dropout(r.section("dropout"), aggregation)
+    data = _data(r.section("data"), population)
+    model = _model(r.section("model"))
+    training = _training(r.section("training"))
+    e = r.section("evaluation")
+    evaluation = Evaluation(every=e.integer("every", 1, lo=1))
+    e.finish()
+    fidelity = r.choice("fidelity", FIDELITIES, "full")
+    if model.params is not None and fidelity != "timing":
+        r.fail(
+            ("model", "params"),
+            f"is {model.params}: an abstract model has no weights, so there is nothing to train under fidelity "
+            f"{fidelity!r}; set fidelity: timing, or name a real model (model.name: {', '.join(MODELS)})",
+        )
+    output = r.string("output", f"results/{name}")
+    timeouts = _timeouts(r.section("timeouts"), aggregation)
+    trace = _trace(r.section("trace"))
+    pipeline = None
+    if r.has("pipeline"):
+        pipeline = _pipeline(r.section("pipeline"), aggregation)
+    elif "pipeline" in r.data:
+        r.raw("pipeline")  # pipeline: null, as absent
+    testbed = None
+    if r.has("testbed"):  # resolved only when given: a scenario without it keeps its digest
+        testbed = _testbed(r.section("testbed"))
+    elif "testbed" in r.data:
+        r.raw("testbed")  # testbed: null, as absent
+    c = r.section("costs")
+    cost_profile = c.string("profile", None)
+    c.finish()
+    can_drop = MODES[dropout.mode].can_drop(dropout)
+    if dropout.silent and trace is not None:
+        # A client whose session ends leaves silently at whatever step the round is in.
+        untimed = [step for step in steps if step not in timeouts]
+        if untimed:
+            r.fail(
+                ("dropout", "silent"),
+                "is true with a trace: clients going offline leave silently at any step, whose server would wait "
+                f"for them for ever; set {', '.join(f'timeouts.{step}' for step in untimed)}",
+            )
+    elif dropout.silent and can_drop and dropout.stage is not None:
+        # A client leaving silently before step X is missed only in X: that step needs a deadline.
+        # (Pipelined, the first chunk's deadline there puts the leaver out of every chunk's instance.)
+        waits_in = aggregation.dropout_stages()[dropout.stage] or steps[0]
+        if waits_in not in timeouts:
+            r.fail(
+                ("dropout", "silent"),
+                f"is true: clients leaving silently at {dropout.stage} are missed in step {waits_in}, whose "
+                f"server would wait for them for ever; set timeouts.{waits_in}",
+            )
+    r.finish(extra_allowed=("sweep", "pipeline", "testbed"))
+    if r.problems:
+        raise ScenarioError(r.problems)
+    return Scenario(
+        name=name,
+        seed=seed,
+        rounds=rounds,
+        population=population,
+        sampling=sampling,
+        clients=clients,
+        server=server,
+        dropout=dropout,
+        data=data,
+        model=model,
+        training=training,
+        evaluation=evaluation,
+        fidelity=fidelity,
+        output=output,
+        timeouts=timeouts,
+        cost_profile=cost_profile,
+        aggregation=aggregation,
+        resolved=r.resolved,
+        privacy=privacy,
+        trace=trace,
+        pipeline=pipeline,
+        testbed=testbed,
+        document=doc,
+    )
+
+
+def _sampling(r: Reader, population: int) -> Sampling:
+    if r.has("clients_per_round") and r.has("rate"):
+        r.fail(
+            "rate",
+            "cannot be given with clients_per_round; give one: clients_per_round (a fixed "
+            "number each round) or rate (Poisson sampling)",
+        )
+    if r.has("rate"):
+        sampling = Sampling(None, r.number("rate", lo=0, hi=1, lo_open=True))
+    else:
+        k = r.integer("clients_per_round", min(10, population or 10), lo=1)
+        if population is not None and k is not None and k > population:
+            r.fail("clients_per_round", f"is {k}, more than the population ({population})")
+        sampling = Sampling(k, None)
+    r.finish(extra_allowed=("clients_per_round", "rate"))
+    return sampling
+
+
+def _clients(r: Reader) -> Clients:
+    c = r.section("compute")
+    compute_a = c.number("zipf_a", 1.2, lo=0)
+    fastest, slowest = c.interval("slowdown", (1.0, 3.0), lo=0, lo_open=True)
+    compute = ZipfProfile(compute_a, fastest, slowest, c.integer("ranks", None, lo=1))
+    c.finish()
+    b = r.section("bandwidth_mbps")
+    a = b.number("zipf_a", 1.2, lo=0)
+    lo_mbps, hi_mbps = b.interval("range", (21.0, 210.0), lo=0, lo_open=True)
+    bandwidth = BandwidthProfile(a, lo_mbps, hi_mbps, b.integer("ranks", None, lo=1))
+    b.finish()
+    r.finish()
+    return Clients(compute=compute, bandwidth=bandwidth)
+
+
+def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
+    protocol = r.choice("protocol", tuple(PROTOCOLS), AggregationParams.protocol)
+    bits = r.integer("bits", 20, lo=2, hi=32)
+    clip = r.number("clip", 1.0, lo=0, lo_open=True)
+    threshold = r.number("threshold", 0.5, lo=0, hi=1, hi_open=True)
+    neighbours = r.custom("neighbours", None, _neighbours)
+    if "neighbours" not in r.resolved:
+        r.resolved["neighbours"] = "auto"
+    adversary = r.choice("adversary", ("semi-honest", "malicious"), "semi-honest")
+    params = AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
+    params.spec.check_aggregation(params, sampling.clients_per_round, r.fail)
+    r.finish()
+    return params
+
+
+def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, population: int | None) -> Privacy:
+    d = Privacy()
+    strategy = r.choice("strategy", tuple(STRATEGIES), d.strategy)
+    p = Privacy(
+        strategy=_or(strategy, d.strategy),
+        mechanism=_or(r.choice("mechanism", MECHANISMS, d.mechanism), d.mechanism),
+        epsilon=_or(r.number("epsilon", d.epsilon, lo=0, lo_open=True), d.epsilon),
+        delta=_or(r.number("delta", d.delta, lo=0, hi=1, lo_open=True, hi_open=True), d.delta),
+        clip=_or(r.number("clip", d.clip, lo=0, lo_open=True), d.clip),
+        tolerance=_or(r.number("tolerance", d.tolerance, lo=0, hi=1, hi_open=True), d.tolerance),
+        guessed_dropout=_or(
+            r.number("guessed_dropout", d.guessed_dropout, lo=0, hi=1, hi_open=True), d.guessed_dropout
+        ),
+        collusion=_or(r.integer("collusion", d.collusion, lo=0), d.collusion),
+        headroom=_or(r.number("headroom", d.headroom, lo=0, lo_open=True), d.headroom),
+    )
+    spec = aggregation.spec
+    spec.check_privacy(aggregation, STRATEGIES[p.strategy], p.collusion, r.fail)
+    if not r.has("strategy") and any(r.has(key) for key in ("epsilon", "delta", "mechanism", "tolerance")):
+        r.fail(
+            "strategy",
+            "is missing: a privacy section without a strategy adds no noise (strategy none); name one, e.g. "
+            "xnoise, or none to run without DP",
+        )
+    spec.check_collusion(
+        aggregation, p.collusion, p.enabled, sampling.clients_per_round, sampling.rate, population, r.fail
+    )
+    r.finish()
+    return p
+
+
+def _trace(r: Reader) -> TraceReplay | None:
+    if not r.data:
+        r.finish()
+        return None
+    if not r.has("file"):
+        r.fail("file", "is required in a trace section: the availability trace to replay (see traces/README.md)")
+    file = r.string("file", "")
+    offset = r.number("offset_hours", 0.0, lo=0)
+    scale = r.number("time_scale", 1.0, lo=0, lo_open=True)
+    until = r.number("until_hours", None, lo=0, lo_open=True)
+    capacity = r.boolean("capacity", False)
+    sample_from = r.choice("sample_from", TRACE_SAMPLING, "online")
+    if until is not None and offset is not None and until <= offset:
+        r.fail("until_hours", f"is {until}: it must come after offset_hours ({offset})")
+    r.finish()
+    return TraceReplay(file or "", _or(offset, 0.0), _or(scale, 1.0), until, bool(capacity), sample_from or "online")
+
+
+def _chunks(value: Any) -> tuple[int | None, Any]:
+    if value == "auto":
+        return None, "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_CHUNKS:
+        return value, value
+    raise ValueError(f"allowed: auto, or a whole number of chunks from 1 to {MAX_CHUNKS}")
+
+
+def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
+    chunks = r.custom("chunks", None, _chunks)
+    if "chunks" not in r.resolved:
+        r.resolved["chunks"] = "auto"
+    dispatch = r.boolean("dispatch", True)
+    max_chunks = r.integer("max_chunks", 20, lo=1, hi=MAX_CHUNKS)
+    links = r.choice("links", LINK_MODELS, "shared")
+    if chunks is not None and r.has("max_chunks"):
+        r.fail("max_chunks", f"bounds the choice of chunks: auto, but chunks is {chunks}: drop max_chunks or set auto")
+    aggregation.spec.check_pipeline(aggregation, r.fail)
+    r.finish()
+    return Pipeline(chunks, bool(_or(dispatch, True)), int(_or(max_chunks, 20)), str(_or(links, "shared")))
+
+
+def _testbed(r: Reader) -> Testbed:
+    if not r.has("cores"):
+        r.fail("cores", "is required in a testbed section: the host's CPU cores, a whole number >= 1")
+    cores = r.integer("cores", 1, lo=1)
+    cpu_scale = r.number("cpu_scale", 1.0, lo=0, lo_open=True)
+    r.finish()
+    return Testbed(int(_or(cores, 1)), float(_or(cpu_scale, 1.0)))
+
+
+def _or(value: Any, default: Any) -> Any:
+    """A reader's value, or the default where the reader failed (returned None)."""
+    return default if value is None else value
+
+
+def _neighbours(value: Any) -> tuple[int | None, Any]:
+    if value == "auto":
+        return None, "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+        return value, value
+    raise ValueError("allowed: auto, or a whole number >= 2 (the SecAgg+ degree, rounded up to even)")
+
+
+def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
+    mode = r.choice("mode", tuple(MODES), DEFAULT_MODE)
+    rate = r.number("rate", 0.0, lo=0, hi=1)
+    conditional = optional_stages()
+    if r.has("stage") and r.raw("stage") in tuple(conditional) and r.raw("stage") not in aggregation.dropout_stages():
+        condition = conditional[r.raw("stage")]
+        r.fail("stage", f"is {r.raw('stage')!r}: {condition.purpose} only with {condition.needs()}")
+        stage = "before_upload"
+    else:
+        stage = r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
+    silent = r.boolean("silent", False)
+    # Keys only some modes read: the mode declares its own (per_client's high, high_fraction and low).
+    own = MODES[mode].keys
+    high = r.number("high", 0.99, lo=0, hi=1) if "high" in own else 0.99
+    high_fraction = r.number("high_fraction", 0.5, lo=0, hi=1) if "high_fraction" in own else 0.5
+    low = r.interval("low", (0.0, 0.1), lo=0, hi=1) if "low" in own else (0.0, 0.1)
+    if not MODES[mode].uses_rate and r.has("rate"):
+        r.fail(
+            "rate",
+            f"is not used with mode {mode} (each client's probability comes from {either(own, 'and')}); remove it",
+        )
+    keys = tuple(dict.fromkeys(key for m in MODES.values() for key in m.keys))
+    for key in keys:
+        if key not in own and r.has(key):
+            r.raw(key)
+            users = [name for name, m in MODES.items() if key in m.keys]
+            r.fail(key, f"only applies to mode {either(users)}, not {mode!r}")
+    r.finish(extra_allowed=keys)
+    return Dropout(mode, rate, stage, silent, high, high_fraction, low)
+
+
+def _partition(value: Any) -> tuple[Partition, Any]:
+    allowed = "allowed: iid, natural, or {dirichlet: ALPHA} with ALPHA > 0"
+    if value in ("iid", "natural"):
+        return Partition(value), value
+    if isinstance(value, dict) and list(value) == ["dirichlet"]:
+        alpha = value["dirichlet"]
+        if isinstance(alpha, int | float) and not isinstance(alpha, bool) and alpha > 0 and math.isfinite(alpha):
+            return Partition("dirichlet", float(alpha)), {"dirichlet": float(alpha)}
+    raise ValueError(allowed)
+
+
+def _data(r: Reader, population: int | None) -> Data:
+    dataset = r.choice("dataset", DATASETS, "digits")
+    partition = r.custom("partition", Partition("iid"), _partition)
+    if "partition" not in r.resolved:
+        r.resolved["partition"] = "iid"
+    path: str | None = None
+    test_fraction, samples_per_client, writers_per_client = 0.2, 50, 1
+    input_shape, classes = SYNTHETIC_SHAPE, SYNTHETIC_CLASSES
+    # Each data set reads only its own keys: another's is an error naming who uses it.
+    own = {
+        "path": ("femnist", "cifar10"),
+        "test_fraction": ("digits",),
+        "samples_per_client": ("synthetic",),
+        "input_shape": ("synthetic",),
+        "classes": ("synthetic",),
+        "writers_per_client": ("femnist",),
+    }
+    for key, users in own.items():
+        if dataset in users:
+            continue
+        if r.has(key):
+            r.raw(key)
+            r.fail(key, f"is not used by dataset {dataset!r} (only by {' and '.join(users)})")
+    if dataset in own["path"]:
+        if not r.has("path"):
+            r.fail(
+                "path", f"is required for dataset {dataset}: the folder holding its files (no data set is downloaded)"
+            )
+        path = r.string("path", None)
+    if dataset == "digits":
+        test_fraction = r.number("test_fraction", 0.2, lo=0, hi=1, lo_open=True, hi_open=True)
+    if dataset == "synthetic":
+        samples_per_client = r.integer("samples_per_client", 50, lo=1)
+        input_shape = r.custom("input_shape", SYNTHETIC_SHAPE, _image_shape)
+        if "input_shape" not in r.resolved:
+            r.resolved["input_shape"] = list(SYNTHETIC_SHAPE)
+        classes = _or(r.integer("classes", SYNTHETIC_CLASSES, lo=2, hi=1000), SYNTHETIC_CLASSES)
+    if dataset == "femnist":
+        writers_per_client = r.integer("writers_per_client", 1, lo=1)
+    if partition.kind == "natural" and dataset != "femnist":
+        r.fail("partition", f"is 'natural', which needs writer ids: only femnist has them, not {dataset}")
+    r.finish(extra_allowed=tuple(own))
+    return Data(dataset, partition, path, test_fraction, samples_per_client, writers_per_client, input_shape, classes)
+
+
+def _model(r: Reader) -> Model:
+    if not r.has("params"):
+        name = r.choice("name", MODELS, "cnn")
+        if r.has("train_seconds_per_sample"):
+            r.raw("train_seconds_per_sample")
+            r.fail(
+                "train_seconds_per_sample",
+                f"applies only to an abstract model (model.params); model {name!r}'s training time comes from "
+                f"the cost profile's train.{name}.* operation",
+            )
+        r.finish(extra_allowed=("params", "train_seconds_per_sample"))
+        return Model(name)
+    if r.has("name"):
+        r.fail(
+            "name",
+            f"is {r.raw('name')!r}, given with params; give one: name (a real model) or params (an abstract "
+            "model of that many parameters, for fidelity timing)",
+        )
+    params = r.integer("params", lo=1)
+    rate = r.number("train_seconds_per_sample", 0.0, lo=0)
+    r.finish()
+    return Model(None, _or(params, 1), _or(rate, 0.0))
+
+
+def _image_shape(value: Any) -> tuple[tuple[int, int, int], Any]:
+    allowed = "allowed: [C, H, W], whole numbers with 1 <= C <= 4 channels and 6 <= H, W <= 256 pixels"
+    if not isinstance(value, list | tuple) or len(value) != 3:
+        raise ValueError(allowed)
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
+        raise ValueError(allowed)
+    c, h, w = value
+    if not (1 <= c <= 4 and 6 <= h <= 256 and 6 <= w <= 256):
+        raise ValueError(allowed)
+    return (c, h, w), [c, h, w]
+
+
+def _training(r: Reader) -> Training:
+    t = Training(
+        local_epochs=r.integer("local_epochs", 1, lo=1),
+        batch_size=r.integer("batch_size", 20, lo=1),
+        lr=r.number("lr", 0.05, lo=0, lo_open=True),
+        momentum=r.number("momentum", 0.9, lo=0, hi=1, hi_open=True),
+        weight_decay=r.number("weight_decay", 0.0, lo=0),
+        server_lr=r.number("server_lr", 1.0, lo=0, lo_open=True),
+        threads=r.integer("threads", 1, lo=1, hi=256),
+        workers=r.integer("workers", 1, lo=1, hi=256),
+    )
+    r.finish()
+    return t
+
+
+def _timeouts(r: Reader, aggregation: AggregationParams) -> dict[str, float]:
+    timeouts = {}
+    steps = aggregation.steps()
+    for step in steps:
+        if r.has(step):
+            timeouts[step] = r.number(step, lo=0, lo_open=True)
+    for step in aggregation.spec.steps:
+        if step not in steps and r.has(step):
+            r.raw(step)
+            r.fail(step, f"is a step of {aggregation.protocol} only with {aggregation.spec.step_needs(step)}")
+    r.finish(extra_allowed=steps)
+    return timeouts

@@ -1,0 +1,84 @@
+"""What a run is made of, whatever driver plays its rounds: the scenario's population, availability,
+dropout plan, cost model, federated data and model.
+
+:func:`build` makes it from a scenario once per run. The runner plans rounds with it
+(:mod:`sim.runner.experiment`), the simulator charges its costs and trains its model
+(:class:`sim.engine.simulator.Simulator`), and a deployment's server updates the same model
+(:class:`sim.deploy.deployment.Deployment`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sim.clients.availability import Availability
+from sim.clients.dropout import DropoutModel
+from sim.clients.population import Population
+from sim.costs.model import CostModel, LinearCost
+from sim.learning.federated import FederatedData, load_federated
+from sim.learning.models import model_train_op, update_dimension
+from sim.learning.trainer import Learner
+from sim.scenario.types import Scenario
+
+TRANSPORT_OPS = ("deploy.send", "deploy.receive")
+"""Cost-model operations of the testbed's sockets per message (:mod:`sim.profiling.transport`): the sender's
+framing and writing, the receiver's reading and checking, each a job on the host's cores while the bytes
+flow."""
+CALL_OP = "deploy.call"
+"""Cost-model operation of handing one computation to a party's compute thread on the testbed."""
+
+
+@dataclass
+class World:
+    """One run's parts (built by :func:`build`)."""
+
+    scenario: Scenario
+    population: Population
+    availability: Availability | None
+    """Replayed availability (a ``trace`` section), or None."""
+    dropout: DropoutModel
+    costs: CostModel
+    data: FederatedData
+    learner: Learner | None
+    """The real model (``full`` fidelity), or None (``timing``)."""
+    dim: int
+    """Number of model parameters (the length of every update)."""
+    train_op: str
+    """The cost-model operation of local training."""
+
+    def close(self) -> None:
+        """Stop the model's training workers."""
+        if self.learner is not None:
+            self.learner.close()
+
+
+def build(scenario: Scenario) -> World:
+    """The parts of a run of ``scenario``; raises what a bad trace, data folder or cost profile raises."""
+    sc = scenario
+    population = Population.build(sc.population, sc.clients, sc.seed)
+    availability: Availability | None = None
+    if sc.trace is not None:
+        from sim.traces.io import check_clients, load_trace
+
+        trace = load_trace(sc.trace.file)
+        check_clients(trace, sc.population, sc.origin("trace", "file"))
+        availability = Availability(trace, sc.population, sc.trace.offset_hours * 3600, sc.trace.time_scale)
+        if sc.trace.capacity:
+            population = population.with_capacity(trace.clients, trace.compute_ms_per_sample, trace.bandwidth_kbps)
+    dropout = DropoutModel(sc.dropout, sc.population, sc.seed)
+    costs = CostModel.load(sc.cost_profile)
+    data = load_federated(sc.data, sc.population, sc.seed)
+    learner: Learner | None = None
+    if sc.fidelity == "full":
+        assert sc.model.name is not None  # the parser allows model.params only with fidelity timing
+        learner = Learner(sc.model.name, data, sc.training, sc.seed, (sc.data, sc.population, sc.seed))
+    shape, classes = data.input_shape, data.num_classes
+    dim = learner.dim if learner is not None else update_dimension(sc.model, shape, classes)
+    op = model_train_op(sc.model, shape, classes)
+    if sc.model.params is not None:  # an abstract model trains at the scenario's rate, not a profiled one
+        rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
+        costs = CostModel({**costs.operations, op: rate}, costs.machine, costs.source)
+    costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
+    if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
+        costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))
+    return World(sc, population, availability, dropout, costs, data, learner, dim, op)
