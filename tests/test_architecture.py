@@ -1,0 +1,65 @@
+"""The package's architecture: the import contracts of ``.importlinter`` hold, and the light entry points stay light.
+
+The contracts (checked by import-linter): the layers ``sim.cli`` > ``sim.runner`` > ``sim.engine | sim.deploy``
+> ``sim.round`` > ``sim.protocol`` > ``sim.dp | sim.crypto``; the two drivers never import each other; no
+import cycle among sim's direct children. The light entry points (reading results, ``dropsim plot``,
+``dropsim trace stats``, the scenario types) must not import the simulator's heavy dependencies, each
+checked in a fresh interpreter so that this process's own imports do not count.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+HEAVY = ("simpy", "torch", "dp_accounting")
+
+_LINT = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+
+
+def test_import_contracts_are_kept() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _LINT, "--no-cache"],
+        cwd=ROOT,  # it reads the contracts from ROOT/.importlinter
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, f"lint-imports failed:\n{result.stdout}\n{result.stderr}"
+
+
+def _loaded(statement: str, modules: tuple[str, ...]) -> list[str]:
+    """Which of ``modules`` are in ``sys.modules`` after running ``statement`` in a fresh interpreter."""
+    code = textwrap.dedent(
+        f"""
+        import sys
+        {statement}
+        print(",".join(m for m in {modules!r} if m in sys.modules))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, f"{statement!r} failed:\n{result.stderr}"
+    return [m for m in result.stdout.strip().split(",") if m]
+
+
+@pytest.mark.parametrize(
+    "statement",
+    [
+        "import sim.results",
+        "import sim.results.read, sim.results.writer, sim.results.tables",
+        "import sim.plots",  # dropsim plot
+        "import sim.traces.cli, sim.traces.stats, sim.traces.io",  # dropsim trace stats
+    ],
+)
+def test_light_entry_points_load_no_heavy_package(statement: str) -> None:
+    assert _loaded(statement, HEAVY) == [], f"{statement!r} loads heavy packages"
+
+
+def test_scenario_types_load_no_crypto_and_no_heavy_package() -> None:
+    modules = ("cryptography", *HEAVY)
+    assert _loaded("import sim.scenario.types", modules) == [], "sim.scenario.types loads heavy packages"
