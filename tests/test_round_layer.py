@@ -187,3 +187,21 @@ def test_a_gate_runs_stages_in_the_hyades_order(chunks: int, lengths: list[float
     assert order == [(1, c) for c in range(chunks)] + [(2, c) for c in range(chunks)]
     assert math.isclose(clock.now, chunks * sum(lengths))
     assert [s[:2] for s in gate.spans] == order
+
+
+def test_where_a_planned_dropout_leaves() -> None:
+    from sim.protocol.params import AggregationParams
+    from sim.round.departure import STAYS, Departure
+
+    secagg = AggregationParams("secagg")
+    assert Departure.plan(secagg, "") == STAYS and not STAYS.before("upload") and not STAYS.before_download
+    assert Departure.plan(secagg, "after_sampling").before_download
+    before = Departure.plan(secagg, "before_upload")
+    assert before.before("masked_input") and not before.before("share_keys") and not before.waits_for_uploads
+    assert Departure.plan(secagg, "during_unmasking").waits_for_uploads  # after the uploads: they go out first
+    try:
+        Departure.plan(secagg, "during_noise_removal")  # only where noise is removed
+    except ValueError as exc:
+        assert "is not one of secagg's" in str(exc)
+    else:
+        raise AssertionError("an unknown stage was accepted")

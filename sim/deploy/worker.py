@@ -50,6 +50,7 @@ from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError
 from sim.protocol.messages import AggregateChunk
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import fixed_point
+from sim.round.departure import Departure
 from sim.round.gates import StageGate
 from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.round.stages import DECODE, MASK, SHARED, UPLOAD, gated
@@ -357,11 +358,13 @@ class Worker:
     async def _play(self, p: Play) -> None:
         sc, start = p.shared.scenario, p.start
         c = start.client
-        stages = sc.aggregation.dropout_stages()
-        leave_before = stages.get(start.drop.decode()) if start.drop else None
         try:
-            if leave_before == "":
-                self._leave(p, start.drop.decode())
+            try:
+                departure = Departure.plan(sc.aggregation, start.drop.decode(errors="replace"))
+            except ValueError as exc:
+                raise LeftError(f"aborted: the server's round start: {exc}") from None
+            if departure.before_download:
+                self._leave(p, departure.stage)
             private = p.shared.private(start)
             p.max_elements = control.max_elements(p.shared.learner.dim, private)
             p.timeline.download_start = time.monotonic()
@@ -392,9 +395,9 @@ class Worker:
                 context=self.deployment,
             )
             if instances.pipelined:
-                await self._pipelined(p, instances, update, weight, leave_before)
+                await self._pipelined(p, instances, update, weight, departure)
             else:
-                await self._single(p, instances, update, weight, leave_before)
+                await self._single(p, instances, update, weight, departure)
         except LeftError as exc:
             p.timeline.left, p.timeline.left_at = str(exc), time.monotonic()
             if not sc.dropout.silent or str(exc).startswith("aborted"):
@@ -464,29 +467,29 @@ class Worker:
         return reaction
 
     async def _single(
-        self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, leave_before: str | None
+        self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, departure: Departure
     ) -> None:
         c = p.start.client
         machine = p.machines[0] = inst.client(c, keys=self._keys(), signing=self.identity.signing)
-        if leave_before == machine.first_step:
-            self._leave(p, p.start.drop.decode())
+        if departure.before(machine.first_step):
+            self._leave(p, departure.stage)
         await self._react(p, 0, lambda: machine.start(update, weight))
         while True:
             payload = await self._receive(p, 0)
             message = await p.cpu.run(lambda payload=payload: self._decode(p, payload))  # type: ignore[misc]
-            if leave_before and machine.stage_of(message) == leave_before:
-                self._leave(p, p.start.drop.decode())
+            if departure.before(machine.stage_of(message)):
+                self._leave(p, departure.stage)
             await self._react(p, 0, lambda message=message: machine.receive(message))
 
     async def _pipelined(
-        self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, leave_before: str | None
+        self, p: Play, inst: RoundInstances, update: np.ndarray, weight: float, departure: Departure
     ) -> None:
         c, m = p.start.client, len(inst.slots)
         sc = p.shared.scenario
         shape = sc.aggregation.spec.pipeline
         assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
-        if leave_before == shape.first_step:  # before its instances' first step: before encoding
-            self._leave(p, p.start.drop.decode())
+        if departure.before(shape.first_step):  # before its instances' first step: before encoding
+            self._leave(p, departure.stage)
         encoded = await p.cpu.run(lambda: inst.encode(c, update))
         assert isinstance(encoded, np.ndarray)
         p.unsent = set(range(m))
@@ -498,7 +501,7 @@ class Worker:
         """The client's link for its uploads; the server gates the dispatches to it (stage 4)."""
         tasks = [
             asyncio.create_task(
-                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, leave_before, cpu_gate, link_gate)
+                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, departure, cpu_gate, link_gate)
             )
             for j, slot in enumerate(inst.slots)
         ]
@@ -520,7 +523,7 @@ class Worker:
         j: int,
         piece: np.ndarray,
         weight: float,
-        leave_before: str | None,
+        departure: Departure,
         cpu_gate: StageGate[LoopEvent],
         link_gate: StageGate[LoopEvent],
     ) -> None:
@@ -539,10 +542,10 @@ class Worker:
                 await p.cpu.run(lambda message=message: self._decode_chunk(p, inst, j, message))  # type: ignore[misc]
                 cpu_gate.release(DECODE, j)
                 return
-            if leave_before and machine.stage_of(message) == leave_before:
-                if leave_before in p.shared.scenario.aggregation.after_upload():
+            if departure.before(machine.stage_of(message)):
+                if departure.waits_for_uploads:
                     await p.all_sent.wait()  # as the simulator: every masked input goes out before it leaves
-                self._leave(p, p.start.drop.decode())
+                self._leave(p, departure.stage)
             call = lambda message=message: machine.receive(message)  # noqa: E731
             await self._chunk_react(p, j, call, priority, cpu_gate, link_gate)
 

@@ -103,9 +103,6 @@ class Pipeline:
         """The step whose collection ends where the server's stage 3 starts (the masked inputs are in)."""
         self.upload = shape.upload
         """The message a client uploads as its chunk's input (stage 2)."""
-        self.after_upload = r.s.aggregation.after_upload()
-        """Steps before which a planned dropout has uploaded every chunk's masked input (a pipelined client
-        reaches the first chunk's unmasking while later chunks may still be uploading)."""
         self.unsent = {c: set(range(m)) for c in r.sampled}
         """Client -> chunks whose masked input has not reached the server yet (nor been given up)."""
         self.all_sent = {c: env.event() for c in r.sampled}
@@ -209,8 +206,9 @@ class Pipeline:
         """Client ``c``'s part once trained: it encodes its whole update, then starts one instance per chunk."""
         r = self.r
         env = r.env
-        if r.leave_before.get(c) == self.first_step:
-            r.leave(c, r.drops[c])
+        departure = r.departure(c)
+        if departure.before(self.first_step):
+            r.leave(c, departure.stage)
             return
         encoded = self._encode(c, update)
         start = env.now
@@ -245,7 +243,7 @@ class Pipeline:
         j = slot.index
         machine = r.client_machines[(c, j)] = r.client_machine(c, j)
         cpu = self.cpu_gate[c]
-        leave_before = r.leave_before.get(c)
+        departure = r.departure(c)
         try:
             yield cpu.admit(MASK, j)
             reaction = machine.start(x, weight)
@@ -259,12 +257,12 @@ class Pipeline:
                 staged = (MASK, j) not in cpu.done
                 priority = STAGED if staged else SIDE
                 yield from r.client_compute(c, [Work("wire.decode", frame_size(message))], priority)
-                if leave_before and machine.stage_of(message) == leave_before:
-                    if leave_before in self.after_upload:
+                if departure.before(machine.stage_of(message)):
+                    if departure.waits_for_uploads:
                         # it drops after uploading: whatever the timing, all its masked inputs go out first
                         yield self.all_sent[c]
                     if c not in self.left:
-                        r.leave(c, r.drops[c])
+                        r.leave(c, departure.stage)
                     return
                 try:
                     reaction = machine.receive(message)

@@ -61,6 +61,7 @@ from sim.protocol.registry import AFTER_SAMPLING, AggregationParams
 from sim.protocol.wire import Blank, Message
 from sim.round.closing import client_cpu_share, close_record, expose
 from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
+from sim.round.departure import STAYS, Departure
 from sim.round.gates import STAGED
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
@@ -132,12 +133,11 @@ class Round:
         self.number = plan.number
         self.sampled = tuple(int(c) for c in plan.sampled)
         self.full = setup.learner is not None
-        stages = setup.aggregation.dropout_stages()
         self.drops = dict(plan.drops)
-        self.leave_before = {c: stages[stage] for c, stage in self.drops.items()}
-        """Client -> the step it leaves before (``""``: before the download)."""
+        self.departures = {c: Departure.plan(setup.aggregation, stage) for c, stage in self.drops.items()}
+        """Client -> where its planned dropout leaves the round."""
         if setup.learner is not None and not plan.refused:  # training.workers > 1: train them in the background
-            setup.learner.prefetch(self.number, [c for c in self.sampled if self.leave_before.get(c) != ""])
+            setup.learner.prefetch(self.number, [c for c in self.sampled if not self.departure(c).before_download])
         self.m = plan.chunks or 1
         """Protocol instances of the round (its chunks; 1 when it is not pipelined)."""
         self.inboxes = [simpy.Store(self.env) for _ in range(self.m)]
@@ -386,7 +386,7 @@ class Round:
         """Client ``c`` fetches the model and trains; returns its update and weight, or None if it left
         before the download (a dropout after sampling)."""
         env, rec, s = self.env, self.clients[c], self.s
-        if self.leave_before.get(c) == "":
+        if self.departure(c).before_download:
             self.leave(c, AFTER_SAMPLING)
             return None
         rec.download_start = env.now
@@ -417,7 +417,7 @@ class Round:
 
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
         env, rec = self.env, self.clients[c]
-        leave_before = self.leave_before.get(c)
+        departure = self.departure(c)
         try:
             trained = yield from self._download_and_train(c)
             if trained is None:
@@ -427,16 +427,16 @@ class Round:
                 yield from self.pipeline.client(c, update, weight)
                 return
             machine = self.client_machines[(c, 0)] = self.client_machine(c)
-            if leave_before == machine.first_step:
-                self.leave(c, self.drops[c])
+            if departure.before(machine.first_step):
+                self.leave(c, departure.stage)
                 return
             yield from self._client_react(c, machine.start(update, weight))
             inbox = self.client_inbox[(c, 0)]
             while True:
                 message = yield inbox.get()
                 yield from self.client_compute(c, [Work("wire.decode", frame_size(message))])
-                if leave_before and machine.stage_of(message) == leave_before:
-                    self.leave(c, self.drops[c])
+                if departure.before(machine.stage_of(message)):
+                    self.leave(c, departure.stage)
                     return
                 try:
                     reaction = machine.receive(message)
@@ -447,6 +447,10 @@ class Round:
                 yield from self._client_react(c, reaction)
         except simpy.Interrupt:
             return
+
+    def departure(self, c: int) -> Departure:
+        """Where client ``c``'s planned dropout leaves the round (it may stay)."""
+        return self.departures.get(c, STAYS)
 
     def _model_message(self) -> ModelDownload:
         """The round's global model, one message for every client (encoded once)."""
