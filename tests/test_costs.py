@@ -9,7 +9,8 @@ import pytest
 from sim.costs.model import CostModel, CostModelError, LinearCost
 from sim.learning.federated import SHAPES
 from sim.learning.models import MODELS, train_op
-from sim.profiling.profiler import fit_nonnegative, run_profile
+from sim.profiling.fit import fit_nonnegative
+from sim.profiling.profiler import run_profile
 from sim.protocol.machine import Work
 
 

@@ -190,7 +190,7 @@ def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experimen
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from sim.cli.main import _print_table
+    from sim.cli.output import print_table
     from sim.deploy.deployment import check_deployable
     from sim.preflight import check_all
     from sim.runner import prepare_output, run_scenario, summarize
@@ -215,7 +215,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     else:
         print(f"{out} already holds this scenario's complete deployment (--force runs it again)", file=sys.stderr)
         summary = summarize(out)
-    _print_table([summary.row()])
+    print_table([summary.row()])
     print(f"results: {out}/ (rounds.csv, clients.csv, stages.csv, manifest.json; times in wall-clock seconds)")
     return 0
 

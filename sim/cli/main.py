@@ -16,6 +16,7 @@ import pandas as pd
 
 import sim
 from sim.cli.deploy import add_deploy_parsers, cmd_deploy, cmd_validate, cmd_worker
+from sim.cli.output import print_table
 from sim.errors import InputError
 from sim.paper.cli import add_reproduce_parser, cmd_reproduce
 from sim.scenario import load
@@ -143,11 +144,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_INTERRUPTED
 
 
-def _print_table(rows: list[dict[str, object]]) -> None:
-    frame = pd.DataFrame(rows)
-    print(frame.to_string(index=False, na_rep="-", float_format=lambda x: f"{x:.4g}"))
-
-
 def cmd_check(args: argparse.Namespace) -> int:
     from sim.preflight import check_all
 
@@ -183,7 +179,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         print(f"{out} already holds this scenario's complete run (--force runs it again)", file=sys.stderr)
         summary = summarize(out)
-    _print_table([summary.row()])
+    print_table([summary.row()])
     if summary.stopped:
         print(f"stopped {summary.stopped}")
     budget = scenario.privacy.epsilon
@@ -221,7 +217,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                 "wall (s)": s.wall_seconds if s else math.nan,
             }
         )
-    _print_table(rows)
+    print_table(rows)
     out = grid.base().output
     failed = [st for st in statuses if st.status == "failed"]
     for st in failed:
@@ -266,7 +262,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"dropsim: {args.file}: cannot plan the noise: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    _print_table(rows)
+    print_table(rows)
     if args.csv:
         make_folder(args.csv.parent)
         write_atomic(args.csv, csv_bytes(rows, list(rows[0]), header=True))
@@ -333,7 +329,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
         doc = run_profile(args.out, quick=args.quick, progress=say)
     shown = args.only or list(doc["operations"])
     rows = [{"operation": op, **doc["operations"][op]["coef"], "r2": doc["operations"][op]["r2"]} for op in shown]
-    _print_table(rows)
+    print_table(rows)
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
     if args.quick:
         print(
@@ -373,7 +369,7 @@ def cmd_profile_pipeline(args: argparse.Namespace) -> int:
     plan = plan_chunks(scenario, dim, say)
     print(f"{scenario.name}: d = {dim} values; per-chunk latency of each stage (Dordis eq. 3), fitted on short runs:")
     names = ("c-comp", "comm (upload)", "s-comp", "comm (dispatch)", "c-comp (decode)")
-    _print_table(
+    print_table(
         [
             {
                 "stage": f"{i + 1} {names[i]}",
@@ -394,7 +390,7 @@ def cmd_profile_pipeline(args: argparse.Namespace) -> int:
             row["simulated_agg_s"] = result.simulated_s
             row["simulated_round_s"] = result.round_time_s
     print()
-    _print_table(rows)
+    print_table(rows)
     best = plan.predicted_best
     print(f"\npredicted best: chunks {best} ({plan.predicted[best]:.4g} s)")
     if plan.chunks != best:

@@ -16,7 +16,7 @@ pipeline, more so as it deepens. Here it is measured, not assumed:
   both modes start from the same cache state.
 
 Both are fitted as ``seconds per chunk = a (d/m) + b m + c`` by non-negative least squares
-(:func:`sim.profiling.profiler.fit_nonnegative`); the pipelined ``b`` is ``interference_s``: extra client CPU
+(:func:`sim.profiling.fit.fit_nonnegative`); the pipelined ``b`` is ``interference_s``: extra client CPU
 seconds per chunk task per chunk in the pipeline, on the reference device (slow-down 1). The receiver
 runs on the same machine, so the loopback IO costs both ends of the connection.
 
@@ -314,7 +314,7 @@ def fit_interference(points: Sequence[tuple[int, int]], seconds: Sequence[float]
     Returns ``{"interference_s": b, "coef": {"const": c, "chunk_elements": a, "chunks": b}, "r2": ...}``;
     a coefficient the non-negative fit dropped is 0.0.
     """
-    from sim.profiling.profiler import fit_nonnegative  # here: the profiler imports torch, the timing child need not
+    from sim.profiling.fit import fit_nonnegative
 
     if len(points) != len(seconds) or len(points) < len(FEATURES):
         raise ValueError(

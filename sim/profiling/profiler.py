@@ -41,6 +41,7 @@ from sim.costs.model import FORMAT
 from sim.learning.federated import SHAPES, FederatedData
 from sim.learning.models import MODELS, train_op
 from sim.learning.trainer import Learner, local_batches
+from sim.profiling.fit import fit_nonnegative
 from sim.profiling.micro import BENCHMARKS
 from sim.profiling.transport import TRANSPORT
 from sim.protocol.fedavg import ClientUpdate, FedAvgServer
@@ -76,28 +77,6 @@ def _median_seconds(fn: Callable[[], object], repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
-
-
-def fit_nonnegative(features: Sequence[str], rows: Sequence[dict[str, float]], seconds: list[float]) -> dict[str, Any]:
-    """Least-squares fit of ``seconds`` on ``features`` with every coefficient >= 0."""
-    active = list(features)
-    y = np.asarray(seconds)
-    while True:
-        x = np.asarray([[1.0 if f == "const" else row[f] for f in active] for row in rows])
-        coef, *_ = np.linalg.lstsq(x, y, rcond=None)
-        negative = [f for f, c in zip(active, coef, strict=True) if c < 0]
-        if not negative or len(active) == 1:
-            break
-        active.remove(min(negative, key=lambda f: coef[active.index(f)]))
-    coef = np.maximum(coef, 0.0)
-    pred = x @ coef
-    ss_res = float(np.sum((y - pred) ** 2))
-    ss_tot = float(np.sum((y - y.mean()) ** 2))
-    return {
-        "coef": {f: float(c) for f, c in zip(active, coef, strict=True)},
-        "r2": 1.0 - ss_res / ss_tot if ss_tot > 0 else 1.0,
-        "points": len(rows),
-    }
 
 
 LARGE_MODELS = ("resnet18", "vgg19")
@@ -293,7 +272,7 @@ def _run_profile(
         "operations": operations,
     }
     say("pipeline interference (Dordis eq. 3)")
-    from sim.profiling.interference import measure_pipeline  # it uses this module's fit_nonnegative
+    from sim.profiling.interference import measure_pipeline
 
     doc["pipeline"] = measure_pipeline(quick=quick)
     write_json(out, doc)
