@@ -39,12 +39,13 @@ def _loaded(statement: str, modules: tuple[str, ...]) -> list[str]:
         f"""
         import sys
         {statement}
-        print(",".join(m for m in {modules!r} if m in sys.modules))
+        print("loaded:" + ",".join(m for m in {modules!r} if m in sys.modules))
         """
     )
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, f"{statement!r} failed:\n{result.stderr}"
-    return [m for m in result.stdout.strip().split(",") if m]
+    (line,) = [line for line in result.stdout.splitlines() if line.startswith("loaded:")]
+    return [m for m in line.removeprefix("loaded:").split(",") if m]
 
 
 @pytest.mark.parametrize(
@@ -63,3 +64,25 @@ def test_light_entry_points_load_no_heavy_package(statement: str) -> None:
 def test_scenario_types_load_no_crypto_and_no_heavy_package() -> None:
     modules = ("cryptography", *HEAVY)
     assert _loaded("import sim.scenario.types", modules) == [], "sim.scenario.types loads heavy packages"
+
+
+def test_the_plot_and_trace_stats_commands_load_no_heavy_package(tmp_path: Path) -> None:
+    """``dropsim plot`` of a finished run and ``dropsim trace stats`` of a trace, run whole through the
+    command line's ``main``, import none of the simulator's heavy packages."""
+    from sim.runner import run_scenario
+    from sim.scenario import load
+    from sim.traces.io import write_trace
+    from sim.traces.synth import synthesize
+
+    scenario = tmp_path / "light.yaml"
+    scenario.write_text(
+        "name: light\nseed: 1\nrounds: 2\npopulation: 10\nsampling: {clients_per_round: 4}\n"
+        "data: {dataset: synthetic, samples_per_client: 20}\nmodel: {params: 1000}\nfidelity: timing\n"
+    )
+    run = tmp_path / "run"
+    run_scenario(load(scenario, [], output=str(run)).base(), run, progress=False)
+    trace = tmp_path / "trace.csv"
+    write_trace(synthesize(20, 1.0, seed=2), trace)
+    for command in (["plot", str(run), "--out", str(tmp_path / "figs")], ["trace", "stats", str(trace)]):
+        statement = f"from sim.cli import main; assert main({command!r}) == 0"
+        assert _loaded(statement, HEAVY) == [], f"dropsim {' '.join(command[:2])} loads heavy packages"
