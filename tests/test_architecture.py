@@ -86,3 +86,14 @@ def test_the_plot_and_trace_stats_commands_load_no_heavy_package(tmp_path: Path)
     for command in (["plot", str(run), "--out", str(tmp_path / "figs")], ["trace", "stats", str(trace)]):
         statement = f"from sim.cli import main; assert main({command!r}) == 0"
         assert _loaded(statement, HEAVY) == [], f"dropsim {' '.join(command[:2])} loads heavy packages"
+
+
+def test_the_round_layer_loads_no_simpy_asyncio_or_torch() -> None:
+    """The round layer is sans-IO: importing all of it loads no simpy, asyncio, torch or dp_accounting but
+    through the privacy ledger (dp_accounting, for accounting)."""
+    modules = ("simpy", "asyncio", "torch")
+    layer = "import sim.round.records, sim.round.plan, sim.round.collector, sim.round.closing, sim.round.stages"
+    assert (
+        _loaded(f"{layer}, sim.round.gates, sim.round.departure, sim.round.driver", (*modules, "dp_accounting")) == []
+    )
+    assert _loaded("import sim.round.privacy", modules) == []

@@ -228,7 +228,7 @@ def test_a_strategy_keeps_the_interface(name: str, n: int, tolerance: int, collu
 def test_a_dropout_mode_drops_sampled_clients_deterministically(name: str) -> None:
     mode = MODES[name]
     assert mode.name == name
-    config = Dropout(name, 0.4, "before_upload", False, 0.9, 0.5, (0.0, 0.3))
+    config = Dropout(name, 0.4, "before_upload", False, {"high": 0.9, "high_fraction": 0.5, "low": (0.0, 0.3)})
     sampled = np.array([3, 8, 11, 20, 21, 40, 55, 60, 71, 99])
     first, again, other = (DropoutModel(config, 100, seed) for seed in (5, 5, 6))
     plans = [first.plan(r, sampled) for r in range(1, 6)]

@@ -70,7 +70,7 @@ def test_late_refused_and_unasked_messages() -> None:
     assert c.arrival(MESSAGE, 3, 0.1) is UNASKED
     r.gone.add(3)  # it left: what was on its way is only late news
     assert c.arrival(MESSAGE, 3, 0.2) is DISCARD
-    assert c.unasked(3, "MaskedInput") == "a message it was not asked for in step masked_input (MaskedInput)"
+    assert c.unasked("MaskedInput") == "a message it was not asked for in step masked_input (MaskedInput)"
     assert r.records[1].dropped_stage == "timeout:share_keys"
     assert r.records[2].dropped_stage == "rejected: a replayed message"
 

@@ -29,7 +29,7 @@ def _dropout(
     high_fraction: float = 0.5,
     low: tuple[float, float] = (0.0, 0.1),
 ) -> Dropout:
-    return Dropout(mode, rate, stage, False, high, high_fraction, low)
+    return Dropout(mode, rate, stage, False, {"high": high, "high_fraction": high_fraction, "low": low})
 
 
 # --------------------------------------------------------------------------------- sample_clients

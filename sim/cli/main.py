@@ -231,12 +231,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_privacy(args: argparse.Namespace) -> int:
     from sim.dp.strategies import STRATEGIES
     from sim.results.writer import csv_bytes, make_folder, write_atomic
-    from sim.runner.privacy_table import PLANNED, model_dimension, privacy_table
+    from sim.runner.privacy_table import model_dimension, planned, privacy_table
 
     grid = load(args.file, args.overrides)
     scenario = grid.base()
     protocol = scenario.aggregation.protocol
-    supported = [s for s in PLANNED if scenario.aggregation.spec.supports(STRATEGIES[s])]
+    supported = [s for s in planned() if scenario.aggregation.spec.supports(STRATEGIES[s])]
     strategies = args.strategies or supported
     unknown = [s for s in strategies if s not in supported]
     bad_rates = [x for x in args.dropout if not 0 <= x < 1]

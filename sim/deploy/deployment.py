@@ -1,10 +1,11 @@
-"""A deployment run: the scenario's rounds over real sockets, recorded in the simulator's tables.
+"""The deployment: the driver that plays round plans over real sockets, in wall-clock time.
 
-:class:`Deployment` is a :class:`~sim.runner.Simulation` whose rounds are played by a
-:class:`~sim.deploy.server.DeployServer` and client worker processes instead of SimPy processes: the
-sampling, the dropout plan, the privacy plan and accounting, the model update and the evaluation are
-the simulator's own code, so the two differ only in how a round is carried out and timed (wall-clock
-seconds here). ``dropsim deploy`` runs it through :func:`sim.runner.run_scenario`.
+:class:`Deployment` implements :class:`sim.round.driver.Driver`: its rounds are played by a
+:class:`~sim.deploy.server.DeployServer` here and client worker processes instead of SimPy processes.
+The sampling, the dropout plan, the privacy plan and accounting, the model update and the evaluation are
+the runner's (:class:`sim.runner.experiment.Experiment`, :class:`sim.runner.Deployed`) whichever driver
+plays the rounds, so the two differ only in how a round is carried out and timed (wall-clock seconds
+since the deployment started, here). ``dropsim deploy`` runs it through :func:`sim.runner.run_scenario`.
 """
 
 from __future__ import annotations
@@ -149,7 +150,7 @@ class Deployment:
             self.loop.run_until_complete(self.server.start())
             if opts.spawn:
                 self._spawn()
-        except BaseException:  # nothing is left behind: workers, sockets, the loop, the learner
+        except BaseException:  # nothing is left behind: workers, sockets, the loop (the runner closes the model)
             self._stop_workers(kill=True)
             self.close()
             raise

@@ -448,7 +448,7 @@ class DeployServer:
                 continue
             if decision is UNASKED:
                 assert isinstance(payload, bytes)
-                self._reject(st, sender, collector.unasked(sender, wire.message_name(payload)))
+                self._reject(st, sender, collector.unasked(wire.message_name(payload)))
             if decision is not ACCEPT:
                 continue
             assert isinstance(payload, bytes)
@@ -553,6 +553,8 @@ class DeployServer:
             await link.admit(DISPATCH, j)
             try:
                 await self._send(st, rec, c, j, payload)
+            except Closed:
+                pass  # its connection closed meanwhile: it left, and gets no more
             finally:
                 link.release(DISPATCH, j)
 
@@ -597,29 +599,33 @@ class DeployServer:
 
         tasks = [asyncio.create_task(serve(j)) for j in range(m)]
         try:
-            await asyncio.gather(*tasks)
-        except _ChunkAbortedError as exc:
-            rec.outcome = f"aborted: {exc}"
+            try:
+                await asyncio.gather(*tasks)
+            except _ChunkAbortedError as exc:
+                rec.outcome = f"aborted: {exc}"
+                return
+            rec.aggregate_start = self.now()
+            rec.aggregate = await cpu.run(lambda: inst.combine([results[j] for j in range(m)]))
+            if dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
+                await self._decoded(st, set(rec.aggregate.survivors))
+            rec.outcome = "ok"
+        finally:  # the round is over: no chunk goes on, no sum is still sent (as the engine stops its clients)
             rec.steps = step_spans(chunk_steps)
-            return
-        finally:
-            for task in tasks:
+            for task in [*tasks, *dispatches]:
                 task.cancel()
-        rec.aggregate_start = self.now()
-        rec.aggregate = await cpu.run(lambda: inst.combine([results[j] for j in range(m)]))
-        if dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
-            deadline = time.monotonic() + self.step_timeout
-            survivors = set(rec.aggregate.survivors)
-            while time.monotonic() < deadline:
-                if all(c in st.decoded or st.closed(c) or st.peers[c].conn.closed for c in survivors if c in st.peers):
-                    break
-                self.changed.clear()
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
-        for task in dispatches:
-            task.cancel()
-        rec.outcome = "ok"
-        rec.steps = step_spans(chunk_steps)
+            await asyncio.gather(*tasks, *dispatches, return_exceptions=True)
+
+    async def _decoded(self, st: RoundState, survivors: set[int]) -> None:
+        """Wait (``step_timeout`` at most) until every survivor still in the round has decoded every chunk's
+        sum; one out of the round (left, late, refused) gets no sums and is not waited for."""
+        deadline = time.monotonic() + self.step_timeout
+        while time.monotonic() < deadline:
+            waiting = [c for c in survivors if c in st.peers and c not in st.decoded]
+            if all(st.closed(c) or st.roster.excluded(c) or st.peers[c].conn.closed for c in waiting):
+                return
+            self.changed.clear()
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), max(0.0, deadline - time.monotonic()))
 
     async def _end(self, st: RoundState, rec: RoundRecord) -> None:
         """Tell the round's workers it is over, collect their reports, free them."""

@@ -289,7 +289,7 @@ class Round:
             if lazily and collector.deadline is not None:
                 deadline = env.timeout(collector.deadline - env.now)
             if decision is UNASKED:
-                self._reject(sender, collector.unasked(sender, type(message).__name__))
+                self._reject(sender, collector.unasked(type(message).__name__))
             if decision is not ACCEPT:
                 continue
             yield from self.server_compute([Work("wire.decode", frame_size(message))], priority)
@@ -308,21 +308,27 @@ class Round:
         try:
             return machine.close_step()
         except RoundAbortedError as exc:
-            self.roster.blame(exc)
+            self._out(self.roster.blame(exc))
             return Reaction()
 
     def _missed(self, late: list[int]) -> None:
         """Clients ``late`` missed a step's deadline: they are out of the round from now on. In a pipelined
         round the other chunks' instances stop waiting for them (a silent leaver costs one timeout, not one
         per chunk); the sums they are already in keep them."""
-        if self.pipeline is not None:
-            for c in late:  # wake the instances waiting for it
-                for inbox in self.inboxes:
-                    inbox.put((OUT, c, None, self.env.now))
+        self._out(late)
 
     def _reject(self, sender: int, reason: str) -> None:
         """The server refused ``sender``'s message: it is out of the round."""
         self.roster.reject(sender, reason)
+        self._out([sender])
+
+    def _out(self, clients: list[int]) -> None:
+        """Clients put out of the round (late, refused): in a pipelined round, wake the other instances
+        waiting for them (as the deployment's server does)."""
+        if self.pipeline is not None:
+            for c in clients:
+                for inbox in self.inboxes:
+                    inbox.put((OUT, c, None, self.env.now))
 
     def server_compute(
         self, work: list[Work] | tuple[Work, ...], priority: int = STAGED

@@ -10,8 +10,8 @@ the deadline passed with nothing left to read. The collector decides:
   late, ``timeout:<step>``, and whatever they send afterwards is discarded. A message that arrived by the
   deadline counts even when the busy server reads it later;
 - a departure takes the client out of every instance of the round (:data:`SKIP`); a message that arrived
-  before it still counts (a client that uploads and leaves is in the sum). News that another instance put
-  a client out (``OUT``) only wakes the step (:data:`SKIP`);
+  before it and is read still counts (a client that uploads and leaves is in the sum). News that another
+  instance put a client out (``OUT``) only wakes the step (:data:`SKIP`);
 - a message from a late or refused client is :data:`DISCARD`-ed, and so is one the step did not ask for
   from a client that has left (it was on its way as the step went on without it);
 - a message the step did not ask a client still in the round for is :data:`UNASKED`: the driver refuses
@@ -21,6 +21,15 @@ the deadline passed with nothing left to read. The collector decides:
 
 With ``lazy`` the timeout counts from the step's first message, not from its start: a pipelined round's
 later chunks, whose clients reach them one chunk after another.
+
+Two consequences of these rules, kept as they are because the simulator's results depend on them (both
+drivers apply them alike; changing them is a change of results, not of structure):
+
+- a departure counts for every instance from the moment any instance reads it. Another instance whose
+  inbox still holds an earlier message of that client reads it only while it waits for somebody else;
+  if that client was the last one it waited for, its step ends without the message;
+- the event that closes a step is consumed by it: a departure that arrives after the deadline closes the
+  step and is not seen by the later steps, which wait for that client until their own timeouts.
 
 A :class:`Roster` holds who is out of a round and why, for all the round's instances (one per chunk):
 its labels are the ``dropped_stage`` of the clients table.
@@ -174,6 +183,6 @@ class StepCollector:
             self.roster.miss(c, self.step)
         return self.missed
 
-    def unasked(self, sender: int, what: str) -> str:
-        """Why a message ``what`` from ``sender`` is refused (:data:`UNASKED`)."""
+    def unasked(self, what: str) -> str:
+        """Why a message ``what`` is refused (:data:`UNASKED`)."""
         return f"a message it was not asked for in step {self.step} ({what})"

@@ -25,6 +25,7 @@ from sim.errors import InputError
 from sim.pipeline.performance import PerformanceModel, fit_stages
 from sim.pipeline.recurrence import DORDIS_RESOURCES, DUPLEX_RESOURCES
 from sim.round.records import RoundRecord
+from sim.scenario.dropout_modes import DEFAULT_MODE
 from sim.scenario.types import Model, Scenario
 
 PROXY_CHUNKS = (1, 2, 4, 8, 16)
@@ -63,7 +64,7 @@ def _proxy(scenario: Scenario, dim: int, chunks: int, calm: bool = False) -> Sce
     assert scenario.pipeline is not None
     dropout = scenario.dropout
     if calm:
-        dropout = dataclasses.replace(dropout, mode="fixed", rate=0.0)
+        dropout = dataclasses.replace(dropout, mode=DEFAULT_MODE, rate=0.0)  # the default mode at rate 0: nobody
     return dataclasses.replace(
         scenario,
         rounds=1,

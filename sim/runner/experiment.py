@@ -59,6 +59,10 @@ class Experiment:
                 pipeline = dataclasses.replace(scenario.pipeline, chunks=self.chunk_plan.chunks)
                 scenario = world.scenario = dataclasses.replace(scenario, pipeline=pipeline)
             self.scenario = sc = scenario
+            self.privacy: PrivacyLedger | None = None
+            if sc.privacy.enabled:  # planned before any driver exists: a budget no noise meets fails here
+                q, nominal = nominal_sampling(sc)
+                self.privacy = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, nominal, world.dim, sc.seed)
             self.driver: Driver = driver(world)
         except BaseException:
             world.close()
@@ -66,10 +70,6 @@ class Experiment:
         self._everyone = np.arange(sc.population, dtype=np.int64)
         self.round = 0
         self._exhausted = ""
-        self.privacy: PrivacyLedger | None = None
-        if sc.privacy.enabled:
-            q, nominal = nominal_sampling(sc)
-            self.privacy = PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, nominal, world.dim, sc.seed)
 
     @property
     def dim(self) -> int:

@@ -20,8 +20,10 @@ from sim.dp.strategies import STRATEGIES
 from sim.protocol.registry import AggregationParams, reconstruction_threshold
 from sim.scenario.types import Scenario
 
-PLANNED = tuple(name for name, s in STRATEGIES.items() if s.enabled)
-"""Strategies ``dropsim privacy`` compares by default."""
+
+def planned() -> tuple[str, ...]:
+    """Strategies ``dropsim privacy`` compares by default: every registered one that adds noise."""
+    return tuple(name for name, s in STRATEGIES.items() if s.enabled)
 
 
 def model_dimension(scenario: Scenario) -> int:
@@ -38,15 +40,15 @@ def minimum_survivors(aggregation: AggregationParams, n: int) -> int:
 
 
 def privacy_table(
-    scenario: Scenario, dropouts: Sequence[float], dim: int, strategies: Sequence[str] = PLANNED
+    scenario: Scenario, dropouts: Sequence[float], dim: int, strategies: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
-    """One row per strategy and dropout rate (see the module docstring)."""
+    """One row per strategy (default: :func:`planned`) and dropout rate (see the module docstring)."""
     from sim.round.privacy import PrivacyLedger, nominal_sampling
 
     sc = scenario
     q, n = nominal_sampling(sc)
     rows = []
-    for strategy in strategies:
+    for strategy in strategies if strategies is not None else planned():
         privacy = dataclasses.replace(sc.privacy, strategy=strategy)
         aggregation = dataclasses.replace(sc.aggregation, strategy=strategy)
         for x in dropouts:

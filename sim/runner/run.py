@@ -153,6 +153,7 @@ def run_scenario(
     try:
         sim = engine(scenario)
         writer.manifest.update(
+            driver=sim.driver.name,  # what really played the rounds
             model_parameters=sim.dim,
             cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
             **sim.manifest_entries(),

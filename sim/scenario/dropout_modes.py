@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import numpy as np
 
+    from sim.scenario.reader import Reader
     from sim.scenario.types import Dropout
 
 
@@ -39,6 +40,11 @@ class DropoutMode:
     def can_drop(self, config: Dropout) -> bool:
         """Whether any client may drop under ``config``."""
         return (config.rate or 0) > 0
+
+    def read_options(self, r: Reader) -> dict[str, Any]:
+        """Read and check the keys of the ``dropout:`` section only this mode reads (its :attr:`keys`), with
+        their defaults; the parser refuses them under another mode."""
+        return {}
 
     def prepare(self, config: Dropout, population: int, seed: int) -> Any:
         """Per-run state, drawn once for a population of ``population`` clients (None: the mode has none)."""
@@ -76,6 +82,13 @@ class PerClient(DropoutMode):
     def can_drop(self, config: Dropout) -> bool:
         return True
 
+    def read_options(self, r: Reader) -> dict[str, Any]:
+        return {
+            "high": r.number("high", 0.99, lo=0, hi=1),
+            "high_fraction": r.number("high_fraction", 0.5, lo=0, hi=1),
+            "low": r.interval("low", (0.0, 0.1), lo=0, hi=1),
+        }
+
     def prepare(self, config: Dropout, population: int, seed: int) -> np.ndarray:
         """Each client's drop probability."""
         import numpy as np
@@ -83,9 +96,10 @@ class PerClient(DropoutMode):
         from sim.seeds import Stream, generator
 
         rng = generator(seed, Stream.DROPOUT, 0)
-        high = rng.random(population) < config.high_fraction
-        low = rng.uniform(config.low[0], config.low[1], size=population)
-        return np.where(high, config.high, low)
+        options = config.options
+        high = rng.random(population) < options["high_fraction"]
+        low = rng.uniform(options["low"][0], options["low"][1], size=population)
+        return np.where(high, options["high"], low)
 
     def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
         n = int(sampled.shape[0])

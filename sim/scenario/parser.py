@@ -298,11 +298,9 @@ def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
     else:
         stage = r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
     silent = r.boolean("silent", False)
-    # Keys only some modes read: the mode declares its own (per_client's high, high_fraction and low).
+    # Keys only some modes read: the mode declares and reads its own (per_client's high, high_fraction, low).
     own = MODES[mode].keys
-    high = r.number("high", 0.99, lo=0, hi=1) if "high" in own else 0.99
-    high_fraction = r.number("high_fraction", 0.5, lo=0, hi=1) if "high_fraction" in own else 0.5
-    low = r.interval("low", (0.0, 0.1), lo=0, hi=1) if "low" in own else (0.0, 0.1)
+    options = MODES[mode].read_options(r)
     if not MODES[mode].uses_rate and r.has("rate"):
         r.fail(
             "rate",
@@ -315,7 +313,7 @@ def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
             users = [name for name, m in MODES.items() if key in m.keys]
             r.fail(key, f"only applies to mode {either(users)}, not {mode!r}")
     r.finish(extra_allowed=keys)
-    return Dropout(mode, rate, stage, silent, high, high_fraction, low)
+    return Dropout(mode, rate, stage, silent, options)
 
 
 def _partition(value: Any) -> tuple[Partition, Any]:

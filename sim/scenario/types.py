@@ -11,12 +11,12 @@ Light on purpose: a module that only needs a config type imports this without th
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from sim.dp.strategies import STRATEGIES
 from sim.protocol.params import AggregationParams
-from sim.scenario.dropout_modes import MODES
 from sim.scenario.source import Document
 
 DATASETS = ("digits", "synthetic", "femnist", "cifar10")
@@ -27,8 +27,6 @@ SYNTHETIC_SHAPE = (1, 8, 8)
 SYNTHETIC_CLASSES = 10
 """Default number of classes of the ``synthetic`` data set."""
 FIDELITIES = ("full", "timing")
-DROPOUT_MODES = tuple(MODES)
-"""The built-in ``dropout.mode`` values (:data:`sim.scenario.dropout_modes.MODES` has every registered one)."""
 TRACE_SAMPLING = ("online", "population")
 
 
@@ -98,9 +96,15 @@ class Dropout:
     silent: bool
     """A silent dropout is only noticed by the server at the step's timeout (else at once, as a closed
     connection)."""
-    high: float
-    high_fraction: float
-    low: tuple[float, float]
+    options: Mapping[str, Any] = field(default_factory=dict)
+    """The keys only the mode reads (:meth:`sim.scenario.dropout_modes.DropoutMode.read_options`; per_client's
+    ``high``, ``high_fraction``, ``low``), also readable as attributes (``dropout.high``)."""
+
+    def __getattr__(self, name: str) -> Any:
+        options = self.__dict__.get("options", {})
+        if name in options:
+            return options[name]
+        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (mode {self.__dict__.get('mode')})")
 
 
 MECHANISMS = ("skellam", "gaussian", "dgaussian")
