@@ -12,8 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sim.protocol.fedavg import ClientUpdate, FedAvgClient, FedAvgServer, ModelDownload
+from sim.protocol.fedavg import ClientUpdate, FedAvgClient, FedAvgServer
 from sim.protocol.machine import SERVER, LocalProtocolError, Reaction, RemoteProtocolError, Send, Work
+from sim.protocol.messages import ModelDownload
 from sim.protocol.wire import Blank, Vector, decode
 
 # ------------------------------------------------------------------------------------------- helpers

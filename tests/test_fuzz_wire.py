@@ -248,7 +248,7 @@ def test_max_elements_refuses_an_oversized_vector_before_allocating():
     with pytest.raises(WireError, match=r"^EncodedUpdate\.data: packed vector of 33554432 values exceeds the limit"):
         decode(frame, max_elements=1000)
     assert _peak(lambda: _refused(frame, max_elements=1000)) < 64 * 1024
-    model = sim.protocol.fedavg.ModelDownload(1, np.zeros(1001, np.float32)).encode()
+    model = sim.protocol.messages.ModelDownload(1, np.zeros(1001, np.float32)).encode()
     with pytest.raises(WireError, match=r"^ModelDownload\.params: vector of 1001 values exceeds the limit of 1000$"):
         decode(model, max_elements=1000)
     assert decode(model, max_elements=1001).params.shape == (1001,)

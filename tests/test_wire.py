@@ -14,7 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from sim.protocol.fedavg import ClientUpdate, ModelDownload
+from sim.protocol.fedavg import ClientUpdate
+from sim.protocol.messages import ModelDownload
 from sim.protocol.wire import HEADER, MAGIC, VERSION, Blank, Message, Vector, WireError, decode, peek_header
 
 # ------------------------------------------------------------------------------------------- helpers

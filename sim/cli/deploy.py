@@ -148,7 +148,7 @@ SECRET_FILE_GONE = (
 )
 
 
-def deploy_options(args: argparse.Namespace, log_dir: Path | None):  # type: ignore[no-untyped-def]
+def deploy_options(args: argparse.Namespace, log_dir: Path | None) -> DeployOptions:
     from sim.deploy.deployment import DeployOptions
 
     if args.secret_file is not None:

@@ -45,7 +45,6 @@ from sim.deploy.loopclock import LoopClock
 from sim.deploy.shaping import TokenBucket
 from sim.learning.trainer import Learner
 from sim.protocol import wire
-from sim.protocol.fedavg import ModelDownload
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import (
     Aggregate,
@@ -55,7 +54,7 @@ from sim.protocol.machine import (
     RoundSetupError,
     ServerMachine,
 )
-from sim.protocol.messages import AggregateChunk
+from sim.protocol.messages import AggregateChunk, ModelDownload
 from sim.protocol.private import PrivateRound
 from sim.protocol.wire import ModVector
 from sim.round.closing import client_cpu_share, close_record, expose, step_spans
@@ -77,7 +76,8 @@ class Peer:
     """An authenticated worker connection."""
 
     index: int
-    conn: Connection
+    conn: Connection = field(init=False)
+    """Set once made (its callbacks need the peer)."""
     offset: float = math.nan
     """Server monotonic clock minus the worker's (from its :class:`~sim.deploy.control.Clock`)."""
     round: int = 0
@@ -191,7 +191,7 @@ class DeployServer:
             self._refuse(f"connection from {where} refused: {getattr(exc, 'reason', exc) or 'closed'}")
             writer.close()
             return
-        peer = Peer(party, None)  # type: ignore[arg-type]
+        peer = Peer(party)
         peer.conn = Connection(
             reader,
             writer,

@@ -26,6 +26,7 @@ import logging
 import math
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,9 @@ from sim.deploy.shaping import TokenBucket
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.trainer import Learner
 from sim.protocol import wire
-from sim.protocol.fedavg import ModelDownload
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError
-from sim.protocol.messages import AggregateChunk
+from sim.protocol.messages import AggregateChunk, ModelDownload
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import fixed_point
 from sim.round.departure import Departure
@@ -476,7 +476,7 @@ class Worker:
         await self._react(p, 0, lambda: machine.start(update, weight))
         while True:
             payload = await self._receive(p, 0)
-            message = await p.cpu.run(lambda payload=payload: self._decode(p, payload))  # type: ignore[misc]
+            message = await p.cpu.run(partial(self._decode, p, payload))
             if departure.before(machine.stage_of(message)):
                 self._leave(p, departure.stage)
             await self._react(p, 0, lambda message=message: machine.receive(message))
@@ -536,10 +536,10 @@ class Worker:
             payload = await self._receive(p, j)
             staged = (MASK, j) not in cpu_gate.done
             priority = STAGED if staged else SIDE
-            message = await p.cpu.run(lambda payload=payload: self._decode(p, payload), priority)  # type: ignore[misc]
+            message = await p.cpu.run(partial(self._decode, p, payload), priority)
             if isinstance(message, AggregateChunk):
                 await cpu_gate.admit(DECODE, j)
-                await p.cpu.run(lambda message=message: self._decode_chunk(p, inst, j, message))  # type: ignore[misc]
+                await p.cpu.run(partial(self._decode_chunk, p, inst, j, message))
                 cpu_gate.release(DECODE, j)
                 return
             if departure.before(machine.stage_of(message)):

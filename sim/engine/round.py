@@ -31,7 +31,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import simpy
@@ -44,7 +44,6 @@ from sim.engine.pipelined import Pipeline
 from sim.engine.processor import BusyMeter
 from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
-from sim.protocol.fedavg import ModelDownload
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import (
     SERVER,
@@ -57,6 +56,7 @@ from sim.protocol.machine import (
     ServerMachine,
     Work,
 )
+from sim.protocol.messages import ModelDownload
 from sim.protocol.registry import AFTER_SAMPLING, AggregationParams
 from sim.protocol.wire import Blank, Message
 from sim.round.closing import client_cpu_share, close_record, expose
@@ -280,7 +280,7 @@ class Round:
                 get.cancel()
                 self._missed(collector.expire())
                 return
-            kind, sender, message, arrived = get.value  # type: ignore[misc]
+            kind, sender, message, arrived = cast(tuple[str, int, Message, float], get.value)
             lazily = collector.deadline is None
             decision = collector.arrival(kind, sender, arrived)
             if decision is CLOSE:

@@ -35,16 +35,6 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class ModelDownload(Message):
-    """The global model (float32 parameters) sent to a sampled client at the start of a round."""
-
-    TYPE: ClassVar[int] = 1
-    FIELDS: ClassVar = (("round", U32), ("params", F32_VECTOR))
-    round: int
-    params: Vector
-
-
-@dataclass(frozen=True)
 class ClientUpdate(Message):
     """A client's model delta (float32) and its weight (sample count)."""
 

@@ -10,7 +10,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from sim.protocol.wire import BYTES, KEY, PACKED, SIGNATURE, U8, U32, U64, Data, Message, ModVector, list_of, tuple_of
+from sim.protocol.wire import (
+    BYTES,
+    F32_VECTOR,
+    KEY,
+    PACKED,
+    SIGNATURE,
+    U8,
+    U32,
+    U64,
+    Data,
+    Message,
+    ModVector,
+    Vector,
+    list_of,
+    tuple_of,
+)
 
 
 @dataclass(frozen=True, eq=False)
@@ -22,6 +37,17 @@ class EncodedUpdate(Message):
     round: int
     client: int
     data: ModVector
+
+
+@dataclass(frozen=True)
+class ModelDownload(Message):
+    """The global model (float32 parameters) sent to a sampled client at the start of a round (every
+    protocol's round begins with it)."""
+
+    TYPE: ClassVar[int] = 1
+    FIELDS: ClassVar = (("round", U32), ("params", F32_VECTOR))
+    round: int
+    params: Vector
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,9 @@ from sim.protocol.secagg.config import (
     BadKeyError,
     BadSignatureError,
     InconsistentViewError,
+    Peer,
     SecAggConfig,
     TooFewClientsError,
-    _Peer,
 )
 from sim.protocol.suite import Suite, keys_bytes, plaintext_bytes, survivors_bytes, upload_bytes
 from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
@@ -90,7 +90,7 @@ class SecAggClient:
         self.c_sk: Data = b""
         self.s_sk: Data = b""
         self.b: Data = b""
-        self.peers: dict[int, _Peer] = {}
+        self.peers: dict[int, Peer] = {}
         self.ciphertexts: dict[int, Data] = {}
         self.u3: tuple[int, ...] = ()
         self._own: tuple[Data, Data] = (b"", b"")
@@ -175,7 +175,7 @@ class SecAggClient:
     def _on_keys(self, m: KeyList) -> Reaction:
         cfg, suite, me = self.config, self.suite, self.client
         holders = set(cfg.holders(me))
-        peers = {v: _Peer(c_pk, s_pk, sig) for v, c_pk, s_pk, sig in m.entries}
+        peers = {v: Peer(c_pk, s_pk, sig) for v, c_pk, s_pk, sig in m.entries}
         if len(peers) != len(m.entries) or not set(peers) <= holders or me not in peers:
             raise InconsistentViewError(SERVER, "the key list is not a set of this client's holders including itself")
         t = cfg.threshold(me)

@@ -13,7 +13,7 @@ t > |U|/2, Dordis footnote 3). A configuration that breaks this raises
 answers (``SecAggConfig.minimum``).
 
 Also here, for both machines: :data:`SECRET_ELEMENTS`, the :class:`~sim.protocol.machine.RemoteProtocolError`
-subclasses either side raises about what the other sent, and ``_Peer``, the keys (and signature) a client
+subclasses either side raises about what the other sent, and ``Peer``, the keys (and signature) a client
 advertised, which the server keeps and relays and each client checks.
 """
 
@@ -210,7 +210,7 @@ class SecAggConfig:
 
 
 @dataclass
-class _Peer:
+class Peer:
     c_pk: Data
     s_pk: Data
     signature: Data

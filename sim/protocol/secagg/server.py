@@ -63,7 +63,7 @@ from sim.protocol.messages import (
     UnmaskShares,
     UnmaskSharesAndSeeds,
 )
-from sim.protocol.secagg.config import SECRET_ELEMENTS, BadKeyError, BadSignatureError, SecAggConfig, _Peer
+from sim.protocol.secagg.config import SECRET_ELEMENTS, BadKeyError, BadSignatureError, Peer, SecAggConfig
 from sim.protocol.suite import (
     KEY_BYTES,
     SHARE_BYTES,
@@ -107,7 +107,7 @@ class SecAggServer:
         self.aggregate: Aggregate | None = None
         self._expected: set[int] = set(config.sampled)
         self._received: dict[int, Message | None] = {}
-        self.u1: dict[int, _Peer] = {}
+        self.u1: dict[int, Peer] = {}
         self.u2: dict[int, dict[int, Data]] = {}
         self.u3: set[int] = set()
         self.total: Vector = Blank(config.dim, np.uint32)
@@ -241,7 +241,7 @@ class SecAggServer:
     def _close_advertise(self, answered: dict[int, Message | None]) -> Reaction:
         for c, m in answered.items():
             assert isinstance(m, AdvertiseKeys)
-            self.u1[c] = _Peer(m.c_pk, m.s_pk, m.signature)
+            self.u1[c] = Peer(m.c_pk, m.s_pk, m.signature)
         sends = []
         listed = 0
         for c in self.u1:
