@@ -233,10 +233,13 @@ def test_the_simulated_round_ends_when_close_step_raises_round_aborted_error():
             raise RoundAbortedError("unmasking: shares contradict each other", (3,))
 
     machine = Contradicted()
-    rnd = SimpleNamespace(roster=Roster({3: ClientRecord(client=3, slowdown=1.0, bandwidth_mbps=1.0, samples=1)}))
+    woken: list[list[int]] = []
+    record = ClientRecord(client=3, slowdown=1.0, bandwidth_mbps=1.0, samples=1)
+    rnd = SimpleNamespace(roster=Roster({3: record}), _out=woken.append)
     assert Round.close_step(rnd, machine) == Reaction()  # type: ignore[arg-type]  # the loop then sees "aborted"
     assert machine.step == "aborted"
-    assert rnd.roster.records[3].dropped_stage == "rejected: unmasking: shares contradict each other"  # the liar
+    assert record.dropped_stage == "rejected: unmasking: shares contradict each other"  # the liar is refused
+    assert woken == [[3]]  # and the round's other instances stop waiting for it
 
 
 # ------------------------------------------------------------------- fault 3: low-order X25519 keys

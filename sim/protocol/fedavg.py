@@ -9,7 +9,6 @@ one accumulation per arrival plus one finalisation, as a streaming server would 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -25,13 +24,11 @@ from sim.protocol.machine import (
     ServerMachine,
     Work,
 )
-from sim.protocol.spec import ChunkSlot, ClientFactory, ProtocolSpec
-from sim.protocol.wire import F32_VECTOR, F64, U32, U64, Blank, Data, Message, Vector, vector_length
+from sim.protocol.spec import ClientFactory, InstanceRequest, ProtocolSpec
+from sim.protocol.wire import F32_VECTOR, F64, U32, U64, Blank, Message, Vector, vector_length
 
 if TYPE_CHECKING:
-    from sim.protocol.params import AggregationParams
-    from sim.protocol.private import PrivateRound
-    from sim.protocol.suite import Suite
+    pass
 
 
 @dataclass(frozen=True)
@@ -141,20 +138,9 @@ class FedAvgClient:
 class FedAvgSpec(ProtocolSpec):
     """FedAvg's registry entry: one ``upload`` step of float updates (nothing encoded, nothing secret)."""
 
-    def machines(
-        self,
-        params: AggregationParams,
-        round: int,
-        sampled: tuple[int, ...],
-        dim: int,
-        suite: Suite,
-        graph_seed: int,
-        verification_keys: Mapping[int, Data] | None,
-        private: PrivateRound | None,
-        chunk: ChunkSlot | None,
-        context: bytes,
-    ) -> tuple[ServerMachine, ClientFactory]:
-        return FedAvgServer(round, sampled, dim), lambda c, _rng, _enc, _sig: FedAvgClient(round, c)
+    def machines(self, request: InstanceRequest) -> tuple[ServerMachine, ClientFactory]:
+        r = request
+        return FedAvgServer(r.round, r.sampled, r.dim), lambda c, _rng, _enc, _sig: FedAvgClient(r.round, c)
 
 
 FEDAVG = FedAvgSpec(

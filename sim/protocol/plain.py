@@ -10,7 +10,6 @@ encoding instead; strategies that remove or rebase noise need the secure protoco
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -32,16 +31,15 @@ from sim.protocol.private import PrivateRound
 from sim.protocol.spec import (
     DP_OPERATIONS,
     ENCODED_OPERATIONS,
-    ChunkSlot,
     ClientFactory,
+    InstanceRequest,
     ProtocolSpec,
     fixed_point,
 )
-from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
+from sim.protocol.wire import Blank, Message, ModVector, Vector
 
 if TYPE_CHECKING:
-    from sim.protocol.params import AggregationParams
-    from sim.protocol.suite import Suite
+    pass
 
 
 class PlainServer:
@@ -168,22 +166,11 @@ class PlainClient:
 class PlainSpec(ProtocolSpec):
     """``plain``'s registry entry: one ``upload`` step of encodings in the clear (central or local DP only)."""
 
-    def machines(
-        self,
-        params: AggregationParams,
-        round: int,
-        sampled: tuple[int, ...],
-        dim: int,
-        suite: Suite,
-        graph_seed: int,
-        verification_keys: Mapping[int, Data] | None,
-        private: PrivateRound | None,
-        chunk: ChunkSlot | None,
-        context: bytes,
-    ) -> tuple[ServerMachine, ClientFactory]:
-        encoding = fixed_point(params, len(sampled))
-        return PlainServer(round, sampled, dim, encoding, private), lambda c, rng, enc, _sig: PlainClient(
-            round, c, dim, encoding, enc, private, rng
+    def machines(self, request: InstanceRequest) -> tuple[ServerMachine, ClientFactory]:
+        r = request
+        encoding = fixed_point(r.params, len(r.sampled))
+        return PlainServer(r.round, r.sampled, r.dim, encoding, r.private), lambda c, rng, enc, _sig: PlainClient(
+            r.round, c, r.dim, encoding, enc, r.private, rng
         )
 
 

@@ -25,6 +25,7 @@ from sim.protocol.spec import (
     ChunkSlot,
     ClientFactory,
     Condition,
+    InstanceRequest,
     PipelineShape,
     ProtocolSpec,
     chunk_slots,
@@ -43,6 +44,7 @@ __all__ = [
     "AggregationParams",
     "ChunkSlot",
     "ClientFactory",
+    "InstanceRequest",
     "PipelineShape",
     "ProtocolSpec",
     "chunk_slots",
@@ -119,4 +121,7 @@ def round_machines(
         raise ValueError(
             f"protocol {params.protocol} cannot be pipelined (only {', '.join(protocols_where(pipelined))})"
         )
-    return spec.machines(params, round, sampled, dim, suite, graph_seed, verification_keys, private, chunk, context)
+    request = InstanceRequest(
+        params, round, sampled, dim, suite, graph_seed, verification_keys, private, chunk, context
+    )
+    return spec.machines(request)

@@ -102,6 +102,30 @@ class PipelineShape:
     are in."""
 
 
+@dataclass(frozen=True)
+class InstanceRequest:
+    """What a protocol needs to build one instance of a round (one per chunk when pipelined)."""
+
+    params: AggregationParams
+    round: int
+    sampled: tuple[int, ...]
+    dim: int
+    """Model parameters (the update's length before any encoding)."""
+    suite: Suite
+    """The cryptography: real, or sized only (timing fidelity)."""
+    graph_seed: int
+    """Seed of the round's communication graph (SecAgg+)."""
+    verification_keys: Mapping[int, Data] | None = None
+    """The malicious variant's long-term verification keys of the sampled clients."""
+    private: PrivateRound | None = None
+    """Distributed DP: its encoding replaces the fixed-point one."""
+    chunk: ChunkSlot | None = None
+    """The instance of one chunk of a pipelined round: its clients start from their encoded slice and its
+    server ends with the sum."""
+    context: bytes = b""
+    """What else its signatures are bound to (a deployment's id)."""
+
+
 class Condition:
     """When an optional step or dropout stage of a protocol exists."""
 
@@ -221,20 +245,8 @@ class ProtocolSpec:
         """The round's communication graph."""
         return graph.complete(sampled)
 
-    def machines(
-        self,
-        params: AggregationParams,
-        round: int,
-        sampled: tuple[int, ...],
-        dim: int,
-        suite: Suite,
-        graph_seed: int,
-        verification_keys: Mapping[int, Data] | None,
-        private: PrivateRound | None,
-        chunk: ChunkSlot | None,
-        context: bytes,
-    ) -> tuple[ServerMachine, ClientFactory]:
-        """The server machine of one round and a factory of its client machines (see
+    def machines(self, request: InstanceRequest) -> tuple[ServerMachine, ClientFactory]:
+        """The server machine of one protocol instance and a factory of its client machines (see
         :func:`sim.protocol.registry.round_machines`)."""
         raise NotImplementedError(f"protocol {self.name} builds no machines")
 

@@ -4,7 +4,6 @@ operations, pipeline shape, machines, thresholds and their scenario checks."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -25,9 +24,9 @@ from sim.protocol.spec import (
     ENCODED_OPERATIONS,
     MALICIOUS,
     REMOVES_NOISE,
-    ChunkSlot,
     ClientFactory,
     Fail,
+    InstanceRequest,
     PipelineShape,
     ProtocolSpec,
     fixed_point,
@@ -35,9 +34,6 @@ from sim.protocol.spec import (
 
 if TYPE_CHECKING:
     from sim.protocol.params import AggregationParams
-    from sim.protocol.private import PrivateRound
-    from sim.protocol.suite import Suite
-    from sim.protocol.wire import Data
 
 STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking", "noise_removal")
 DROPOUT_STAGES = {
@@ -96,38 +92,28 @@ class SecAggSpec(ProtocolSpec):
             degree += 1  # the ring graph needs an even degree
         return graph.harary(sampled, degree, graph_seed)
 
-    def machines(
-        self,
-        params: AggregationParams,
-        round: int,
-        sampled: tuple[int, ...],
-        dim: int,
-        suite: Suite,
-        graph_seed: int,
-        verification_keys: Mapping[int, Data] | None,
-        private: PrivateRound | None,
-        chunk: ChunkSlot | None,
-        context: bytes,
-    ) -> tuple[ServerMachine, ClientFactory]:
-        encoding = fixed_point(params, len(sampled))
+    def machines(self, request: InstanceRequest) -> tuple[ServerMachine, ClientFactory]:
+        r, params, chunk, private = request, request.params, request.chunk, request.private
+        encoding = fixed_point(params, len(r.sampled))
         if chunk is not None and private is not None:
             private = private.chunk(chunk.start, chunk.stop)
         config = SecAggConfig(
-            round=round,
-            sampled=sampled,
-            dim=chunk.length if chunk is not None else dim if private is None else private.length,
+            round=r.round,
+            sampled=r.sampled,
+            dim=chunk.length if chunk is not None else r.dim if private is None else private.length,
             encoding=encoding,
-            neighbours=self.neighbourhoods(params, sampled, graph_seed),
+            neighbours=self.neighbourhoods(params, r.sampled, r.graph_seed),
             threshold_fraction=params.threshold,
             malicious=params.malicious,
             collusion=params.collusion,
-            verification_keys=dict(verification_keys or {}),
+            verification_keys=dict(r.verification_keys or {}),
             private=private,
             chunk=chunk.index if chunk is not None else 0,
             chunks=chunk.count if chunk is not None else 1,
             prepared=chunk is not None,
-            context=context,
+            context=r.context,
         )
+        suite = r.suite
         return SecAggServer(config, suite), lambda c, rng, enc, sig: SecAggClient(config, c, suite, rng, enc, sig)
 
     def check_aggregation(self, params: AggregationParams, clients: int | None, fail: Fail) -> None:
