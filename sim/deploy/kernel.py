@@ -1,0 +1,307 @@
+"""Kernel emulation of a testbed's devices: CPU quotas in cgroups, links shaped by ``tc`` on loopback.
+
+The ``process`` emulation (:mod:`sim.deploy.compute`, :mod:`sim.deploy.shaping`) slows a device down
+inside its own process: sleeps after each computation, token buckets around each socket. The ``kernel``
+emulation leaves that to the kernel, as real FL testbeds do (Dordis shaped its clients' links with
+wondershaper):
+
+- **CPU** (:class:`CpuGroups`): each party's processes run in a CPU cgroup of their own whose CFS quota is
+  the party's share of a core (``cores`` = quota / period), under the cgroup v2 ``cpu`` controller
+  (``cpu.max``) or the v1 ``cpu`` hierarchy (``cpu.cfs_quota_us``, ``cpu.cfs_period_us``), whichever the
+  machine has. A party that computes runs at that rate and no faster; with all quotas summing to at most
+  the machine's cores, no party waits for another's core.
+- **Network** (:class:`LinkShaper`): every party talks over the loopback interface of a private network
+  namespace (never the host's), the server on 127.0.0.1 and client ``i`` on an address of its own. An htb
+  qdisc on that ``lo`` gives each client two classes, its uplink (packets from its address) and its
+  downlink (packets to it), each at the client's rate, under two parent classes at the server's rate (all
+  uplinks share the server's downlink, all downlinks its uplink), as the simulator's star network.
+
+Everything is created under names of this process's own (``dropsim-<pid>-<random>``) and removed by
+:meth:`CpuGroups.close` and the namespace's end; nothing outside them is touched. :func:`missing` says
+what a machine lacks for all this.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from sim.errors import InputError
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+"""Where the cgroup file systems are mounted (v2 unified here, or v1 hierarchies below it)."""
+
+PERIOD_US = 10_000
+"""CFS period of every party's quota (microseconds). The kernel's default of 100 ms would let a quarter-core
+party run a 20 ms burst at full speed and then sit out 80 ms: a sub-millisecond operation would take either
+its CPU time or tens of milliseconds, depending on where in the period it fell. 10 ms keeps the bursts and
+the throttled stretches short against a round's steps; ``tests/test_kernel_testbed.py`` measures the rate
+a quota gives."""
+
+MIN_QUOTA_US = 1_000
+"""The smallest quota the kernel accepts (1 ms per period)."""
+
+MTU_BYTES = 65_536
+"""The loopback's MTU: htb's quantum and burst must hold one packet of it."""
+
+
+class KernelTestbedError(InputError):
+    """The machine cannot run the kernel emulation, or a step of it failed; the message says what."""
+
+
+def _run(command: list[str], what: str) -> str:
+    """Run ``command``; its standard output, or :class:`KernelTestbedError` naming ``what`` failed."""
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise KernelTestbedError(f"{what}: {' '.join(command)}: {exc}") from None
+    if done.returncode != 0:
+        raise KernelTestbedError(f"{what}: {' '.join(command)}: {(done.stderr or done.stdout).strip()}")
+    return done.stdout
+
+
+# -- what the machine has ---------------------------------------------------------------------------------
+def cgroup_version(root: Path | None = None) -> int | None:
+    """2 if the unified hierarchy offers the ``cpu`` controller, 1 if a v1 ``cpu`` hierarchy with CFS quotas
+    is mounted, else None (under ``root``, default :data:`CGROUP_ROOT`)."""
+    root = root or CGROUP_ROOT
+    controllers = root / "cgroup.controllers"
+    if controllers.is_file() and "cpu" in controllers.read_text().split():
+        return 2
+    if (root / "cpu" / "cpu.cfs_quota_us").is_file():
+        return 1
+    return None
+
+
+def missing() -> list[str]:
+    """What this machine lacks for the kernel emulation (empty: nothing), each saying how to get it."""
+    problems = []
+    if os.geteuid() != 0:
+        problems.append("root: the kernel testbed creates cgroups, a network namespace and tc qdiscs (run as root)")
+    for tool, package in (("unshare", "util-linux"), ("ip", "iproute2"), ("tc", "iproute2")):
+        if shutil.which(tool) is None:
+            problems.append(f"the {tool} command ({package})")
+    if cgroup_version() is None:
+        problems.append(
+            f"a cgroup cpu controller (v2 'cpu' in {CGROUP_ROOT}/cgroup.controllers, or v1 {CGROUP_ROOT}/cpu)"
+        )
+    if not problems:
+        try:
+            _run(["unshare", "--net", "true"], "a private network namespace")
+        except KernelTestbedError as exc:
+            problems.append(f"network namespaces ({exc})")
+    return problems
+
+
+def require() -> None:
+    """Raise :class:`KernelTestbedError` listing what the machine lacks, if anything."""
+    problems = missing()
+    if problems:
+        raise KernelTestbedError("this machine cannot run the kernel testbed; it lacks: " + "; ".join(problems))
+
+
+HOST_NETNS_ENV = "DROPSIM_HOST_NETNS"
+"""Environment variable by which a launcher tells the processes it starts under ``unshare --net`` which
+network namespace it left (its inode: :func:`network_namespace`)."""
+
+
+def network_namespace() -> int:
+    """The inode of this process's network namespace."""
+    return Path("/proc/self/ns/net").stat().st_ino
+
+
+def in_private_network() -> bool:
+    """Whether this process is in a network namespace other than the host's: the one its launcher left
+    (:data:`HOST_NETNS_ENV`), else the first process's when that can be read. When neither is known, no."""
+    try:
+        here = network_namespace()
+        host = os.environ.get(HOST_NETNS_ENV)
+        if host is not None:
+            return host.isdigit() and here != int(host)
+        return here != Path("/proc/1/ns/net").stat().st_ino
+    except OSError:
+        return False
+
+
+def private_network_env() -> dict[str, str]:
+    """The environment for a command started under ``unshare --net`` from here (it may shape its loopback)."""
+    return {**os.environ, HOST_NETNS_ENV: str(network_namespace())}
+
+
+# -- CPU --------------------------------------------------------------------------------------------------
+@dataclass
+class CpuGroups:
+    """A CPU cgroup per party under a parent of this object's own; :meth:`close` removes them all."""
+
+    period_us: int = PERIOD_US
+    version: int | None = None
+    """2 or 1 (default: what the machine has)."""
+    root: Path = field(default_factory=lambda: CGROUP_ROOT)
+    name: str = field(default_factory=lambda: f"dropsim-{os.getpid()}-{secrets.token_hex(3)}")
+    parties: dict[str, Path] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.version = self.version or cgroup_version(self.root)
+        if self.version is None:
+            raise KernelTestbedError(f"no cgroup cpu controller under {self.root}")
+        hierarchy = self.root if self.version == 2 else self.root / "cpu"
+        self.hierarchy = hierarchy
+        self.parent = hierarchy / self.name
+        try:
+            self.parent.mkdir()
+            if self.version == 2:
+                (self.parent / "cgroup.subtree_control").write_text("+cpu")
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                self.parent.rmdir()
+            raise KernelTestbedError(f"cannot create the cgroup {self.parent}: {exc}") from None
+
+    def add(self, party: str, cores: float) -> Path:
+        """A cgroup for ``party`` whose processes may use ``cores`` of a core (a fraction, or more than 1)."""
+        if not cores > 0:
+            raise ValueError(f"{party}: a CPU quota must be > 0 cores, not {cores!r}")
+        if not party.replace("-", "").replace("_", "").isalnum():
+            raise ValueError(f"party name {party!r}: letters, digits, '-' and '_' only")
+        quota = max(MIN_QUOTA_US, round(cores * self.period_us))
+        group = self.parent / party
+        try:
+            group.mkdir()
+            if self.version == 2:
+                (group / "cpu.max").write_text(f"{quota} {self.period_us}")
+            else:
+                (group / "cpu.cfs_period_us").write_text(str(self.period_us))
+                (group / "cpu.cfs_quota_us").write_text(str(quota))
+        except OSError as exc:
+            raise KernelTestbedError(f"cannot set {party}'s CPU quota in {group}: {exc}") from None
+        self.parties[party] = group
+        return group
+
+    def quota(self, party: str) -> float:
+        """The cores ``party`` may use, as the kernel holds them."""
+        group = self.parties[party]
+        if self.version == 2:
+            quota, period = (group / "cpu.max").read_text().split()
+            return int(quota) / int(period)
+        return int((group / "cpu.cfs_quota_us").read_text()) / int((group / "cpu.cfs_period_us").read_text())
+
+    def attach(self, party: str, pid: int) -> None:
+        """Move process ``pid`` (with its threads) into ``party``'s cgroup."""
+        try:
+            (self.parties[party] / "cgroup.procs").write_text(str(pid))
+        except OSError as exc:
+            raise KernelTestbedError(f"cannot move process {pid} into {party}'s cgroup: {exc}") from None
+
+    def throttled_s(self, party: str) -> float:
+        """Seconds ``party``'s processes were held back by their quota so far."""
+        stat = dict(line.split() for line in (self.parties[party] / "cpu.stat").read_text().splitlines())
+        if self.version == 2:
+            return int(stat.get("throttled_usec", 0)) / 1e6
+        return int(stat.get("throttled_time", 0)) / 1e9
+
+    def _pids(self, group: Path) -> list[int]:
+        with contextlib.suppress(OSError):
+            return [int(p) for p in (group / "cgroup.procs").read_text().split()]
+        return []
+
+    def close(self) -> None:
+        """Move any process still in a party's cgroup back to the root, then remove every cgroup made here.
+        Safe to call twice."""
+        for group in [*self.parties.values(), self.parent]:
+            for pid in self._pids(group):
+                with contextlib.suppress(OSError):  # it may have exited meanwhile
+                    (self.hierarchy / "cgroup.procs").write_text(str(pid))
+        for group in [*self.parties.values(), self.parent]:
+            for _ in range(100):  # a process just moved out may take a moment to leave the count
+                try:
+                    group.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    time.sleep(0.01)
+        self.parties.clear()
+
+    def __enter__(self) -> CpuGroups:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+
+# -- network ----------------------------------------------------------------------------------------------
+SERVER_ADDRESS = "127.0.0.1"
+
+
+def client_address(index: int) -> str:
+    """Loopback address of the ``index``-th client (0-based): 127.0.1.1, 127.0.1.2, ... then 127.0.2.x."""
+    if not 0 <= index < 254 * 254:
+        raise ValueError(f"client index {index} out of range")
+    return f"127.0.{1 + index // 254}.{1 + index % 254}"
+
+
+def _rate(bps: float) -> str:
+    return f"{max(1, round(bps))}bit"
+
+
+@dataclass
+class LinkShaper:
+    """Shapes the loopback of this process's private network namespace: each client's uplink and downlink
+    at its rate, under the server's link (htb)."""
+
+    server_bps: float
+    device: str = "lo"
+    clients: dict[int, tuple[str, float]] = field(default_factory=dict)
+    """Client index -> (address, rate in bits per second)."""
+
+    def __post_init__(self) -> None:
+        if not in_private_network():
+            raise KernelTestbedError(
+                "the link shaper only shapes the loopback of a network namespace of its own, never the host's "
+                "(run it under unshare --net)"
+            )
+        _run(["ip", "link", "set", self.device, "up"], "bring the loopback up")
+        self._tc("qdisc", "add", "dev", self.device, "root", "handle", "1:", "htb", "default", "3")
+        # 1:1 the server's downlink (what clients upload), 1:2 its uplink (what they download), 1:3 the rest
+        for classid in ("1:1", "1:2"):
+            self._class("1:", classid, self.server_bps)
+        self._class("1:", "1:3", 10e9)
+
+    def _tc(self, *args: str) -> None:
+        _run(["tc", *args], "tc")
+
+    def _class(self, parent: str, classid: str, bps: float) -> None:
+        # burst and cburst of one MTU: the least that lets htb keep its rate with 64 KiB loopback packets; an
+        # idle link passes one packet at once (measured: a 20 Mbps link carries 2.5 MB at 20.6-21.0 Mbps of
+        # goodput, the first packet's credit included)
+        burst = str(MTU_BYTES)
+        self._tc(
+            "class", "add", "dev", self.device, "parent", parent, "classid", classid, "htb",
+            "rate", _rate(bps), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", str(MTU_BYTES),
+        )  # fmt: skip
+
+    def add(self, index: int, bps: float) -> str:
+        """Shape client ``index`` at ``bps`` bits per second both ways; returns the address it must use."""
+        if index in self.clients:
+            raise ValueError(f"client {index} is shaped already")
+        address = client_address(index)
+        _run(["ip", "addr", "add", f"{address}/32", "dev", self.device], f"give client {index} its address")
+        up, down = f"1:{0x100 + 2 * index:x}", f"1:{0x101 + 2 * index:x}"
+        self._class("1:1", up, bps)
+        self._class("1:2", down, bps)
+        for direction, classid in (("src", up), ("dst", down)):
+            self._tc(
+                "filter", "add", "dev", self.device, "parent", "1:", "protocol", "ip", "prio", "1",
+                "u32", "match", "ip", direction, f"{address}/32", "flowid", classid,
+            )  # fmt: skip
+        self.clients[index] = (address, bps)
+        return address
+
+    def stats(self) -> str:
+        """The qdisc's classes and their counters, as ``tc -s class show`` prints them."""
+        return _run(["tc", "-s", "class", "show", "dev", self.device], "tc stats")
