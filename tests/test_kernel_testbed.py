@@ -68,6 +68,29 @@ def test_a_quota_gives_its_cpu_rate(cores: float) -> None:
 
 
 @needs_kernel
+def test_a_quota_changed_between_rounds_gives_its_new_rate() -> None:
+    with CpuGroups() as groups:
+        groups.add("worker0", 0.5)
+        groups.set("worker0", 0.25)  # the worker plays a slower client this round
+        assert groups.quota("worker0") == pytest.approx(0.25)
+        rate = _rate_in(groups, "worker0", work_s=0.4, op_s=0.01)
+        assert abs(rate - 0.25) <= 0.08 * 0.25, f"quota 0.25 ran at {rate:.3f} cores"
+        with pytest.raises(ValueError, match="> 0 cores"):
+            groups.add("worker1", 0.0)
+        assert "worker1" not in groups.parties
+
+
+def test_the_dilation_fits_every_quota_in_the_cores() -> None:
+    assert kernel.dilation(2, 1.0, [1.0, 2.0]) == pytest.approx(2 / 2.5)  # server 1 + clients 1 + 1/2
+    assert kernel.dilation(64, 1.0, [1.0, 2.0]) == 1.0  # room enough: nobody is slowed beyond its device
+    slowdowns = [1.0 + k / 3 for k in range(20)]
+    f = kernel.dilation(2, 4.0, slowdowns)
+    assert f * 4.0 + sum(f / s for s in slowdowns) == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        kernel.dilation(2, 1.0, [0.5])
+
+
+@needs_kernel
 def test_sub_millisecond_operations_keep_the_quota_rate() -> None:
     """Operations of 0.2 ms CPU under a half-core quota take, on average, twice their CPU time: the 10 ms
     period throttles them in short stretches, not in 50 ms bursts that would stall some of them."""
@@ -127,7 +150,8 @@ from sim.deploy.kernel import LinkShaper, SERVER_ADDRESS
 
 RATE, SIZE = 20e6, 2_500_000  # 20 Mbps; 2.5 MB take one second
 shaper = LinkShaper(server_bps=1e9)
-address = shaper.add(0, RATE)
+address = shaper.add(0, 5e6)
+shaper.retune(0, RATE)  # a worker's link set to the client it plays
 listener = socket.create_server((SERVER_ADDRESS, 0))
 port = listener.getsockname()[1]
 result = {}

@@ -29,6 +29,7 @@ import secrets
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -164,14 +165,26 @@ class CpuGroups:
 
     def add(self, party: str, cores: float) -> Path:
         """A cgroup for ``party`` whose processes may use ``cores`` of a core (a fraction, or more than 1)."""
-        if not cores > 0:
-            raise ValueError(f"{party}: a CPU quota must be > 0 cores, not {cores!r}")
         if not party.replace("-", "").replace("_", "").isalnum():
             raise ValueError(f"party name {party!r}: letters, digits, '-' and '_' only")
-        quota = max(MIN_QUOTA_US, round(cores * self.period_us))
+        if not cores > 0:
+            raise ValueError(f"{party}: a CPU quota must be > 0 cores, not {cores!r}")
         group = self.parent / party
         try:
             group.mkdir()
+        except OSError as exc:
+            raise KernelTestbedError(f"cannot create {party}'s cgroup {group}: {exc}") from None
+        self.parties[party] = group
+        self.set(party, cores)
+        return group
+
+    def set(self, party: str, cores: float) -> None:
+        """Let ``party``'s processes use ``cores`` of a core from now on (a worker playing another client)."""
+        if not cores > 0:
+            raise ValueError(f"{party}: a CPU quota must be > 0 cores, not {cores!r}")
+        group = self.parties[party]
+        quota = max(MIN_QUOTA_US, round(cores * self.period_us))
+        try:
             if self.version == 2:
                 (group / "cpu.max").write_text(f"{quota} {self.period_us}")
             else:
@@ -179,8 +192,6 @@ class CpuGroups:
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
         except OSError as exc:
             raise KernelTestbedError(f"cannot set {party}'s CPU quota in {group}: {exc}") from None
-        self.parties[party] = group
-        return group
 
     def quota(self, party: str) -> float:
         """The cores ``party`` may use, as the kernel holds them."""
@@ -234,6 +245,17 @@ class CpuGroups:
         self.close()
 
 
+def dilation(cores: float, server_speed: float, slowdowns: Sequence[float]) -> float:
+    """f <= 1, the time dilation of a kernel testbed on ``cores`` cores: a client of slow-down s gets f / s of a
+    core and the server f times its ``server_speed``, the largest f with all quotas summing to at most
+    ``cores`` (so that no party waits for another's core). The simulator charges compute 1 / f times longer
+    to match (the deployment's times are f times slower than the devices it emulates)."""
+    if not cores > 0 or not server_speed > 0 or any(not s >= 1 for s in slowdowns):
+        raise ValueError(f"cores {cores!r} and speed {server_speed!r} must be > 0, slow-downs >= 1")
+    demand = server_speed + sum(1 / s for s in slowdowns)
+    return min(1.0, cores / demand)
+
+
 # -- network ----------------------------------------------------------------------------------------------
 SERVER_ADDRESS = "127.0.0.1"
 
@@ -275,13 +297,13 @@ class LinkShaper:
     def _tc(self, *args: str) -> None:
         _run(["tc", *args], "tc")
 
-    def _class(self, parent: str, classid: str, bps: float) -> None:
+    def _class(self, parent: str, classid: str, bps: float, verb: str = "add") -> None:
         # burst and cburst of one MTU: the least that lets htb keep its rate with 64 KiB loopback packets; an
         # idle link passes one packet at once (measured: a 20 Mbps link carries 2.5 MB at 20.6-21.0 Mbps of
         # goodput, the first packet's credit included)
         burst = str(MTU_BYTES)
         self._tc(
-            "class", "add", "dev", self.device, "parent", parent, "classid", classid, "htb",
+            "class", verb, "dev", self.device, "parent", parent, "classid", classid, "htb",
             "rate", _rate(bps), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", str(MTU_BYTES),
         )  # fmt: skip
 
@@ -291,7 +313,7 @@ class LinkShaper:
             raise ValueError(f"client {index} is shaped already")
         address = client_address(index)
         _run(["ip", "addr", "add", f"{address}/32", "dev", self.device], f"give client {index} its address")
-        up, down = f"1:{0x100 + 2 * index:x}", f"1:{0x101 + 2 * index:x}"
+        up, down = self._classes(index)
         self._class("1:1", up, bps)
         self._class("1:2", down, bps)
         for direction, classid in (("src", up), ("dst", down)):
@@ -301,6 +323,20 @@ class LinkShaper:
             )  # fmt: skip
         self.clients[index] = (address, bps)
         return address
+
+    @staticmethod
+    def _classes(index: int) -> tuple[str, str]:
+        """htb class ids of client ``index``'s uplink and downlink."""
+        return f"1:{0x100 + 2 * index:x}", f"1:{0x101 + 2 * index:x}"
+
+    def retune(self, index: int, bps: float) -> None:
+        """Shape client ``index`` (an address a worker keeps) at ``bps`` from now on: the client it plays this
+        round."""
+        address, _ = self.clients[index]
+        up, down = self._classes(index)
+        self._class("1:1", up, bps, "change")
+        self._class("1:2", down, bps, "change")
+        self.clients[index] = (address, bps)
 
     def stats(self) -> str:
         """The qdisc's classes and their counters, as ``tc -s class show`` prints them."""
