@@ -218,3 +218,41 @@ def test_client_addresses_are_loopback_and_distinct() -> None:
     assert len(set(addresses)) == 600 and all(a.startswith("127.0.") for a in addresses)
     assert kernel.SERVER_ADDRESS not in addresses
     assert kernel.client_address(0) == "127.0.1.1" and kernel.client_address(254) == "127.0.2.1"
+
+
+def test_a_worker_connects_from_its_bound_address() -> None:
+    """``dropsim worker --bind``: the worker's connection comes from the address it is given (a kernel
+    testbed shapes each worker's traffic by it)."""
+    import asyncio
+
+    from sim.deploy.identity import new_identity
+    from sim.deploy.worker import Worker
+
+    async def connect() -> str:
+        peers: list[str] = []
+
+        async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            peers.append(writer.get_extra_info("peername")[0])
+            writer.close()
+
+        server = await asyncio.start_server(accept, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        worker = Worker("127.0.0.1", port, 0, new_identity(), b"", 1 << 20, bind="127.0.0.7")
+        _, writer = await worker._connect()
+        for _ in range(100):  # bounded: the accept callback runs on the next loop turns
+            if peers:
+                break
+            await asyncio.sleep(0.01)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return peers[0]
+
+    assert asyncio.run(connect()) == "127.0.0.7"
+
+
+def test_the_worker_command_refuses_a_bind_that_is_no_address(capsys: pytest.CaptureFixture[str]) -> None:
+    from sim.cli import main
+
+    assert main(["worker", "--connect", "127.0.0.1:9", "--index", "0", "--bind", "lo0"]) == 2
+    assert "--bind 'lo0': expected an IP address" in capsys.readouterr().err

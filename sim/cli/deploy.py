@@ -13,6 +13,7 @@ The parsers are added to the main one by :func:`add_deploy_parsers`.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import math
 import os
 import sys
@@ -96,6 +97,12 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("worker", help="a client worker of a deployment (started by deploy, or by hand elsewhere)")
     p.add_argument("--connect", metavar="HOST:PORT", help="the deployment server's address")
     p.add_argument("--index", type=int, required=True, metavar="J", help="this worker's index (0..workers-1)")
+    p.add_argument(
+        "--bind",
+        metavar="ADDRESS",
+        help="the local address this worker connects from (default: the system's choice); a kernel testbed "
+        "gives each worker its own loopback address, whose traffic it shapes",
+    )
     p.add_argument(
         "--keys",
         type=Path,
@@ -238,6 +245,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     host, _, port = args.connect.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--connect {args.connect!r}: expected HOST:PORT, e.g. 127.0.0.1:7000")
+    bind = args.bind
+    if bind is not None:
+        try:
+            bind = str(ipaddress.ip_address(bind))
+        except ValueError:
+            raise InputError(f"--bind {args.bind!r}: expected an IP address, e.g. 127.0.1.1") from None
     if args.keys is not None:
         identity = _read(lambda: read_identity(worker_key_file(args.keys, args.index)))
         server_key = _read(lambda: read_public(args.keys / "server.pub"))
@@ -259,7 +272,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sessions = sessions_file(worker_key_file(args.keys, args.index))
         directory = _read(lambda: known_workers(args.keys))
     max_frame = int(args.max_frame_mb * 2**20)
-    worker_main(host, int(port), args.index, identity, server_key, max_frame, args.seeded_secrets, sessions, directory)
+    worker_main(
+        host, int(port), args.index, identity, server_key, max_frame, args.seeded_secrets, sessions, directory, bind
+    )
     return 0
 
 

@@ -203,8 +203,12 @@ class Worker:
         allow_seeded: bool = False,
         sessions: Path | None = None,
         directory: frozenset[bytes] = frozenset(),
+        bind: str | None = None,
     ) -> None:
         self.host, self.port, self.index = host, port, index
+        self.bind = bind
+        """The local address its connections come from (a kernel testbed gives each worker its own, whose
+        traffic it shapes); None: the system's choice."""
         self.allow_seeded = allow_seeded
         """Whether this worker agrees to derive its secrets from the scenario seed when the server asks
         (``dropsim worker --seeded-secrets``: no secrecy); otherwise such a server is refused."""
@@ -239,7 +243,8 @@ class Worker:
         delay = 0.05
         while True:
             try:
-                return await asyncio.open_connection(self.host, self.port)
+                local = (self.bind, 0) if self.bind is not None else None
+                return await asyncio.open_connection(self.host, self.port, local_addr=local)
             except OSError:
                 if time.monotonic() + delay > deadline:
                     raise
@@ -603,6 +608,7 @@ def worker_main(
     allow_seeded: bool = False,
     sessions: Path | None = None,
     directory: frozenset[bytes] = frozenset(),
+    bind: str | None = None,
 ) -> None:
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -619,6 +625,7 @@ def worker_main(
             allow_seeded=allow_seeded,
             sessions=sessions,
             directory=directory,
+            bind=bind,
         ).run()
     )
 
