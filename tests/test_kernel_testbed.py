@@ -218,6 +218,10 @@ def test_client_addresses_are_loopback_and_distinct() -> None:
     assert len(set(addresses)) == 600 and all(a.startswith("127.0.") for a in addresses)
     assert kernel.SERVER_ADDRESS not in addresses
     assert kernel.client_address(0) == "127.0.1.1" and kernel.client_address(254) == "127.0.2.1"
+    classes = [c for i in range(600) for c in LinkShaper._classes(i)]
+    assert len(set(classes)) == 1200 and "1:1" not in classes and "1:2" not in classes and "1:3" not in classes
+    with pytest.raises(ValueError, match="htb class ids"):
+        LinkShaper._classes(40_000)
 
 
 def test_a_worker_connects_from_its_bound_address() -> None:

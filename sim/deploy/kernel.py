@@ -326,7 +326,9 @@ class LinkShaper:
 
     @staticmethod
     def _classes(index: int) -> tuple[str, str]:
-        """htb class ids of client ``index``'s uplink and downlink."""
+        """htb class ids of client ``index``'s uplink and downlink (minor ids are 16 bits)."""
+        if not 0 <= index <= (0xFFFF - 0x101) // 2:
+            raise ValueError(f"client index {index}: htb class ids hold {(0xFFFF - 0x101) // 2 + 1} clients")
         return f"1:{0x100 + 2 * index:x}", f"1:{0x101 + 2 * index:x}"
 
     def retune(self, index: int, bps: float) -> None:
