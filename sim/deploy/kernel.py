@@ -339,7 +339,3 @@ class LinkShaper:
         self._class("1:1", up, bps, "change")
         self._class("1:2", down, bps, "change")
         self.clients[index] = (address, bps)
-
-    def stats(self) -> str:
-        """The qdisc's classes and their counters, as ``tc -s class show`` prints them."""
-        return _run(["tc", "-s", "class", "show", "dev", self.device], "tc stats")

@@ -166,8 +166,6 @@ class Round:
             )
         self.roster = Roster(self.clients)
         """Who is out of the round and why (shared by every instance)."""
-        self.signing: dict[int, wire.Data] = {}
-        """Long-term signing keys of the sampled clients (malicious variant)."""
         self.instances: RoundInstances | None = None
         self.servers: list[ServerMachine] = []
         """The server machine of each instance."""
@@ -188,7 +186,7 @@ class Round:
             except RoundSetupError as exc:
                 self.setup_error = str(exc)
             else:
-                self.signing, self.servers = self.instances.signing, self.instances.servers
+                self.servers = self.instances.servers
         self.pipeline: Pipeline | None = None
         """The pipelined round's chunks, stage gates and processors (None: not pipelined)."""
         if plan.chunks is not None:
@@ -644,19 +642,11 @@ class Round:
             start = self.env.now
             received = yield from self.transfer(sender, to, message, sent)
             if sender == SERVER:
-                self._client_box(to, chunk).put(received)
+                self.client_inbox[(to, chunk)].put(received)
             else:
                 rec = self.clients[sender]
                 rec.upload_s += self.env.now - start
                 rec.last_upload_end = self.env.now
-                self._server_box(chunk).put((MESSAGE, sender, received, self.env.now))
+                self.inboxes[chunk].put((MESSAGE, sender, received, self.env.now))
         except simpy.Interrupt:
             return
-
-    def _client_box(self, c: int, chunk: int) -> simpy.Store:
-        """Where client ``c``'s messages of instance ``chunk`` arrive."""
-        return self.client_inbox[(c, chunk)]
-
-    def _server_box(self, chunk: int) -> simpy.Store:
-        """Where the server's messages of instance ``chunk`` arrive."""
-        return self.inboxes[chunk]
