@@ -19,6 +19,7 @@ from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import model_train_op, update_dimension
 from sim.learning.trainer import Learner
 from sim.scenario.types import Scenario
+from sim.testbed import is_kernel, run_dilation
 
 TRANSPORT_OPS = ("deploy.send", "deploy.receive")
 """Cost-model operations of the testbed's sockets per message (:mod:`sim.profiling.transport`): the sender's
@@ -45,6 +46,9 @@ class World:
     """Number of model parameters (the length of every update)."""
     train_op: str
     """The cost-model operation of local training."""
+    dilation: float = 1.0
+    """f, the kernel testbed's time dilation (``testbed.emulation: kernel``; 1 otherwise): a client of
+    slow-down s computes on f / s of a core, the server on f times its speed (:mod:`sim.testbed`)."""
 
     def close(self) -> None:
         """Stop the model's training workers."""
@@ -81,4 +85,5 @@ def build(scenario: Scenario) -> World:
     costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
     if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
         costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))
-    return World(sc, population, availability, dropout, costs, data, learner, dim, op)
+    f = run_dilation(sc, population.slowdown) if is_kernel(sc) else 1.0
+    return World(sc, population, availability, dropout, costs, data, learner, dim, op, f)

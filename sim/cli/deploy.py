@@ -45,7 +45,14 @@ if TYPE_CHECKING:
     from sim.runner import Experiment
     from sim.scenario.types import Scenario
 
-__all__ = ["add_deploy_parsers", "cmd_deploy", "cmd_validate", "cmd_worker", "deploy_options"]
+__all__ = [
+    "add_deploy_parsers",
+    "cmd_calibrate",
+    "cmd_deploy",
+    "cmd_validate",
+    "cmd_worker",
+    "deploy_options",
+]
 
 T = TypeVar("T")
 
@@ -94,6 +101,17 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         "NO SECRECY (anyone with the scenario can unmask every update; docs/security.md)",
     )
 
+    p = sub.add_parser(
+        "calibrate",
+        help="fit a cost profile's scales per operation class (crypto, encoding, framing, training) to the CPU "
+        "seconds deployed parties measured (operations.csv of deploy or validate runs)",
+    )
+    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="folders of `dropsim deploy` or `validate` runs")
+    p.add_argument("--out", type=Path, required=True, metavar="PROFILE", help="the calibrated profile to write")
+    p.add_argument(
+        "--profile", type=Path, metavar="FILE", help="the profile to scale (default: the one the runs were run with)"
+    )
+
     p = sub.add_parser("worker", help="a client worker of a deployment (started by deploy, or by hand elsewhere)")
     p.add_argument("--connect", metavar="HOST:PORT", help="the deployment server's address")
     p.add_argument("--index", type=int, required=True, metavar="J", help="this worker's index (0..workers-1)")
@@ -123,6 +141,13 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def add_network_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--testbed",
+        choices=("process", "kernel"),
+        help="how the devices are emulated: process (sleeps and token buckets in each party, the default) or "
+        "kernel (each party in a CPU cgroup of its quota, links shaped by tc in a private network namespace; "
+        "root; testbed.emulation)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="address the server listens on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port (default: any free one)")
     p.add_argument("--workers", type=int, metavar="N", help="client processes (default: clients per round)")
@@ -189,6 +214,28 @@ def _identity(key_file: Path) -> tuple[Identity, bool]:
         raise InputError(str(exc)) from None
 
 
+def emulation_overrides(args: argparse.Namespace) -> list[str]:
+    """``--set`` overrides of ``--testbed``: the emulation, and this host's cores if the scenario names none."""
+    if args.testbed is None:
+        return []
+    sets = [f"testbed.emulation={args.testbed}"]
+    from sim.scenario import load
+
+    if load(args.file, args.overrides).base().testbed is None:
+        sets.insert(0, f"testbed.cores={os.cpu_count() or 1}")
+    return sets
+
+
+def run_in_private_network(scenario: Scenario, args: argparse.Namespace) -> None:
+    """On a kernel testbed, go on in a network namespace of this command's own: the command starts again
+    under ``unshare --net`` (exit 2 naming what this machine lacks for it). Elsewhere, nothing."""
+    from sim.deploy.kernel import in_private_network, reexec_in_private_network
+    from sim.testbed import is_kernel
+
+    if is_kernel(scenario) and not in_private_network():
+        reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
+
+
 def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experiment]:
     """What runs a scenario through a deployment with ``options``."""
     from sim.runner import Deployed
@@ -203,8 +250,9 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     from sim.runner import prepare_output, run_scenario, summarize
     from sim.scenario import load
 
-    grid = load(args.file, args.overrides, args.output)
+    grid = load(args.file, [*emulation_overrides(args), *args.overrides], args.output)
     scenario = grid.base()
+    run_in_private_network(scenario, args)
     if args.output is None:
         from dataclasses import replace
 
@@ -294,8 +342,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from sim.runner import run_scenario
     from sim.scenario import load
 
-    grid = load(args.file, [*testbed_overrides(args.cores, args.cpu_scale), *args.overrides])
+    emulation = [f"testbed.emulation={args.testbed}"] if args.testbed is not None else []
+    grid = load(args.file, [*testbed_overrides(args.cores, args.cpu_scale), *emulation, *args.overrides])
     scenario = grid.base()
+    run_in_private_network(scenario, args)
     check_all([scenario])
     check_deployable(scenario)
     out = Path(args.output or f"results/validate-{scenario.name}")
@@ -348,3 +398,13 @@ def cmd_validate(args: argparse.Namespace) -> int:
         )
     print(f"results: {out}/ (summary.csv, validation.csv, validation.png/.pdf, simulated/, deployed/)")
     return 0 if validation.identical or noisy else 1
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from sim.profiling.calibrate import calibrate, summary, write_profile
+
+    doc = calibrate(args.runs, args.profile)
+    write_profile(doc, args.out)
+    print(summary(doc))
+    print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` and testbed.cpu_scale 1)")
+    return 0

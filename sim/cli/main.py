@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 
 import sim
-from sim.cli.deploy import add_deploy_parsers, cmd_deploy, cmd_validate, cmd_worker
+from sim.cli.deploy import add_deploy_parsers, cmd_calibrate, cmd_deploy, cmd_validate, cmd_worker
 from sim.cli.output import print_table
 from sim.errors import InputError
 from sim.paper.cli import add_reproduce_parser, cmd_reproduce
@@ -134,6 +134,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a kernel testbed runs it again
     try:
         return int(_COMMANDS[args.command](args))
     except InputError as exc:
@@ -428,6 +429,7 @@ _COMMANDS = {
     "deploy": cmd_deploy,
     "worker": cmd_worker,
     "validate": cmd_validate,
+    "calibrate": cmd_calibrate,
     "reproduce": cmd_reproduce,
 }
 

@@ -16,12 +16,14 @@ import heapq
 import itertools
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from threadpoolctl import threadpool_limits
 
+from sim.protocol.machine import Work
 from sim.round.gates import SIDE, STAGED
 
 T = TypeVar("T")
@@ -54,7 +56,7 @@ def one_thread_math() -> Any:
     return threadpool_limits(limits=1)
 
 
-__all__ = ["ONE_THREAD_ENV", "SIDE", "STAGED", "Processor", "one_thread_math"]
+__all__ = ["ONE_THREAD_ENV", "SIDE", "STAGED", "Call", "Processor", "one_thread_math"]
 
 
 def _timed(fn: Callable[[], T], slowdown: float) -> tuple[T | None, BaseException | None, float]:
@@ -76,9 +78,19 @@ def _timed(fn: Callable[[], T], slowdown: float) -> tuple[T | None, BaseExceptio
     return result, error, cpu
 
 
+@dataclass(frozen=True)
+class Call:
+    """One computation a party ran: the CPU seconds it took in its thread, and the operations the simulator
+    charges for it (empty where none is named), for ``dropsim calibrate`` (:mod:`sim.profiling.calibrate`)."""
+
+    cpu_s: float
+    work: tuple[Work, ...]
+
+
 class Processor:
     """One lane of compute for one party (``slowdown`` >= 1); ``busy_s`` counts the seconds it was held,
-    ``cpu_s`` the CPU seconds its operations took in its thread (without the slow-down's sleep)."""
+    ``cpu_s`` the CPU seconds its operations took in its thread (without the slow-down's sleep), ``calls``
+    each computation (:class:`Call`)."""
 
     def __init__(self, name: str, slowdown: float = 1.0) -> None:
         self.name = name
@@ -86,18 +98,24 @@ class Processor:
         self.executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix=name)
         self.busy_s = 0.0
         self.cpu_s = 0.0
+        self.calls: list[Call] = []
         self._held = False
         self._waiting: list[tuple[int, int, asyncio.Future[None]]] = []
         self._order = itertools.count()
 
-    async def run(self, fn: Callable[[], T], priority: int = STAGED) -> T:
-        """Run ``fn`` on this processor once it is free; re-raise what it raises."""
+    async def run(
+        self, fn: Callable[[], T], priority: int = STAGED, work: Callable[[T], Iterable[Work]] | None = None
+    ) -> T:
+        """Run ``fn`` on this processor once it is free; re-raise what it raises. ``work`` names the
+        operations the simulator charges for it, from its result (kept in :attr:`calls`)."""
         await self._acquire(priority)
         start = time.monotonic()
         try:
             loop = asyncio.get_running_loop()
             result, error, cpu = await loop.run_in_executor(self.executor, _timed, fn, self.slowdown)
             self.cpu_s += cpu
+            done = tuple(work(result)) if work is not None and error is None else ()  # type: ignore[arg-type]
+            self.calls.append(Call(cpu, done))
         finally:
             self.busy_s += time.monotonic() - start
             self._release()

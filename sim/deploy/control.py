@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.protocol.private import PrivateRound
-from sim.protocol.wire import BYTES, F64, U8, U32, U64, Message, WireError, decode, list_of, peek_header
+from sim.protocol.wire import BYTES, F64, U8, U32, U64, Message, WireError, decode, list_of, peek_header, tuple_of
 
 CONTROL = 0xFFFF
 """Frame channel of control messages (protocol instances use channels 0.., one per chunk)."""
@@ -151,12 +151,30 @@ class Shutdown(Message):
     reason: bytes
 
 
-FROM_WORKER: frozenset[type[Message]] = frozenset({Clock, Shutdown, Decoded, Leaving, ClientReport})
+FEATURES = list_of(tuple_of(BYTES, F64), limit=16)
+WORK = list_of(tuple_of(BYTES, FEATURES), limit=4096)
+
+
+@dataclass(frozen=True)
+class Operations(Message):
+    """A worker's computations in round ``round``, for ``dropsim calibrate``: one entry per computation of
+    its compute thread, and one for its event loop (thread ``loop``: its process's other CPU seconds, with
+    the frames it sent and received), each ``(thread, cpu_s, work)``, ``work`` the operations the simulator
+    charges for it as ``(op, ((feature, value), ...))``. Sent just before its :class:`ClientReport`."""
+
+    TYPE: ClassVar[int] = 48
+    FIELDS: ClassVar = (("round", U32), ("calls", list_of(tuple_of(BYTES, F64, WORK), limit=4096)))
+    round: int
+    calls: tuple[tuple[bytes, float, tuple[tuple[bytes, tuple[tuple[bytes, float], ...]], ...]], ...]
+
+
+FROM_WORKER: frozenset[type[Message]] = frozenset({Clock, Shutdown, Decoded, Leaving, ClientReport, Operations})
 """What a worker may send on the control channel."""
 FROM_SERVER: frozenset[type[Message]] = frozenset({Config, RoundStart, RoundEnd, Shutdown})
 """What the server may send on the control channel."""
-WORKER_CONTROL_BYTES = 64 << 10
-"""Largest control message a worker may send (reports and reasons: a few hundred bytes)."""
+WORKER_CONTROL_BYTES = 1 << 20
+"""Largest control message a worker may send (reports and reasons: a few hundred bytes; a round's
+operations: a few kilobytes)."""
 SERVER_CONTROL_BYTES = 16 << 20
 """Largest control message the server may send (the scenario document, a round's client and key lists)."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import IO
 
+from sim.clients.population import MBPS
 from sim.deploy.compute import ONE_THREAD_ENV, interleave_threads, one_thread_math
 from sim.deploy.identity import (
     SERVER_KEY_ENV,
@@ -30,12 +31,15 @@ from sim.deploy.identity import (
     parse_announcement,
     worker_directory,
 )
+from sim.deploy.kernel import KernelEmulation
+from sim.deploy.operations import OperationsLog
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
 from sim.errors import InputError
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
 from sim.scenario.types import Scenario
+from sim.testbed import is_kernel
 from sim.world import World
 
 log = logging.getLogger("sim.deploy")
@@ -133,6 +137,10 @@ class Deployment:
         self._switch = sys.getswitchinterval()
         interleave_threads()  # the server's loop and compute threads, as the workers'
         self._math = one_thread_math()  # the server's computations are one thread each, as the workers'
+        self.operations = OperationsLog(opts.log_dir) if opts.log_dir is not None else None
+        """``operations.csv``: what each party computed, round by round (``dropsim calibrate``)."""
+        self.kernel: KernelEmulation | None = None
+        """The kernel testbed's cgroups and shaped links (``testbed.emulation: kernel``), or None."""
         self.loop = asyncio.new_event_loop()
         self.server = DeployServer(
             scenario,
@@ -147,6 +155,9 @@ class Deployment:
             opts.step_timeout_s,
         )
         try:
+            if is_kernel(scenario):
+                self.kernel = self._kernel()
+                self.server.on_assign = self.kernel.assign
             self.loop.run_until_complete(self.server.start())
             if opts.spawn:
                 self._spawn()
@@ -154,6 +165,23 @@ class Deployment:
             self._stop_workers(kill=True)
             self.close()
             raise
+
+    def _kernel(self) -> KernelEmulation:
+        """The kernel testbed: this process's cgroup, and each worker's cgroup and shaped address."""
+        if not self.options.spawn:
+            raise DeployError(
+                "a kernel testbed runs every party on this host (its cgroups and namespace): drop --no-spawn"
+            )
+        sc, pop = self.scenario, self.world.population
+        return KernelEmulation(
+            f=self.world.dilation,
+            server_speed=sc.server.speed,
+            server_bps=sc.server.bandwidth_mbps * MBPS,
+            workers=self.n_workers,
+            slowdown=pop.slowdown,
+            bandwidth_bps=pop.bandwidth_mbps * MBPS,
+            latency_s=sc.server.latency_ms / 1000,
+        )
 
     def _remote_keys(self) -> dict[int, bytes]:
         if self.options.keys is None:
@@ -165,9 +193,26 @@ class Deployment:
 
     def manifest_entries(self) -> dict[str, object]:
         """Where the clients' secrets came from, for the manifest."""
+        entries: dict[str, object] = {}
+        if self.kernel is not None:
+            entries["testbed"] = self.testbed_entry()
         if self.options.seeded_secrets:
-            return {"secrets": SEEDED_SECRETS}
-        return {"secrets": "os-csprng: each worker draws its keys, mask and noise seeds from its operating system"}
+            return {**entries, "secrets": SEEDED_SECRETS}
+        return {
+            **entries,
+            "secrets": "os-csprng: each worker draws its keys, mask and noise seeds from its operating system",
+        }
+
+    def testbed_entry(self) -> dict[str, object]:
+        """The kernel testbed as the manifest states it: the time dilation, the cgroup version and periods."""
+        assert self.kernel is not None
+        groups = self.kernel.groups
+        return {
+            "emulation": "kernel",
+            "time_dilation": self.world.dilation,
+            "cgroup": f"v{groups.version}",
+            "throttled_s": {party: round(s, 6) for party, s in self.kernel.throttled_s().items()},
+        }
 
     @property
     def address(self) -> tuple[str, int]:
@@ -203,12 +248,15 @@ class Deployment:
                     "--announce-fd",
                     str(write_end),
                     *(["--seeded-secrets"] if self.options.seeded_secrets else []),
+                    *(["--bind", self.kernel.address(j)] if self.kernel is not None else []),
                 ]
                 try:
                     process = subprocess.Popen(command, env=env, stdout=out, stderr=out, pass_fds=(write_end,))
                 finally:
                     os.close(write_end)
                 self.processes.append(process)
+                if self.kernel is not None:
+                    self.kernel.attach(j, process.pid)
             self.loop.run_until_complete(self._announcements(pipes))
         finally:
             for fd in pipes.values():
@@ -297,9 +345,17 @@ class Deployment:
         private = plan.private
         if private is not None and not self.options.seeded_secrets:
             private = replace(private, server_seed=os.urandom(32))  # central noise: the server's own secret
-        return self.loop.run_until_complete(
-            self.server.play(plan, private, records, self.live_workers, self.options.connect_timeout_s)
-        )
+        try:
+            record = self.loop.run_until_complete(
+                self.server.play(plan, private, records, self.live_workers, self.options.connect_timeout_s)
+            )
+        finally:
+            if self.kernel is not None:
+                self.kernel.release()
+        played = self.server.last
+        if self.operations is not None and played is not None and played.number == plan.number:
+            self.operations.append(plan.number, played.operations)
+        return record
 
     def _finish_tasks(self) -> None:
         """Let the tasks still on the loop (connections' readers and writers just cancelled) end before it
@@ -318,6 +374,8 @@ class Deployment:
             self.loop.run_until_complete(self.server.close())
         finally:
             self._stop_workers()
+            if self.kernel is not None:
+                self.kernel.close()
             self._finish_tasks()
             self.loop.close()
             sys.setswitchinterval(self._switch)

@@ -28,25 +28,32 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
+
+import numpy as np
 
 from sim.errors import InputError
+from sim.testbed import PERIOD_US, client_cores, dilation, quota_us, server_cores
+
+__all__ = [
+    "PERIOD_US",
+    "CpuGroups",
+    "KernelEmulation",
+    "KernelTestbedError",
+    "LinkShaper",
+    "dilation",
+    "missing",
+    "reexec_in_private_network",
+    "require",
+]
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 """Where the cgroup file systems are mounted (v2 unified here, or v1 hierarchies below it)."""
-
-PERIOD_US = 10_000
-"""CFS period of every party's quota (microseconds). The kernel's default of 100 ms would let a quarter-core
-party run a 20 ms burst at full speed and then sit out 80 ms: a sub-millisecond operation would take either
-its CPU time or tens of milliseconds, depending on where in the period it fell. 10 ms keeps the bursts and
-the throttled stretches short against a round's steps; ``tests/test_kernel_testbed.py`` measures the rate
-a quota gives."""
-
-MIN_QUOTA_US = 1_000
-"""The smallest quota the kernel accepts (1 ms per period)."""
 
 MTU_BYTES = 65_536
 """The loopback's MTU: htb's quantum and burst must hold one packet of it."""
@@ -140,7 +147,6 @@ def private_network_env() -> dict[str, str]:
 class CpuGroups:
     """A CPU cgroup per party under a parent of this object's own; :meth:`close` removes them all."""
 
-    period_us: int = PERIOD_US
     version: int | None = None
     """2 or 1 (default: what the machine has)."""
     root: Path = field(default_factory=lambda: CGROUP_ROOT)
@@ -183,12 +189,14 @@ class CpuGroups:
         if not cores > 0:
             raise ValueError(f"{party}: a CPU quota must be > 0 cores, not {cores!r}")
         group = self.parties[party]
-        quota = max(MIN_QUOTA_US, round(cores * self.period_us))
+        quota, period = quota_us(cores)  # sim.testbed: the simulator models the same periods
         try:
             if self.version == 2:
-                (group / "cpu.max").write_text(f"{quota} {self.period_us}")
+                (group / "cpu.max").write_text(f"{quota} {period}")
             else:
-                (group / "cpu.cfs_period_us").write_text(str(self.period_us))
+                # the quota first where it shrinks (the kernel refuses a quota/period above the parent's)
+                (group / "cpu.cfs_quota_us").write_text("-1")
+                (group / "cpu.cfs_period_us").write_text(str(period))
                 (group / "cpu.cfs_quota_us").write_text(str(quota))
         except OSError as exc:
             raise KernelTestbedError(f"cannot set {party}'s CPU quota in {group}: {exc}") from None
@@ -245,17 +253,6 @@ class CpuGroups:
         self.close()
 
 
-def dilation(cores: float, server_speed: float, slowdowns: Sequence[float]) -> float:
-    """f <= 1, the time dilation of a kernel testbed on ``cores`` cores: a client of slow-down s gets f / s of a
-    core and the server f times its ``server_speed``, the largest f with all quotas summing to at most
-    ``cores`` (so that no party waits for another's core). The simulator charges compute 1 / f times longer
-    to match (the deployment's times are f times slower than the devices it emulates)."""
-    if not cores > 0 or not server_speed > 0 or any(not s >= 1 for s in slowdowns):
-        raise ValueError(f"cores {cores!r} and speed {server_speed!r} must be > 0, slow-downs >= 1")
-    demand = server_speed + sum(1 / s for s in slowdowns)
-    return min(1.0, cores / demand)
-
-
 # -- network ----------------------------------------------------------------------------------------------
 SERVER_ADDRESS = "127.0.0.1"
 
@@ -277,6 +274,8 @@ class LinkShaper:
     at its rate, under the server's link (htb)."""
 
     server_bps: float
+    latency_s: float = 0.0
+    """One-way delay of every client message, each way (netem under each client class; 0: none)."""
     device: str = "lo"
     clients: dict[int, tuple[str, float]] = field(default_factory=dict)
     """Client index -> (address, rate in bits per second)."""
@@ -301,11 +300,14 @@ class LinkShaper:
         # burst and cburst of one MTU: the least that lets htb keep its rate with 64 KiB loopback packets; an
         # idle link passes one packet at once (measured: a 20 Mbps link carries 2.5 MB at 20.6-21.0 Mbps of
         # goodput, the first packet's credit included)
+        self._tc(*self._class_args(parent, classid, bps, verb))
+
+    def _class_args(self, parent: str, classid: str, bps: float, verb: str) -> list[str]:
         burst = str(MTU_BYTES)
-        self._tc(
+        return [
             "class", verb, "dev", self.device, "parent", parent, "classid", classid, "htb",
             "rate", _rate(bps), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", str(MTU_BYTES),
-        )  # fmt: skip
+        ]  # fmt: skip
 
     def add(self, index: int, bps: float) -> str:
         """Shape client ``index`` at ``bps`` bits per second both ways; returns the address it must use."""
@@ -316,6 +318,13 @@ class LinkShaper:
         up, down = self._classes(index)
         self._class("1:1", up, bps)
         self._class("1:2", down, bps)
+        if self.latency_s > 0:  # netem in place of each class's default leaf queue
+            for classid in (up, down):
+                minor = int(classid.split(":")[1], 16)
+                self._tc(
+                    "qdisc", "add", "dev", self.device, "parent", classid, "handle", f"{minor:x}:",
+                    "netem", "delay", f"{self.latency_s * 1e6:.0f}us", "limit", "100000",
+                )  # fmt: skip
         for direction, classid in (("src", up), ("dst", down)):
             self._tc(
                 "filter", "add", "dev", self.device, "parent", "1:", "protocol", "ip", "prio", "1",
@@ -331,6 +340,25 @@ class LinkShaper:
             raise ValueError(f"client index {index}: htb class ids hold {(0xFFFF - 0x101) // 2 + 1} clients")
         return f"1:{0x100 + 2 * index:x}", f"1:{0x101 + 2 * index:x}"
 
+    def retune_all(self, rates: dict[int, float]) -> None:
+        """:meth:`retune` every client of ``rates`` (index -> bits per second) with one ``tc`` process."""
+        lines = []
+        for index, bps in sorted(rates.items()):
+            up, down = self._classes(index)
+            for parent, classid in (("1:1", up), ("1:2", down)):
+                lines.append(" ".join(self._class_args(parent, classid, bps, "change")))
+            self.clients[index] = (self.clients[index][0], bps)
+        if lines:
+            try:
+                done = subprocess.run(
+                    ["tc", "-batch", "-"], input="\n".join(lines) + "\n", capture_output=True, text=True,
+                    timeout=30, check=False,
+                )  # fmt: skip
+            except (OSError, subprocess.TimeoutExpired) as exc:
+                raise KernelTestbedError(f"tc -batch: {exc}") from None
+            if done.returncode != 0:
+                raise KernelTestbedError(f"tc -batch: {(done.stderr or done.stdout).strip()}")
+
     def retune(self, index: int, bps: float) -> None:
         """Shape client ``index`` (an address a worker keeps) at ``bps`` from now on: the client it plays this
         round."""
@@ -339,3 +367,85 @@ class LinkShaper:
         self._class("1:1", up, bps, "change")
         self._class("1:2", down, bps, "change")
         self.clients[index] = (address, bps)
+
+
+# -- a deployment's testbed -------------------------------------------------------------------------------
+def reexec_in_private_network(argv: Sequence[str]) -> NoReturn:
+    """Run ``argv`` in place of this process in a network namespace of its own (``unshare --net``), told
+    which namespace it left (:data:`HOST_NETNS_ENV`). The process keeps its id, so Ctrl-C and its exit
+    status are the command's; the namespace, with its addresses and qdiscs, ends with its last process.
+    Raises :class:`KernelTestbedError` naming what this machine lacks, if anything."""
+    require()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execvpe("unshare", ["unshare", "--net", "--", *argv], private_network_env())
+
+
+SETUP_CORES = float(os.cpu_count() or 1)
+"""A party's quota outside rounds (starting, configuring, between rounds): the whole host, so that loading
+torch and the data is not slowed down; rounds run at the emulated quotas."""
+
+
+@dataclass
+class KernelEmulation:
+    """A deployment's kernel testbed: the server's and every worker's CPU cgroup, every worker's address and
+    shaped links. Each round, :meth:`assign` gives each worker the quota and the link rate of the client it
+    plays (f / s cores; its bandwidth both ways) and the server its own (f times its speed); :meth:`release`
+    lifts the quotas until the next round. :meth:`close` removes the cgroups (the namespace's addresses and
+    qdiscs end with it)."""
+
+    f: float
+    server_speed: float
+    server_bps: float
+    workers: int
+    slowdown: np.ndarray
+    """Every client's slow-down, by client id."""
+    bandwidth_bps: np.ndarray
+    """Every client's link rate in bits per second, by client id."""
+    latency_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        require()
+        if not in_private_network():
+            raise KernelTestbedError(
+                "a kernel testbed runs in a network namespace of its own: dropsim deploy --testbed kernel "
+                "starts itself again under unshare --net (it was not, here)"
+            )
+        self.groups = CpuGroups()
+        try:
+            self.groups.add("server", SETUP_CORES)
+            for j in range(self.workers):
+                self.groups.add(f"worker-{j}", SETUP_CORES)
+            self.groups.attach("server", os.getpid())
+            self.shaper = LinkShaper(self.server_bps, self.latency_s)
+            for j in range(self.workers):
+                self.shaper.add(j, self.server_bps)
+        except BaseException:
+            self.groups.close()
+            raise
+
+    def address(self, worker: int) -> str:
+        """The loopback address worker ``worker`` connects from (whose traffic the shaper shapes)."""
+        return self.shaper.clients[worker][0]
+
+    def attach(self, worker: int, pid: int) -> None:
+        self.groups.attach(f"worker-{worker}", pid)
+
+    def assign(self, playing: dict[int, int]) -> None:
+        """Worker -> client of the round about to start: each worker's quota and links become its client's."""
+        self.groups.set("server", server_cores(self.f, self.server_speed))
+        for worker, client in playing.items():
+            self.groups.set(f"worker-{worker}", client_cores(self.f, float(self.slowdown[client])))
+        self.shaper.retune_all({worker: float(self.bandwidth_bps[client]) for worker, client in playing.items()})
+
+    def release(self) -> None:
+        """Every party's quota back to the whole host (the round is over)."""
+        for party in self.groups.parties:
+            self.groups.set(party, SETUP_CORES)
+
+    def throttled_s(self) -> dict[str, float]:
+        """Seconds each party was held back by its quota so far."""
+        return {party: self.groups.throttled_s(party) for party in self.groups.parties}
+
+    def close(self) -> None:
+        self.groups.close()

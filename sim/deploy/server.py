@@ -36,13 +36,15 @@ from functools import partial
 from typing import Any
 
 from sim.clients.population import MBPS
+from sim.costs.model import frame_size
 from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, server_handshake
 from sim.deploy.identity import Identity
 from sim.deploy.loopclock import LoopClock
-from sim.deploy.shaping import TokenBucket
+from sim.deploy.operations import Entry, entries, from_message
+from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
 from sim.learning.trainer import Learner
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
@@ -53,6 +55,7 @@ from sim.protocol.machine import (
     RoundAbortedError,
     RoundSetupError,
     ServerMachine,
+    Work,
 )
 from sim.protocol.messages import AggregateChunk, ModelDownload
 from sim.protocol.private import PrivateRound
@@ -64,6 +67,7 @@ from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
 from sim.round.stages import AGGREGATE, DISPATCH, DUPLEX, SHARED, UPLOAD, gated
 from sim.scenario.types import Scenario
+from sim.testbed import is_kernel
 
 log = logging.getLogger("sim.deploy.server")
 
@@ -105,6 +109,12 @@ class RoundState:
     """The round's server machines (one per chunk), for observers: ``machines[j].step``."""
     max_elements: int = 0
     """Most values a client's vector may hold this round (checked before decoding allocates)."""
+    operations: dict[str, list[Entry]] = field(default_factory=dict)
+    """What each party computed (``server``, and each client that said: ``operations.csv``)."""
+    frames_out: list[int] = field(default_factory=list)
+    """Bytes of each protocol frame the server sent."""
+    frames_in: list[int] = field(default_factory=list)
+    """Bytes of each protocol frame the server received."""
 
     @property
     def clients(self) -> Mapping[int, ClientRecord]:
@@ -143,7 +153,8 @@ class DeployServer:
         self.max_frame = max_frame
         self.handshake_timeout = handshake_timeout
         self.step_timeout = step_timeout
-        bps = scenario.server.bandwidth_mbps * MBPS
+        # on a kernel testbed tc shapes the server's link: no buckets here
+        bps = UNSHAPED_BPS if is_kernel(scenario) else scenario.server.bandwidth_mbps * MBPS
         self.up = TokenBucket(bps)
         self.down = TokenBucket(bps)
         self.peers: dict[int, Peer] = {}
@@ -157,6 +168,9 @@ class DeployServer:
         """Workers that quit, with why (e.g. they could not build the scenario)."""
         self.rejected: list[str] = []
         """Every refused connection, frame or message, with why (also logged)."""
+        self.on_assign: Callable[[dict[int, int]], None] | None = None
+        """Told which worker plays which client (worker index -> client) before a round starts: a kernel
+        testbed sets each worker's CPU quota and link rate to its client's."""
 
     def now(self) -> float:
         """Seconds since the deployment started."""
@@ -237,6 +251,12 @@ class DeployServer:
             elif isinstance(message, control.Leaving):
                 if st is not None and peer.round == st.number == message.round:
                     st.leaving[peer.client] = message.reason.decode(errors="replace")
+            elif isinstance(message, control.Operations):
+                if st is not None and peer.round == st.number == message.round:
+                    try:
+                        st.operations[str(peer.client)] = from_message(message)
+                    except ValueError as exc:
+                        self._refuse(f"worker {peer.index}: its operations of round {message.round}: {exc}")
             elif isinstance(message, control.ClientReport):
                 if st is not None and peer.round == st.number == message.round:
                     st.reports[peer.client] = (message, peer.offset)
@@ -246,6 +266,7 @@ class DeployServer:
             return
         if st is None or peer.round != st.number:
             return  # a frame of a round that is over: discarded
+        st.frames_in.append(len(payload))
         if channel >= len(st.inboxes):
             peer.conn.close(f"frame on channel {channel}; the round has {len(st.inboxes)}")
             return
@@ -301,6 +322,8 @@ class DeployServer:
         number, sampled, chunks = plan.number, plan.sampled, plan.chunks
         # the round starts once its workers are ready (a worker reconnecting after leaving the last round)
         peers = await self.wait_for_workers(len(sampled), live, connect_timeout)
+        if self.on_assign is not None and not plan.refused:
+            self.on_assign({peer.index: c for c, peer in zip(sampled, peers, strict=False)})
         rec = RoundRecord(round=number, t_start=self.now(), sampled=len(sampled), chunks=chunks or 1)
         sc = self.scenario
         if plan.refused:
@@ -335,6 +358,7 @@ class DeployServer:
         self.current = st
         server_cpu = Processor("server")
         side = Processor("server-side") if chunks is not None else server_cpu
+        process_cpu = time.process_time()
         try:
             for c, peer in played.items():
                 st.peers[c] = peer
@@ -348,7 +372,8 @@ class DeployServer:
                 drop = plan.drops.get(c, "").encode()
                 start = control.RoundStart(number, c, sampled, drop, chunks or 0, rate_cell, keys)
                 peer.conn.send(control.CONTROL, start.encode())
-            model = await server_cpu.run(lambda: ModelDownload(number, self.learner.params).encode())
+            download = ModelDownload(number, self.learner.params)
+            model = await server_cpu.run(download.encode, work=lambda _: (Work("wire.encode", frame_size(download)),))
             for c in st.peers:
                 records[c].download_start = self.now()
                 self._send(st, rec, c, 0, model)
@@ -365,6 +390,8 @@ class DeployServer:
         survivors = set(rec.aggregate.survivors) if rec.aggregate is not None else set()
         lanes = (server_cpu,) if side is server_cpu else (server_cpu, side)
         rec.server_cpu_s = sum(lane.cpu_s for lane in lanes)
+        calls = [call for lane in lanes for call in lane.calls]
+        st.operations["server"] = entries(calls, time.process_time() - process_cpu, st.frames_out, st.frames_in)
         self._close_record(st, rec, survivors, len(plan.drops), sum(lane.busy_s for lane in lanes))
         return rec
 
@@ -378,6 +405,7 @@ class DeployServer:
             return done
         rec.server_bytes_out += len(payload)
         st.clients[c].bytes_down += len(payload)
+        st.frames_out.append(len(payload))
         return peer.conn.send(channel, payload)
 
     async def _react(
@@ -388,21 +416,27 @@ class DeployServer:
         cpu: Processor,
         channel: int,
         priority: int = STAGED,
+        decoded: list[wire.Message] | None = None,
     ) -> None:
-        """Run a machine call on ``cpu``, encode its messages there (a broadcast once), and send them."""
+        """Run a machine call on ``cpu``, encode its messages there (a broadcast once), and send them.
+        ``decoded``: where the call puts the message it decoded (the operations it names for calibration)."""
+        charged: list[Work] = []
 
         def work() -> tuple[list[tuple[int, bytes]], tuple[tuple[int, str], ...]]:
             reaction = reaction_of()
             frames: dict[int, bytes] = {}
             out = []
+            charged.extend(Work("wire.decode", frame_size(m)) for m in decoded or ())
+            charged.extend(reaction.work)
             for send in reaction.sends:
                 key = id(send.message)
                 if key not in frames:
                     frames[key] = send.message.encode()
+                    charged.append(Work("wire.encode", frame_size(send.message)))
                 out.append((send.to, frames[key]))
             return out, reaction.liars
 
-        sends, liars = await cpu.run(work, priority)
+        sends, liars = await cpu.run(work, priority, lambda _: charged)
         for c, why in liars:  # outvoted: their shares were set aside and the round went on without them
             self._refuse(f"round {st.number}: client {c} {why}")
         for to, payload in sends:
@@ -456,11 +490,16 @@ class DeployServer:
             record.bytes_up += len(payload)
             rec.server_bytes_in += len(payload)
 
-            def receive(sender: int = sender, payload: bytes = payload) -> Reaction:
-                return machine.receive(sender, wire.decode(payload, max_elements=st.max_elements))
+            decoded: list[wire.Message] = []
+
+            def receive(
+                sender: int = sender, payload: bytes = payload, decoded: list[wire.Message] = decoded
+            ) -> Reaction:
+                decoded.append(wire.decode(payload, max_elements=st.max_elements))
+                return machine.receive(sender, decoded[0])
 
             try:
-                await self._react(st, rec, receive, cpu, channel, priority)
+                await self._react(st, rec, receive, cpu, channel, priority, decoded)
             except wire.WireError as exc:
                 self._reject(st, sender, f"malformed message: {exc}")
                 continue
@@ -589,7 +628,8 @@ class DeployServer:
             if dispatch:
                 bits = sc.aggregation.bits if inst.private is None else inst.private.bits
                 message = AggregateChunk(st.number, j, ModVector(bits, aggregate.vector))
-                payload = await cpu.run(message.encode)
+                encoded: tuple[Work, ...] = (Work("wire.encode", frame_size(message)),)
+                payload = await cpu.run(message.encode, work=lambda _: encoded)
                 gate.release(AGGREGATE, j)
                 for c in aggregate.survivors:
                     if not st.closed(c):
@@ -605,7 +645,9 @@ class DeployServer:
                 rec.outcome = f"aborted: {exc}"
                 return
             rec.aggregate_start = self.now()
-            rec.aggregate = await cpu.run(lambda: inst.combine([results[j] for j in range(m)]))
+            rec.aggregate = await cpu.run(
+                lambda: inst.combine([results[j] for j in range(m)]), work=lambda _: inst.combine_work()
+            )
             if dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
                 await self._decoded(st, set(rec.aggregate.survivors))
             rec.outcome = "ok"

@@ -25,6 +25,10 @@ from collections.abc import Awaitable, Callable
 
 BITS_PER_BYTE = 8
 
+UNSHAPED_BPS = 1e15
+"""The rate of a link that is not shaped here: a worker's before it knows its round's client (only the
+configuration crosses it), and every link of a kernel testbed (tc shapes them)."""
+
 
 def seconds_for(nbytes: int, rate_bps: float) -> float:
     """Seconds a link of ``rate_bps`` bits per second takes to carry ``nbytes`` bytes."""

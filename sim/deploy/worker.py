@@ -34,6 +34,7 @@ import numpy as np
 import torch
 
 from sim.clients.population import MBPS, Population
+from sim.costs.model import frame_size
 from sim.crypto.randomness import RandomSource, SystemRandom
 from sim.deploy import control
 from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads, one_thread_math
@@ -41,12 +42,14 @@ from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
 from sim.deploy.loopclock import LoopClock, LoopEvent
-from sim.deploy.shaping import TokenBucket
+from sim.deploy.operations import entries, to_message
+from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
 from sim.learning.federated import FederatedData, load_federated
-from sim.learning.trainer import Learner
+from sim.learning.models import model_train_op
+from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
-from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError
+from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, Work
 from sim.protocol.messages import AggregateChunk, ModelDownload
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import fixed_point
@@ -57,11 +60,9 @@ from sim.round.stages import DECODE, MASK, SHARED, UPLOAD, gated
 from sim.scenario.grid import Grid
 from sim.scenario.source import as_plain, parse_text
 from sim.scenario.types import Scenario, scenario_digest
+from sim.testbed import is_kernel
 
 log = logging.getLogger("sim.deploy.worker")
-
-UNSHAPED_BPS = 1e15
-"""A link's rate before the worker knows its round's client (only the configuration crosses it)."""
 
 
 class LeftError(Exception):
@@ -139,6 +140,7 @@ class Shared:
         self.data = LocalData(data, sc.population) if size <= LOCAL_DATA_BYTES else data
         assert sc.model.name is not None  # the deployment needs a real model (checked by the server)
         self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed)
+        self.train_op = model_train_op(sc.model, data.input_shape, data.num_classes)
         self.privacy: PrivacyLedger | None = None
         if sc.privacy.enabled:
             q, nominal = nominal_sampling(sc)
@@ -150,6 +152,14 @@ class Shared:
         params = self.learner.params.copy()
         self.learner.local_update(0, 0)
         self.learner.params = params
+
+    def training(self, c: int) -> Work:
+        """What the simulator charges for client ``c``'s local training (:meth:`sim.engine.round.Round`)."""
+        samples, t = self.data.num_samples(c), self.scenario.training
+        return Work(
+            self.train_op,
+            {"samples": samples * t.local_epochs, "batches": local_batches(samples, t.batch_size, t.local_epochs)},
+        )
 
     def private(self, start: control.RoundStart) -> PrivateRound | None:
         if self.privacy is None:
@@ -181,6 +191,12 @@ class Play:
     """Most values a vector from the server may hold this round (checked before decoding allocates)."""
     uploads: list[asyncio.Task[None]] = field(default_factory=list)
     """Pipelined: the uploads waiting for the link or being written."""
+    process_cpu: float = field(default_factory=time.process_time)
+    """The process's CPU seconds when the round started."""
+    frames_out: list[int] = field(default_factory=list)
+    """Bytes of each protocol frame sent this round."""
+    frames_in: list[int] = field(default_factory=list)
+    """Bytes of each protocol frame received this round."""
 
     def sent(self, j: int) -> None:
         self.unsent.discard(j)
@@ -270,6 +286,9 @@ class Worker:
                 return
             if isinstance(message, control.RoundStart) and self.shared is not None:
                 inbox.clear()  # in order with the frames: the round's own frames go to a fresh inbox
+                if is_kernel(self.shared.scenario):
+                    controls.put_nowait(message)  # the kernel shapes this worker's address: no buckets
+                    return
                 mbps = float(self.shared.population.bandwidth_mbps[message.client])
                 up.retune(mbps * MBPS)
                 down.retune(mbps * MBPS)
@@ -334,7 +353,9 @@ class Worker:
         """Play ``start.client`` until the server ends the round; ``"left"`` if the connection closed."""
         assert self.shared is not None, "a round before the configuration"
         shared, c = self.shared, start.client
-        cpu = Processor(f"client{c}", float(shared.population.slowdown[c]))
+        # on a kernel testbed the client's slow-down is its cgroup's quota: no sleeps here
+        slowdown = 1.0 if is_kernel(shared.scenario) else float(shared.population.slowdown[c])
+        cpu = Processor(f"client{c}", slowdown)
         play = Play(start, shared, conn, inbox, cpu, up)
         task = asyncio.create_task(self._play(play))
         outcome = "stay"
@@ -355,6 +376,8 @@ class Worker:
             log.exception("worker %d: round %d as client %d failed", self.index, start.round, c)
         cpu.shutdown()
         if outcome == "stay":
+            done = entries(cpu.calls, time.process_time() - play.process_cpu, play.frames_out, play.frames_in)
+            conn.send(control.CONTROL, to_message(start.round, done).encode())
             report = play.timeline.report(start.round, cpu.busy_s - play.trained_busy, cpu.cpu_s)
             conn.send(control.CONTROL, report.encode())
         return outcome
@@ -374,7 +397,7 @@ class Worker:
             p.max_elements = control.max_elements(p.shared.learner.dim, private)
             p.timeline.download_start = time.monotonic()
             payload = await self._receive(p, 0)
-            model = await p.cpu.run(lambda: wire.decode(payload, max_elements=p.max_elements))
+            model = await p.cpu.run(lambda: wire.decode(payload, max_elements=p.max_elements), work=decoding)
             if not isinstance(model, ModelDownload) or model.round != start.round:
                 raise LeftError(f"aborted: expected the round's model, got {type(model).__name__}")
             p.timeline.download_end = p.timeline.train_start = time.monotonic()
@@ -385,7 +408,7 @@ class Worker:
                 learner.params = params
                 return learner.local_update(c, start.round)
 
-            update, weight = await p.cpu.run(train)
+            update, weight = await p.cpu.run(train, work=lambda _: (p.shared.training(c),))
             p.timeline.train_end = time.monotonic()
             p.trained_busy = p.cpu.busy_s
             instances = RoundInstances(
@@ -448,7 +471,9 @@ class Worker:
         return None if self.seeded else SystemRandom()
 
     async def _receive(self, p: Play, channel: int) -> bytes:
-        return await p.inbox.setdefault(channel, asyncio.Queue()).get()
+        payload = await p.inbox.setdefault(channel, asyncio.Queue()).get()
+        p.frames_in.append(len(payload))
+        return payload
 
     @staticmethod
     async def _compute(p: Play, call: Any, priority: int) -> tuple[Reaction, list[bytes]]:
@@ -460,7 +485,7 @@ class Worker:
             return reaction, [send.message.encode() for send in reaction.sends]
 
         try:
-            return await p.cpu.run(work, priority)
+            return await p.cpu.run(work, priority, lambda done: reacting(done[0]))
         except RemoteProtocolError as exc:
             raise LeftError(f"aborted: {exc.reason}") from exc
 
@@ -468,6 +493,7 @@ class Worker:
         """Run a machine call, then send its messages on ``channel``; returns the reaction."""
         reaction, frames = await self._compute(p, call, priority)
         for frame in frames:
+            p.frames_out.append(len(frame))
             p.conn.send(channel, frame).add_done_callback(p.timeline.sent)
         return reaction
 
@@ -481,7 +507,7 @@ class Worker:
         await self._react(p, 0, lambda: machine.start(update, weight))
         while True:
             payload = await self._receive(p, 0)
-            message = await p.cpu.run(partial(self._decode, p, payload))
+            message = await p.cpu.run(partial(self._decode, p, payload), work=decoding)
             if departure.before(machine.stage_of(message)):
                 self._leave(p, departure.stage)
             await self._react(p, 0, lambda message=message: machine.receive(message))
@@ -495,7 +521,7 @@ class Worker:
         assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
         if departure.before(shape.first_step):  # before its instances' first step: before encoding
             self._leave(p, departure.stage)
-        encoded = await p.cpu.run(lambda: inst.encode(c, update))
+        encoded = await p.cpu.run(lambda: inst.encode(c, update), work=lambda _: encoding(inst))
         assert isinstance(encoded, np.ndarray)
         p.unsent = set(range(m))
         clock = LoopClock()
@@ -541,10 +567,10 @@ class Worker:
             payload = await self._receive(p, j)
             staged = (MASK, j) not in cpu_gate.done
             priority = STAGED if staged else SIDE
-            message = await p.cpu.run(partial(self._decode, p, payload), priority)
+            message = await p.cpu.run(partial(self._decode, p, payload), priority, decoding)
             if isinstance(message, AggregateChunk):
                 await cpu_gate.admit(DECODE, j)
-                await p.cpu.run(partial(self._decode_chunk, p, inst, j, message))
+                await p.cpu.run(partial(self._decode_chunk, p, inst, j, message), work=lambda _: summing(inst, j))
                 cpu_gate.release(DECODE, j)
                 return
             if departure.before(machine.stage_of(message)):
@@ -566,12 +592,14 @@ class Worker:
                 # stage 2 waits for the link, not the chunk's instance (as the engine's upload process)
                 p.uploads.append(asyncio.create_task(self._upload(p, j, frame, link_gate)))
             else:
+                p.frames_out.append(len(frame))
                 p.conn.send(j, frame).add_done_callback(p.timeline.sent)
 
     @staticmethod
     async def _upload(p: Play, j: int, frame: bytes, link_gate: StageGate[LoopEvent]) -> None:
         """Stage 2: chunk ``j``'s masked input over the client's link once the link may take it."""
         await link_gate.admit(UPLOAD, j)
+        p.frames_out.append(len(frame))
         sent = p.conn.send(j, frame)
         sent.add_done_callback(lambda _f: link_gate.release(UPLOAD, j))
         sent.add_done_callback(lambda _f: p.sent(j))
@@ -596,6 +624,29 @@ class Worker:
             return
         total = np.concatenate([p.decoded[j] for j in range(len(inst.slots))])
         inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
+
+
+def decoding(message: wire.Message) -> tuple[Work, ...]:
+    """What the simulator charges for decoding ``message`` from its frame."""
+    return (Work("wire.decode", frame_size(message)),)
+
+
+def reacting(reaction: Reaction) -> tuple[Work, ...]:
+    """What the simulator charges for a machine's ``reaction``: its work, and encoding each message it sends."""
+    return (*reaction.work, *(Work("wire.encode", frame_size(send.message)) for send in reaction.sends))
+
+
+def encoding(inst: RoundInstances) -> tuple[Work, ...]:
+    """What the simulator charges for a pipelined client's encoding of its whole update."""
+    if inst.private is None:
+        return (Work("encode.fixed_point", {"elements": inst.dim}),)
+    return (Work("encode.dskellam", {"elements": inst.private.length}),)
+
+
+def summing(inst: RoundInstances, j: int) -> tuple[Work, ...]:
+    """What the simulator charges for decoding chunk ``j``'s sum (less its frame's decoding)."""
+    op = "decode.fixed_point" if inst.private is None else "decode.dskellam"
+    return (Work(op, {"elements": inst.slots[j].length}),)
 
 
 def worker_main(

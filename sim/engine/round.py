@@ -38,7 +38,7 @@ import simpy
 
 from sim.clients.population import MBPS, Population
 from sim.costs.model import CostModel, frame_size
-from sim.engine.host import SharedCores
+from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Flow, Link, Network
 from sim.engine.pipelined import Pipeline
 from sim.engine.processor import BusyMeter
@@ -95,7 +95,7 @@ class RoundSetup:
     """Pipelined aggregation (:class:`sim.engine.pipelined.Pipeline`), or None."""
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
-    host: SharedCores | None = None
+    host: SharedCores | PartyQuotas | None = None
     call_s: float = 0.0
     """On a testbed: reference seconds of handing a computation to a party's compute thread
     (:data:`CALL_OP`), added to every compute charge."""
@@ -415,7 +415,7 @@ class Round:
         if s.host is None:
             yield env.timeout(train_seconds)
         else:
-            yield from s.host.compute(train_cost + s.call_s, rec.slowdown)
+            yield from s.host.compute(train_cost + s.call_s, rec.slowdown, c)
         rec.train_end = env.now
         return update, weight
 
@@ -481,7 +481,7 @@ class Round:
         if seconds <= 0:
             return
         if self.pipeline is not None:
-            hold = None if host is None else (lambda: host.compute(reference, rec.slowdown))
+            hold = None if host is None else (lambda: host.compute(reference, rec.slowdown, c))
             yield from self.pipeline.cpu[c].run(
                 seconds, priority, lambda worked: self._charge_client(rec, worked), hold
             )
@@ -491,7 +491,7 @@ class Round:
             if host is None:
                 yield self.env.timeout(seconds)
             else:
-                yield from host.compute(reference, rec.slowdown)
+                yield from host.compute(reference, rec.slowdown, c)
         except simpy.Interrupt:
             rec.compute_s += self.env.now - start  # cut short: only what it did
             raise
@@ -614,7 +614,10 @@ class Round:
             meter.start()
         host, jobs = self.s.host, []
         if host is not None:  # the testbed's sockets: framing and copying at both ends, while it flows
-            jobs = [host.start(self.s.costs.seconds(op, {"bytes": nbytes})) for op in TRANSPORT_OPS]
+            jobs = [
+                host.start(self.s.costs.seconds(op, {"bytes": nbytes}), party)
+                for op, party in zip(TRANSPORT_OPS, (sender, to), strict=True)
+            ]
         try:
             yield flow.done
             for job in jobs:

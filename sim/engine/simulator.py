@@ -13,12 +13,13 @@ from collections.abc import Callable
 import simpy
 
 from sim.clients.population import MBPS
-from sim.engine.host import SharedCores
+from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Link, Network
 from sim.engine.round import PipelineParams, Round, RoundSetup
 from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
 from sim.round.stages import DUPLEX
+from sim.testbed import is_kernel
 from sim.world import CALL_OP, TRANSPORT_OPS, World
 
 
@@ -56,7 +57,7 @@ class Simulator:
             aggregation=sc.aggregation,
             seed=sc.seed,
             latency_s=sc.server.latency_ms / 1000,
-            host=SharedCores(self.env, sc.testbed.cores) if sc.testbed is not None else None,
+            host=self._host(world),
         )
         if sc.testbed is not None:  # the testbed's own costs: fail now, not mid-run, if the profile lacks them
             for op in TRANSPORT_OPS:
@@ -66,6 +67,15 @@ class Simulator:
             if sc.pipeline.chunks is None:
                 raise ValueError("pipeline.chunks: auto is resolved before a driver is built (sim.runner)")
             self.setup.pipeline = PipelineParams(sc.pipeline.chunks, sc.pipeline.dispatch, sc.pipeline.links == DUPLEX)
+
+    def _host(self, world: World) -> SharedCores | PartyQuotas | None:
+        """The testbed's CPUs: the host's shared cores, each party's own quota (a kernel testbed), or none."""
+        testbed = world.scenario.testbed
+        if testbed is None:
+            return None
+        if is_kernel(world.scenario):
+            return PartyQuotas(self.env, world.dilation, world.scenario.server.speed, world.population.slowdown)
+        return SharedCores(self.env, testbed.cores)
 
     @property
     def now(self) -> float:

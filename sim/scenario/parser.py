@@ -18,6 +18,7 @@ from sim.scenario.reader import Reader
 from sim.scenario.source import Document
 from sim.scenario.types import (
     DATASETS,
+    EMULATIONS,
     FIDELITIES,
     LINK_MODELS,
     MAX_CHUNKS,
@@ -270,8 +271,11 @@ def _testbed(r: Reader) -> Testbed:
         r.fail("cores", "is required in a testbed section: the host's CPU cores, a whole number >= 1")
     cores = r.integer("cores", 1, lo=1)
     cpu_scale = r.number("cpu_scale", 1.0, lo=0, lo_open=True)
+    emulation = "process"
+    if r.has("emulation"):  # resolved only when given: a testbed without it keeps its digest
+        emulation = r.choice("emulation", EMULATIONS, "process")
     r.finish()
-    return Testbed(int(_or(cores, 1)), float(_or(cpu_scale, 1.0)))
+    return Testbed(int(_or(cores, 1)), float(_or(cpu_scale, 1.0)), str(_or(emulation, "process")))
 
 
 def _or(value: Any, default: Any) -> Any:

@@ -232,6 +232,11 @@ class Pipeline:
     comm, the Hyades recurrence); ``duplex``: its uplink and downlink are two resources."""
 
 
+EMULATIONS = ("process", "kernel")
+"""``testbed.emulation``: ``process`` (sleeps and token buckets inside each party's process, the default)
+or ``kernel`` (cgroup CPU quotas and tc-shaped loopback links: :mod:`sim.testbed`)."""
+
+
 @dataclass(frozen=True)
 class Testbed:
     """The ``testbed:`` section: the server and one process per sampled client on one host of ``cores``
@@ -245,8 +250,15 @@ class Testbed:
     times each operation back to back, warm; a party computes one now and then, between messages, beside
     other processes (``dropsim validate`` measures it; docs/deploy.md). It scales every profiled cost,
     not the testbed's own socket costs (``deploy.*``)."""
+    emulation: str = "process"
+    """How ``dropsim deploy`` emulates the devices and how the simulator models it: ``process`` (each party
+    sleeps out its slow-down and shapes its own sockets with token buckets, on the host's shared cores) or
+    ``kernel`` (each party in a CPU cgroup of f / s cores and its links shaped by tc in a private network
+    namespace: :mod:`sim.testbed`, docs/deploy.md)."""
 
     def __post_init__(self) -> None:
+        if self.emulation not in EMULATIONS:
+            raise ValueError(f"testbed emulation is {self.emulation!r}; process or kernel is expected")
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
             raise ValueError(f"testbed cores is {self.cores!r}; a whole number >= 1 is expected")
         if not (math.isfinite(self.cpu_scale) and self.cpu_scale > 0):

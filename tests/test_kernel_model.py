@@ -1,0 +1,206 @@
+"""The simulator's model of the kernel testbed (sim.engine.host.QuotaCores, PartyQuotas, sim.testbed): a
+party's CPU cgroup as a token bucket of one CFS period's quota, refilled at the quota.
+
+Stories are computed by hand with numbers exact in binary floating point and asserted with ``==``; random
+job sets are checked against what any quota-limited pool must do (no job faster than its work, none slower
+than its work at the quota, plus the burst it could not use).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+import simpy
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sim import testbed
+from sim.engine.host import PartyQuotas, QuotaCores
+from sim.protocol.machine import SERVER
+from sim.runner import run_scenario
+from sim.scenario import ScenarioError, load
+from sim.world import CALL_OP, build
+
+ROOT = Path(__file__).resolve().parent.parent
+Log = list[tuple[str, float]]
+
+
+def _job(env: simpy.Environment, pool: QuotaCores, log: Log, name: str, work: float, start: float = 0.0) -> None:
+    def proc() -> Generator[simpy.Event, Any, None]:
+        if start > 0:
+            yield env.timeout(start)
+        yield from pool.run(work)
+        log.append((name, env.now))
+
+    env.process(proc())
+
+
+def test_a_short_job_after_idle_runs_at_full_speed_within_the_burst() -> None:
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    _job(env, pool, log, "a", 0.125)
+    env.run()
+    assert log == [("a", 0.125)]
+    assert pool.credit == 0.25 - 0.125 * 0.5  # drained at 1 - quota per second of full speed
+
+
+def test_a_long_job_uses_its_burst_then_runs_at_the_quota() -> None:
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    _job(env, pool, log, "a", 1.0)  # 0.5 s at full speed empties the burst, the other 0.5 s of work at 0.5
+    env.run()
+    assert log == [("a", 1.5)]
+    assert pool.credit == 0.0
+
+
+def test_two_jobs_drain_the_burst_together_then_share_the_quota() -> None:
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, quota=0.5, burst=0.375)
+    _job(env, pool, log, "a", 0.5)
+    _job(env, pool, log, "b", 0.5)  # 2 - 0.5 = 1.5 per second: empty at 0.25; then 0.25 each at 0.25
+    env.run()
+    assert log == [("a", 1.25), ("b", 1.25)]
+
+
+def test_an_idle_pool_refills_its_burst_at_its_quota() -> None:
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    _job(env, pool, log, "a", 1.0)  # ends at 1.5 with no credit
+    _job(env, pool, log, "b", 0.5, start=1.75)  # 0.25 s idle: 0.125 of credit, 0.25 s of full speed
+    env.run()
+    assert log == [("a", 1.5), ("b", 1.75 + 0.25 + 0.5)]
+
+
+def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, quota=2.0, burst=0.5)
+    for name in "ab":
+        _job(env, pool, log, name, 1.0)
+    env.run()
+    assert log == [("a", 1.0), ("b", 1.0)]  # two jobs on two cores' quota: never throttled
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, quota=2.0, burst=0.5)
+    for name in "abc":
+        _job(env, pool, log, name, 1.0)  # 3 - 2 = 1 per second: empty at 0.5, then 2/3 of a core each
+    env.run()
+    assert [t for _, t in log] == [pytest.approx(0.5 + 0.5 * 1.5)] * 3
+
+
+def test_a_cancelled_job_reports_its_work_done() -> None:
+    env = simpy.Environment()
+    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    job = pool.start(1.0)
+    env.run(until=1.0)  # 0.5 at full speed, then 0.5 s at 0.5
+    assert pool.cancel(job) == 0.75
+    assert not pool.jobs
+
+
+def test_bad_quotas_and_work_are_refused() -> None:
+    env = simpy.Environment()
+    with pytest.raises(ValueError, match="quota"):
+        QuotaCores(env, quota=0.0, burst=0.1)
+    with pytest.raises(ValueError, match="work"):
+        QuotaCores(env, quota=0.5, burst=0.1).start(-1.0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    quota=st.sampled_from([0.125, 0.25, 0.5, 1.0, 1.5]),
+    jobs=st.lists(st.tuples(st.floats(0, 2), st.floats(1e-3, 1)), min_size=1, max_size=6),
+)
+def test_no_job_is_faster_than_its_work_nor_slower_than_the_quota_allows(
+    quota: float, jobs: list[tuple[float, float]]
+) -> None:
+    env, log = simpy.Environment(), []
+    burst = quota * 0.01
+    pool = QuotaCores(env, quota=quota, burst=burst)
+    for i, (start, work) in enumerate(jobs):
+        _job(env, pool, log, str(i), work, start)
+    env.run()
+    ends = dict(log)
+    total = sum(work for _, work in jobs)
+    last_start = max(start for start, _ in jobs)
+    for i, (start, work) in enumerate(jobs):
+        assert ends[str(i)] >= start + work - 1e-9
+    # all the work done by the last end: at least at the quota's rate (or a core each) from the last start
+    assert max(ends.values()) <= last_start + total / min(quota, 1.0) + 1e-9
+
+
+# ------------------------------------------------------------------------------------- the arithmetic
+def test_the_dilation_fits_every_quota_in_the_cores() -> None:
+    assert testbed.dilation(2, 1.0, [1.0, 2.0]) == pytest.approx(2 / 2.5)  # server 1 + clients 1 + 1/2
+    assert testbed.dilation(64, 1.0, [1.0, 2.0]) == 1.0  # room enough: nobody is slowed beyond its device
+    slowdowns = [1.0, 1.5, 3.0]
+    f = testbed.dilation(2, 4.0, slowdowns)
+    assert testbed.server_cores(f, 4.0) + sum(testbed.client_cores(f, s) for s in slowdowns) == pytest.approx(2)
+    with pytest.raises(ValueError):
+        testbed.dilation(2, 1.0, [0.5])
+
+
+def test_small_quotas_get_longer_periods_so_the_kernel_accepts_them() -> None:
+    assert testbed.quota_us(0.5) == (5_000, 10_000)
+    assert testbed.quota_us(0.05) == (1_000, 20_000)  # 1 ms per period at least
+    assert testbed.quota_us(2.0) == (20_000, 10_000)
+    assert testbed.burst_s(0.05) == 0.001
+    quota, period = testbed.quota_us(0.047)
+    assert quota >= testbed.MIN_QUOTA_US and quota / period == pytest.approx(0.047, rel=1e-3)
+
+
+def test_a_runs_dilation_fits_its_fastest_possible_sample() -> None:
+    scenario = load(ROOT / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel"]).base()
+    world = build(scenario)
+    fastest = np.sort(world.population.slowdown)[:5]
+    assert world.dilation == testbed.dilation(2, 1.0, fastest)
+    assert 0 < world.dilation < 1
+    assert build(load(ROOT / "scenarios" / "deploy.yaml").base()).dilation == 1.0
+
+
+def test_party_quotas_give_each_party_its_share() -> None:
+    env = simpy.Environment()
+    quotas = PartyQuotas(env, f=0.5, server_speed=2.0, slowdown=np.array([1.0, 4.0]))
+    assert quotas.pool(SERVER).quota == 1.0
+    assert quotas.pool(0).quota == 0.5
+    assert quotas.pool(1).quota == 0.125
+    assert quotas.pool(1).burst == testbed.burst_s(0.125)
+    log: Log = []
+
+    def server() -> Generator[simpy.Event, Any, None]:
+        yield from quotas.compute(0.25, party=SERVER)  # 0.5 s of its work at speed 2, on a whole core
+        log.append(("server", env.now))
+
+    env.process(server())
+    env.run()
+    assert log == [("server", 0.5)]
+
+
+def test_emulation_is_read_only_when_given_and_checked() -> None:
+    plain = load(ROOT / "scenarios" / "deploy.yaml").base()
+    assert plain.testbed is not None and plain.testbed.emulation == "process"
+    assert "emulation" not in plain.resolved["testbed"]  # a testbed without it keeps its digest
+    with pytest.raises(ScenarioError, match="emulation.*allowed: process | kernel"):
+        load(ROOT / "scenarios" / "deploy.yaml", ["testbed.emulation=kernl"]).base()
+
+
+def test_a_kernel_testbed_simulation_charges_compute_at_each_partys_quota(tmp_path: Path) -> None:
+    sets = ["testbed.emulation=kernel", "testbed.cpu_scale=1", "rounds=2", "fidelity=timing"]
+    sets += [
+        "model={params: 1000000, train_seconds_per_sample: 0.05}",
+        "data={dataset: synthetic, samples_per_client: 20}",
+    ]
+    scenario = load(ROOT / "scenarios" / "deploy.yaml", sets, output=str(tmp_path)).base()
+    run_scenario(scenario, tmp_path, progress=False)
+    world = build(scenario)
+    call = world.costs.seconds(CALL_OP, {})
+    clients = pd.read_csv(tmp_path / "clients.csv").dropna(subset=["train_s"])
+    assert len(clients) >= 8
+    for _, row in clients.iterrows():
+        quota = world.dilation / row["slowdown"]
+        work = row["samples"] * 0.05 + call  # its samples at 0.05 s, and the hand-over
+        train = row["train_s"]
+        # its work at the quota, less the burst it had after idle (b / q: it ran at full speed meanwhile)
+        assert work / quota - testbed.burst_s(quota) / quota - 1e-9 <= train <= work / quota + 1e-9
