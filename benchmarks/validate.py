@@ -18,6 +18,19 @@ allocations in fresh processes).
 
     python benchmarks/validate.py --rounds 4 --skip-first          # the full grid: 36 points, ~35 minutes
     python benchmarks/validate.py --clients 5 --params 1e5 --dropouts 0 --chunks 1   # one point
+
+With ``--testbed kernel`` (root: docs/deploy.md, "The kernel testbed") it validates the simulator's model of
+the kernel testbed instead, on the grid of :func:`kernel_grid`: 48 points of 5, 10 and 20 clients,
+SecAgg and SecAgg+, XNoise on and off, 20% dropping before upload or during unmasking, unpipelined or 3
+chunks on shared links, each with a model of 10^4, 10^5 or 10^6 parameters (rotating). Every point is
+deployed on the kernel testbed (``--rounds`` rounds, round 1 left out as a warm-up); ``dropsim
+calibrate`` then fits the profile to the deployed parties' operations at the calibration half of the
+points (:func:`calibration_half`: a fixed half-fraction of the four two-level factors), and every point is
+simulated under the kernel testbed's model with the calibrated profile (and with the profile as is, for
+reference). It prints the round-time and per-stage errors on each half; the held-out half is the
+validation. ``--keep DIR`` keeps every run, and a grid interrupted there goes on where it stopped.
+
+    python benchmarks/validate.py --testbed kernel --keep results/validate-kernel    # ~1 hour
 """
 
 from __future__ import annotations
@@ -27,14 +40,18 @@ import os
 import platform
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from tempfile import TemporaryDirectory
 
 import pandas as pd
 
+from sim.costs.model import DEFAULT_PROFILE
 from sim.deploy.deployment import DeployOptions
 from sim.deploy.validate import compare, testbed_overrides
+from sim.results.read import read_manifest
 from sim.runner import Deployed, run_scenario
 from sim.scenario import load
 
@@ -115,6 +132,177 @@ def measure(
     return row, pd.concat(stages)
 
 
+@dataclass(frozen=True)
+class KernelPoint:
+    """One point of the kernel testbed's grid."""
+
+    clients: int
+    params: int
+    protocol: str
+    xnoise: bool
+    stage: str
+    chunks: int
+
+    @property
+    def name(self) -> str:
+        noise = "xnoise" if self.xnoise else "plain"
+        return f"n{self.clients}_d{self.params:g}_{self.protocol}_{noise}_{self.stage}_m{self.chunks}"
+
+    @property
+    def levels(self) -> tuple[int, int, int, int]:
+        """Each two-level factor's level (0: the first)."""
+        return (
+            int(self.protocol == "secagg+"),
+            int(self.xnoise),
+            int(self.stage == "during_unmasking"),
+            int(self.chunks > 1),
+        )
+
+    def overrides(self) -> list[str]:
+        shape, classes = SHAPES[self.params]
+        point = [
+            f"population={2 * self.clients}",
+            f"sampling.clients_per_round={self.clients}",
+            f"data.input_shape={shape}",
+            f"data.classes={classes}",
+            f"aggregation.protocol={self.protocol}",
+            "dropout.rate=0.2",
+            f"dropout.stage={self.stage}",
+        ]
+        if self.xnoise:
+            point.append("privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 3.0, tolerance: 0.5}")
+        if self.chunks > 1:
+            point.append(f"pipeline={{chunks: {self.chunks}, links: shared}}")
+        return point
+
+
+def kernel_grid() -> list[KernelPoint]:
+    """48 points: for each of 5, 10 and 20 clients, every combination of the four two-level factors
+    (protocol, XNoise, dropout stage, chunks; combination ``c`` has protocol ``c & 1``, XNoise ``c & 2``,
+    ...), the model size rotating over 10^4, 10^5 and 10^6 parameters with ``(c >> 1) + i`` (i: the client
+    count's index), so that each half of :func:`calibration_half` holds every client count with every size,
+    2 or 3 times."""
+    sizes = sorted(SHAPES)
+    points = []
+    for i, clients in enumerate((5, 10, 20)):
+        for combo in range(16):
+            points.append(
+                KernelPoint(
+                    clients,
+                    sizes[((combo >> 1) + i) % 3],
+                    "secagg+" if combo & 1 else "secagg",
+                    bool(combo & 2),
+                    "during_unmasking" if combo & 4 else "before_upload",
+                    3 if combo & 8 else 1,
+                )
+            )
+    return points
+
+
+def calibration_half(point: KernelPoint) -> bool:
+    """The points calibrated on: those with an even number of factors at their second level (a 2^(4-1)
+    half-fraction, so both halves hold every level of every factor, and every pair of levels, equally
+    often, at every client count)."""
+    return sum(point.levels) % 2 == 0
+
+
+def complete(run: Path) -> bool:
+    """Whether ``run`` holds a finished run (its manifest says so)."""
+    try:
+        return read_manifest(run).get("status") == "complete"
+    except Exception:
+        return False
+
+
+def simulate(job: tuple[Path, list[str]]) -> None:
+    """Simulate one point (in a process of a pool)."""
+    folder, sets = job
+    run_scenario(load(SCENARIO, sets, output=str(folder)).base(), folder, progress=False)
+
+
+def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
+    """The kernel testbed's grid (see the module's docstring)."""
+    from sim.deploy.kernel import in_private_network, reexec_in_private_network
+    from sim.profiling.calibrate import calibrate as fit_profile
+    from sim.profiling.calibrate import summary, write_profile
+
+    if not in_private_network():
+        reexec_in_private_network([sys.executable, str(Path(__file__).resolve()), *argv])
+    grid = kernel_grid()
+    if args.points:
+        grid = [p for p in grid if any(sel in p.name for sel in args.points)]
+    base = [f"rounds={args.rounds}", *testbed_overrides(), "testbed.emulation=kernel", "testbed.cpu_scale=1"]
+    base.append(f"costs.profile={DEFAULT_PROFILE}")  # what the deployed runs are calibrated from
+    with TemporaryDirectory() as scratch:
+        root = args.keep if args.keep is not None else Path(scratch)
+        root.mkdir(parents=True, exist_ok=True)
+        for k, point in enumerate(grid, start=1):
+            deployed = root / point.name / "deployed"
+            if complete(deployed):
+                continue
+            print(f"[{k}/{len(grid)}] deploying {point.name}", file=sys.stderr)
+            scenario = load(SCENARIO, [*base, *point.overrides(), *args.overrides], output=str(deployed)).base()
+            options = DeployOptions(log_dir=deployed)
+            start = time.perf_counter()
+            run_scenario(scenario, deployed, progress=False, engine=partial(Deployed, options=options), driver="deploy")
+            print(f"    {time.perf_counter() - start:.1f} s", file=sys.stderr)
+        calibration = [root / p.name / "deployed" for p in grid if calibration_half(p)]
+        profile = root / "calibrated.json"
+        doc = fit_profile(calibration)
+        write_profile(doc, profile)
+        print(summary(doc))
+        models = {"calibrated": [f"costs.profile={profile}"], "profile": [f"costs.profile={DEFAULT_PROFILE}"]}
+        jobs = [
+            (root / point.name / f"simulated-{model}", [*base, *point.overrides(), *args.overrides, *sets])
+            for point in grid
+            for model, sets in models.items()
+        ]
+        print(f"simulating {len(jobs)} runs, {args.jobs} at a time", file=sys.stderr)
+        with ProcessPoolExecutor(args.jobs) as pool:
+            list(pool.map(simulate, jobs))
+        rows, stages = [], []
+        for point in grid:
+            deployed = root / point.name / "deployed"
+            row: dict[str, object] = {
+                "half": "calibration" if calibration_half(point) else "validation",
+                "name": point.name,
+                **{k: v for k, v in point.__dict__.items()},
+            }
+            for model in models:
+                simulated = root / point.name / f"simulated-{model}"
+                validation = compare(simulated, deployed, skip_first=True)
+                summary_table = validation.summary.set_index("stage")
+                suffix = "" if model == "calibrated" else f"_{model}"
+                row[f"simulated_s{suffix}"] = summary_table.at["round", "simulated_s"]
+                row["measured_s"] = summary_table.at["round", "measured_s"]
+                row[f"error{suffix}"] = summary_table.at["round", "error"]
+                stages.append(validation.summary.assign(model=model, point=point.name, half=row["half"]))
+            row["time_dilation"] = read_manifest(deployed).get("testbed", {}).get("time_dilation")
+            rows.append(row)
+            pd.DataFrame(rows).to_csv(args.csv, index=False)
+            pd.concat(stages).to_csv(args.stages_csv, index=False)
+    table = pd.DataFrame(rows)
+    per_stage = pd.concat(stages)
+    print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
+    for half in ("calibration", "validation"):
+        part = table[table["half"] == half]
+        if part.empty:
+            continue
+        for suffix, model in (("", "calibrated profile"), ("_profile", "profile as is")):
+            errors = part[f"error{suffix}"].abs()
+            print(
+                f"\n{half} half ({len(part)} points), {model}: round time |simulated - measured| / measured: "
+                f"median {errors.median():.1%}, worst {errors.max():.1%} ({part.loc[errors.idxmax(), 'name']})"
+            )
+        stage_errors = per_stage[(per_stage["half"] == half) & (per_stage["model"] == "calibrated")]
+        medians = stage_errors.assign(abs_error=stage_errors["error"].abs()).groupby("stage", sort=False)["abs_error"]
+        print("  per stage, median |error| over the points (calibrated): " + ", ".join(
+            f"{stage} {value:.1%}" for stage, value in medians.median().items()
+        ))  # fmt: skip
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; tables: {args.csv}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--clients", nargs="+", type=int, default=[5, 10, 20])
@@ -144,7 +332,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--stages-csv", type=Path, default=Path("validate_stages.csv"), help="table per point and stage"
     )
+    parser.add_argument(
+        "--testbed",
+        choices=("process", "kernel"),
+        default="process",
+        help="process (default: the grid above) or kernel (the kernel testbed's 48-point grid; root)",
+    )
+    parser.add_argument(
+        "--points", nargs="+", metavar="TEXT", help="--testbed kernel: only the points whose names contain TEXT"
+    )
+    parser.add_argument(
+        "--jobs", type=int, default=os.cpu_count() or 1, help="--testbed kernel: simulations at a time (cores)"
+    )
     args = parser.parse_args(argv)
+    if args.testbed == "kernel":
+        if args.csv == Path("validate.csv"):
+            args.csv = Path("validate_kernel.csv")
+        if args.stages_csv == Path("validate_stages.csv"):
+            args.stages_csv = Path("validate_kernel_stages.csv")
+        return kernel_main(args, list(sys.argv[1:] if argv is None else argv))
     params = [int(p) for p in args.params]
     unknown = sorted(set(params) - set(SHAPES))
     if unknown:

@@ -19,6 +19,7 @@ from sim.protocol.registry import DRIVER_OPERATIONS
 from sim.round.privacy import padded
 from sim.scenario.errors import Problem, ScenarioError
 from sim.scenario.types import Scenario
+from sim.testbed import cost_profile
 
 
 def preflight(scenario: Scenario) -> list[Problem]:
@@ -43,7 +44,7 @@ def preflight(scenario: Scenario) -> list[Problem]:
     if scenario.privacy.enabled:
         problems += _privacy(scenario)
     try:
-        costs = CostModel.load(scenario.cost_profile)
+        costs = CostModel.load(cost_profile(scenario))
     except CostModelError as exc:
         problems.append(Problem(scenario.origin("costs", "profile"), "costs.profile", str(exc)))
         return problems

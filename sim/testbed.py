@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -34,13 +35,44 @@ MIN_QUOTA_US = 1_000
 MAX_PERIOD_US = 1_000_000
 """The longest CFS period the kernel accepts (1 s)."""
 
+MTU_BYTES = 1500
+"""The MTU of the kernel testbed's loopback (an Ethernet's), with segmentation offload off: every packet
+htb shapes is one frame, so a link's burst is one frame, not the 64 KiB of loopback's own MTU (measured on
+this project's machine: with 64 KiB packets, 100 kB crossed an idle 21 Mbps link in 0.2 ms instead of
+38 ms)."""
+
+FRAME_BYTES = MTU_BYTES + 14
+"""Bytes htb counts for a full packet: the MTU and the Ethernet header the loopback device adds."""
+
+MSS_BYTES = MTU_BYTES - 20 - 20 - 12
+"""TCP payload per full packet: the MTU less the IP and TCP headers and TCP's timestamp option."""
+
+PAYLOAD_FRACTION = MSS_BYTES / FRAME_BYTES
+"""Bytes of a message per byte a shaped link carries (1448 / 1514 = 0.956): a kernel testbed's link of
+rate r moves a message's bytes at r times this (measured: 100 kB to 2.5 MB at 21, 60 and 210 Mbps took
+1.045 times n * 8 / r)."""
+
 KERNEL = "kernel"
 """``testbed.emulation`` of the kernel testbed."""
+
+
+KERNEL_PROFILE = Path(__file__).resolve().parent / "costs" / "kernel.json"
+"""The cost profile of the kernel testbed on this project's machine: the shipped profile calibrated by
+``dropsim calibrate`` on the calibration half of ``benchmarks/validate.py --testbed kernel`` (its
+provenance is inside). A kernel testbed's scenario without ``costs.profile`` is simulated with it."""
 
 
 def is_kernel(scenario: Scenario) -> bool:
     """Whether ``scenario`` runs on (or models) the kernel testbed."""
     return scenario.testbed is not None and scenario.testbed.emulation == KERNEL
+
+
+def cost_profile(scenario: Scenario) -> str | Path | None:
+    """The cost profile ``scenario`` is simulated with: its ``costs.profile``, else on the kernel testbed
+    :data:`KERNEL_PROFILE`, else None (the shipped default)."""
+    if scenario.cost_profile is not None:
+        return scenario.cost_profile
+    return KERNEL_PROFILE if is_kernel(scenario) else None
 
 
 def cfs_period_us(cores: float) -> int:

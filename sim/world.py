@@ -19,7 +19,7 @@ from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import model_train_op, update_dimension
 from sim.learning.trainer import Learner
 from sim.scenario.types import Scenario
-from sim.testbed import is_kernel, run_dilation
+from sim.testbed import cost_profile, is_kernel, run_dilation
 
 TRANSPORT_OPS = ("deploy.send", "deploy.receive")
 """Cost-model operations of the testbed's sockets per message (:mod:`sim.profiling.transport`): the sender's
@@ -70,7 +70,7 @@ def build(scenario: Scenario) -> World:
         if sc.trace.capacity:
             population = population.with_capacity(trace.clients, trace.compute_ms_per_sample, trace.bandwidth_kbps)
     dropout = DropoutModel(sc.dropout, sc.population, sc.seed)
-    costs = CostModel.load(sc.cost_profile)
+    costs = CostModel.load(cost_profile(sc))
     data = load_federated(sc.data, sc.population, sc.seed)
     learner: Learner | None = None
     if sc.fidelity == "full":

@@ -8,6 +8,7 @@ than its work at the quota, plus the burst it could not use).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Generator
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import testbed
-from sim.engine.host import PartyQuotas, QuotaCores
+from sim.engine.host import PartyQuotas, Pool, QuotaCores, QuotaScheduler
 from sim.protocol.machine import SERVER
 from sim.runner import run_scenario
 from sim.scenario import ScenarioError, load
@@ -89,6 +90,36 @@ def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
         _job(env, pool, log, name, 1.0)  # 3 - 2 = 1 per second: empty at 0.5, then 2/3 of a core each
     env.run()
     assert [t for _, t in log] == [pytest.approx(0.5 + 0.5 * 1.5)] * 3
+
+
+def test_parties_bursting_at_once_share_the_hosts_cores() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env, cores=1.0)
+    pools = [scheduler.pool(0.25, 0.25) for _ in range(2)]
+
+    def job(name: str, pool: Pool) -> Generator[simpy.Event, Any, None]:
+        yield from scheduler.run(pool, 1.0)
+        log.append((name, env.now))
+
+    for name, pool in zip("ab", pools, strict=True):
+        env.process(job(name, pool))
+    # both may burst at a core, the host has one: half each, each burst draining at 0.5 - 0.25 = 0.25 per
+    # second, empty at 1.0 (0.5 done); then each at its quota, 0.25: 2 s more
+    env.run()
+    assert log == [("a", 3.0), ("b", 3.0)]
+
+
+def test_a_party_held_back_by_the_host_keeps_its_unused_quota_as_credit() -> None:
+    env = simpy.Environment()
+    scheduler = QuotaScheduler(env, cores=1.0)
+    small, big = scheduler.pool(0.5, 0.25), scheduler.pool(0.5, 0.25)
+    big.credit = small.credit = 0.0
+    for _ in range(3):
+        scheduler.start(big, 10.0)  # 3 jobs of a 0.5-core pool: 1/6 each
+    job = scheduler.start(small, 10.0)  # alone in its pool: 0.5, within the host's core
+    env.run(until=1.0)
+    assert scheduler.cancel(job) == pytest.approx(0.5)
+    assert small.credit == 0.0 and big.credit == 0.0  # both use their quota as it comes
 
 
 def test_a_cancelled_job_reports_its_work_done() -> None:
@@ -195,7 +226,7 @@ def test_a_kernel_testbed_simulation_charges_compute_at_each_partys_quota(tmp_pa
     scenario = load(ROOT / "scenarios" / "deploy.yaml", sets, output=str(tmp_path)).base()
     run_scenario(scenario, tmp_path, progress=False)
     world = build(scenario)
-    call = world.costs.seconds(CALL_OP, {})
+    call = world.costs.seconds(CALL_OP, {}, "client")
     clients = pd.read_csv(tmp_path / "clients.csv").dropna(subset=["train_s"])
     assert len(clients) >= 8
     for _, row in clients.iterrows():
@@ -204,3 +235,26 @@ def test_a_kernel_testbed_simulation_charges_compute_at_each_partys_quota(tmp_pa
         train = row["train_s"]
         # its work at the quota, less the burst it had after idle (b / q: it ran at full speed meanwhile)
         assert work / quota - testbed.burst_s(quota) / quota - 1e-9 <= train <= work / quota + 1e-9
+
+
+def test_a_profile_may_charge_an_operation_by_role() -> None:
+    from sim.costs.model import CostModel, LinearCost, role
+
+    costs = CostModel(
+        {"wire.decode": LinearCost({"bytes": 1.0}), "wire.decode@client": LinearCost({"bytes": 3.0})}, {}, "t"
+    )
+    assert costs.seconds("wire.decode", {"bytes": 2.0}) == 2.0
+    assert costs.seconds("wire.decode", {"bytes": 2.0}, "client") == 6.0
+    assert costs.seconds("wire.decode", {"bytes": 2.0}, "server") == 2.0  # no server entry: the op's own
+    assert role(SERVER) == "server" and role(0) == "client"
+
+
+def test_the_kernel_testbed_has_a_profile_of_its_own() -> None:
+    plain = load(ROOT / "scenarios" / "deploy.yaml").base()
+    assert testbed.cost_profile(plain) is None
+    kernel = load(ROOT / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel"]).base()
+    assert testbed.cost_profile(kernel) == testbed.KERNEL_PROFILE and testbed.KERNEL_PROFILE.is_file()
+    chosen = load(ROOT / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel", "costs.profile=x.json"]).base()
+    assert testbed.cost_profile(chosen) == "x.json"
+    doc = json.loads(testbed.KERNEL_PROFILE.read_text())
+    assert doc["calibration"]["runs"] and doc["calibration"]["host"]  # where it comes from

@@ -16,6 +16,7 @@ import argparse
 import ipaddress
 import math
 import os
+import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -232,8 +233,12 @@ def run_in_private_network(scenario: Scenario, args: argparse.Namespace) -> None
     from sim.deploy.kernel import in_private_network, reexec_in_private_network
     from sim.testbed import is_kernel
 
-    if is_kernel(scenario) and not in_private_network():
+    if not is_kernel(scenario):
+        return
+    if not in_private_network():
         reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
+    # a kill (SIGTERM) ends the command as Ctrl-C does, through its cleanup (the cgroups, the workers)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
 
 
 def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experiment]:
@@ -272,7 +277,20 @@ def cmd_deploy(args: argparse.Namespace) -> int:
         summary = summarize(out)
     print_table([summary.row()])
     print(f"results: {out}/ (rounds.csv, clients.csv, stages.csv, manifest.json; times in wall-clock seconds)")
+    say_dilation(out)
     return 0
+
+
+def say_dilation(run: Path) -> None:
+    """On a kernel testbed, the run's time dilation f (from its manifest)."""
+    from sim.results.read import read_manifest
+
+    testbed = read_manifest(run).get("testbed")
+    if isinstance(testbed, dict) and "time_dilation" in testbed:
+        print(
+            f"kernel testbed: time dilation f = {testbed['time_dilation']:.4g} (a client of slow-down s computed on "
+            f"f / s of a core, the server on f times its speed; cgroup {testbed.get('cgroup', '?')})"
+        )
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
@@ -343,7 +361,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from sim.scenario import load
 
     emulation = [f"testbed.emulation={args.testbed}"] if args.testbed is not None else []
-    grid = load(args.file, [*testbed_overrides(args.cores, args.cpu_scale), *emulation, *args.overrides])
+    cpu_scale = args.cpu_scale
+    if args.testbed == "kernel" and cpu_scale is None:
+        cpu_scale = 1.0  # the kernel testbed's profile is calibrated on it: its costs as they are
+    grid = load(args.file, [*testbed_overrides(args.cores, cpu_scale), *emulation, *args.overrides])
     scenario = grid.base()
     run_in_private_network(scenario, args)
     check_all([scenario])
@@ -356,6 +377,12 @@ def cmd_validate(args: argparse.Namespace) -> int:
     if testbed is None:
         raise InputError(f"{args.file}: testbed is unset; validate simulates under the testbed model (testbed.cores)")
     model = f"{testbed.cores} cores, cpu_scale {testbed.cpu_scale:g}"
+    if testbed.emulation == "kernel":
+        from sim.clients.population import Population
+        from sim.testbed import run_dilation
+
+        slowdown = Population.build(scenario.population, scenario.clients, scenario.seed).slowdown
+        model = f"the kernel testbed on {testbed.cores} cores, time dilation f = {run_dilation(scenario, slowdown):.4g}"
     print(f"simulating {scenario.name} under the testbed model ({model})")
     run_scenario(replace(scenario, output=str(simulated)), simulated, progress=not args.quiet)
     options = deploy_options(args, deployed)
@@ -369,6 +396,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         engine=through_deployment(options),
         driver="deploy",
     )
+    say_dilation(deployed)
     validation = compare(simulated, deployed, skip_first=args.skip_first)
     validation.per_round.to_csv(out / "validation.csv", index=False)
     validation.summary.to_csv(out / "summary.csv", index=False)

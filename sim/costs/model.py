@@ -5,7 +5,10 @@ An operation's cost on the reference device (the machine that ran the profile) i
     seconds = sum_k coef[k] * size[k],   with size["const"] = 1,
 
 for the features it was fitted on (e.g. ``elements``, ``samples``, ``batches``). A client's time is that
-times its slow-down factor; the server's is that divided by its speed. A profile is a JSON file:
+times its slow-down factor; the server's is that divided by its speed. An operation may be charged
+differently at the server and at a client (``op@server``, ``op@client``: a profile calibrated on deployed
+parties, whose processes differ); where a profile has no such entry, both pay ``op``. A profile is a JSON
+file:
 
     {"format": 1, "machine": {...}, "operations": {op: {"coef": {feature: s_per_unit}, "r2": ..., ...}}}
 
@@ -31,10 +34,12 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.protocol.machine import Work
+from sim.protocol.machine import SERVER, Work
 from sim.protocol.wire import Message
 
 DEFAULT_PROFILE = Path(__file__).with_name("default.json")
+SERVER_ROLE, CLIENT_ROLE = "server", "client"
+"""The roles an operation may be charged for differently (``op@server``, ``op@client``)."""
 FORMAT = 1
 
 
@@ -128,8 +133,14 @@ class CostModel:
         }
         return CostModel(ops, self.machine, self.source, self.interference_s * factor)
 
-    def seconds(self, op: str, size: Mapping[str, float]) -> float:
-        """Reference-device seconds of ``op`` at ``size``."""
+    def seconds(self, op: str, size: Mapping[str, float], role: str | None = None) -> float:
+        """Reference-device seconds of ``op`` at ``size``; for a party of ``role`` (``server`` or
+        ``client``), the profile's ``op@role`` where it has one (a profile calibrated on deployed parties:
+        :mod:`sim.profiling.calibrate`)."""
+        if role is not None:
+            specific = self.operations.get(f"{op}@{role}")
+            if specific is not None:
+                return specific.seconds(size)
         cost = self.operations.get(op)
         if cost is None:
             raise CostModelError(
@@ -138,9 +149,9 @@ class CostModel:
             )
         return cost.seconds(size)
 
-    def work_seconds(self, work: tuple[Work, ...] | list[Work]) -> float:
-        """Reference-device seconds of a machine's reported work."""
-        return sum(self.seconds(w.op, w.size) for w in work)
+    def work_seconds(self, work: tuple[Work, ...] | list[Work], role: str | None = None) -> float:
+        """Reference-device seconds of a machine's reported work (by a party of ``role``: :meth:`seconds`)."""
+        return sum(self.seconds(w.op, w.size, role) for w in work)
 
 
 def read_profile(path: Path) -> Any:
@@ -151,6 +162,12 @@ def read_profile(path: Path) -> Any:
         raise CostModelError(f"cost profile {path}: cannot be read: {exc.strerror}") from None
     except json.JSONDecodeError as exc:
         raise CostModelError(f"cost profile {path}:{exc.lineno}: not valid JSON: {exc.msg}") from None
+
+
+def role(party: int) -> str:
+    """The role of ``party``: :data:`SERVER_ROLE` for the server (:data:`sim.protocol.machine.SERVER`),
+    else :data:`CLIENT_ROLE`."""
+    return SERVER_ROLE if party == SERVER else CLIENT_ROLE
 
 
 def frame_size(message: Message) -> dict[str, float]:

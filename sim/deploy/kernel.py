@@ -38,7 +38,7 @@ from typing import NoReturn
 import numpy as np
 
 from sim.errors import InputError
-from sim.testbed import PERIOD_US, client_cores, dilation, quota_us, server_cores
+from sim.testbed import FRAME_BYTES, MTU_BYTES, PERIOD_US, client_cores, dilation, quota_us, server_cores
 
 __all__ = [
     "PERIOD_US",
@@ -54,9 +54,6 @@ __all__ = [
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 """Where the cgroup file systems are mounted (v2 unified here, or v1 hierarchies below it)."""
-
-MTU_BYTES = 65_536
-"""The loopback's MTU: htb's quantum and burst must hold one packet of it."""
 
 
 class KernelTestbedError(InputError):
@@ -287,6 +284,12 @@ class LinkShaper:
                 "(run it under unshare --net)"
             )
         _run(["ip", "link", "set", self.device, "up"], "bring the loopback up")
+        # Ethernet's MTU and no segmentation offload: htb shapes frames, and a link's burst is one of them
+        _run(
+            ["ip", "link", "set", "dev", self.device, "mtu", str(MTU_BYTES), "gso_max_size", str(MTU_BYTES),
+             "gso_max_segs", "1"],
+            "give the loopback an Ethernet MTU without segmentation offload",
+        )  # fmt: skip
         self._tc("qdisc", "add", "dev", self.device, "root", "handle", "1:", "htb", "default", "3")
         # 1:1 the server's downlink (what clients upload), 1:2 its uplink (what they download), 1:3 the rest
         for classid in ("1:1", "1:2"):
@@ -297,16 +300,14 @@ class LinkShaper:
         _run(["tc", *args], "tc")
 
     def _class(self, parent: str, classid: str, bps: float, verb: str = "add") -> None:
-        # burst and cburst of one MTU: the least that lets htb keep its rate with 64 KiB loopback packets; an
-        # idle link passes one packet at once (measured: a 20 Mbps link carries 2.5 MB at 20.6-21.0 Mbps of
-        # goodput, the first packet's credit included)
+        # burst and cburst of one frame: an idle link passes one packet at once, then keeps its rate
         self._tc(*self._class_args(parent, classid, bps, verb))
 
     def _class_args(self, parent: str, classid: str, bps: float, verb: str) -> list[str]:
-        burst = str(MTU_BYTES)
+        burst = str(FRAME_BYTES)
         return [
             "class", verb, "dev", self.device, "parent", parent, "classid", classid, "htb",
-            "rate", _rate(bps), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", str(MTU_BYTES),
+            "rate", _rate(bps), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", burst,
         ]  # fmt: skip
 
     def add(self, index: int, bps: float) -> str:
@@ -339,6 +340,16 @@ class LinkShaper:
         if not 0 <= index <= (0xFFFF - 0x101) // 2:
             raise ValueError(f"client index {index}: htb class ids hold {(0xFFFF - 0x101) // 2 + 1} clients")
         return f"1:{0x100 + 2 * index:x}", f"1:{0x101 + 2 * index:x}"
+
+    def close(self) -> None:
+        """Remove the qdisc, its classes and filters, and the clients' addresses (the namespace may host
+        another deployment). Safe to call twice."""
+        with contextlib.suppress(KernelTestbedError):
+            _run(["tc", "qdisc", "del", "dev", self.device, "root"], "remove the qdisc")
+        for address, _ in self.clients.values():
+            with contextlib.suppress(KernelTestbedError):
+                _run(["ip", "addr", "del", f"{address}/32", "dev", self.device], "remove a client's address")
+        self.clients.clear()
 
     def retune_all(self, rates: dict[int, float]) -> None:
         """:meth:`retune` every client of ``rates`` (index -> bits per second) with one ``tc`` process."""
@@ -418,10 +429,14 @@ class KernelEmulation:
                 self.groups.add(f"worker-{j}", SETUP_CORES)
             self.groups.attach("server", os.getpid())
             self.shaper = LinkShaper(self.server_bps, self.latency_s)
+        except BaseException:
+            self.groups.close()
+            raise
+        try:
             for j in range(self.workers):
                 self.shaper.add(j, self.server_bps)
         except BaseException:
-            self.groups.close()
+            self.close()
             raise
 
     def address(self, worker: int) -> str:
@@ -448,4 +463,8 @@ class KernelEmulation:
         return {party: self.groups.throttled_s(party) for party in self.groups.parties}
 
     def close(self) -> None:
-        self.groups.close()
+        """Remove the cgroups, the qdisc and the addresses made here."""
+        try:
+            self.shaper.close()
+        finally:
+            self.groups.close()

@@ -541,7 +541,7 @@ class Worker:
             for task in done:
                 task.result()
             if dispatch:
-                await p.cpu.run(lambda: self._finish_decode(p, inst))
+                await p.cpu.run(lambda: self._finish_decode(p, inst), work=lambda _: finishing(p, inst))
                 p.conn.send(control.CONTROL, control.Decoded(p.start.round).encode())
         finally:
             for task in [*tasks, *p.uploads]:
@@ -644,9 +644,19 @@ def encoding(inst: RoundInstances) -> tuple[Work, ...]:
 
 
 def summing(inst: RoundInstances, j: int) -> tuple[Work, ...]:
-    """What the simulator charges for decoding chunk ``j``'s sum (less its frame's decoding)."""
-    op = "decode.fixed_point" if inst.private is None else "decode.dskellam"
-    return (Work(op, {"elements": inst.slots[j].length}),)
+    """What the simulator charges for decoding chunk ``j``'s sum (less its frame's decoding): the fixed-point
+    decoding of its values; nothing for DSkellam's centring (its decoding is :func:`finishing`'s)."""
+    if inst.private is None:
+        return (Work("decode.fixed_point", {"elements": inst.slots[j].length}),)
+    return ()
+
+
+def finishing(p: Play, inst: RoundInstances) -> tuple[Work, ...]:
+    """What the simulator charges once a client has every chunk's sum: DSkellam's decoding of the whole
+    vector (its inverse rotation mixes every value); nothing otherwise."""
+    if inst.private is None or len(p.decoded) != len(inst.slots):
+        return ()
+    return (Work("decode.dskellam", {"elements": inst.private.length}),)
 
 
 def worker_main(

@@ -168,130 +168,218 @@ class SharedCores:
             job.done.succeed(job)
 
 
-class QuotaCores:
-    """One party's CPU cgroup on the kernel testbed: its threads' jobs share ``quota`` cores (a CFS quota),
-    one core per job at most, by processor sharing.
+class Pool:
+    """One party's CPU cgroup in a :class:`QuotaScheduler`: its quota (cores), its burst (CPU seconds) and
+    its credit (CPU seconds it may still run at full speed), and its running jobs in start order."""
 
-    CFS hands a group its quota afresh every period and carries none over, so a group that was idle may
-    run at full speed until it has used one period's quota (``burst`` seconds of CPU). The pool models
-    that as a token bucket of ``burst`` CPU seconds refilled at ``quota`` per second: while it holds
-    credit, each job runs at one core (the credit draining at ``n - quota`` per second with ``n`` jobs);
-    once it is empty, the jobs share the quota, ``min(1, quota / n)`` each. A lone job of ``w`` seconds
-    after a long idle takes ``w`` if ``w`` is within the burst, else about ``w / quota - period``.
-    """
+    __slots__ = ("burst", "credit", "jobs", "quota")
 
-    def __init__(self, env: simpy.Environment, quota: float, burst: float) -> None:
+    def __init__(self, quota: float, burst: float) -> None:
         if not (math.isfinite(quota) and quota > 0 and math.isfinite(burst) and burst >= 0):
             raise ValueError(f"a quota of {quota!r} cores with a burst of {burst!r} s")
-        self.env = env
         self.quota = quota
         self.burst = burst
         self.credit = burst
-        """CPU seconds the group may still run at full speed (as of the pool's last event)."""
         self.jobs: dict[int, Job] = {}
+
+    def cap(self) -> float:
+        """The most a job of this pool may run at now (reference seconds per second): a core while it has
+        credit, else an equal share of the quota (a core at most)."""
+        if self.credit > _EPS_S:
+            return 1.0
+        return min(1.0, self.quota / len(self.jobs))
+
+
+class QuotaScheduler:
+    """The kernel testbed's CPUs in virtual time: parties' CPU cgroups (:class:`Pool`) on a host of
+    ``cores`` cores.
+
+    CFS hands a group its quota afresh every period and carries none over, so a group that was idle may
+    run at full speed until it has used one period's quota. A pool models that as a token bucket of
+    ``burst`` CPU seconds refilled at ``quota`` per second: while it holds credit each of its jobs may run
+    at one core, and once it is empty they share the quota, ``min(1, quota / n)`` each. The host's cores
+    bound them all together: when the jobs may run at more than ``cores`` in total (parties bursting at
+    once), they share the cores max-min fairly, none above what its pool allows (water-filling, the fluid
+    limit of CFS's fair share among runnable groups). A pool's credit changes at its quota less its jobs'
+    rates, between 0 and its burst.
+
+    As :class:`SharedCores`, the scheduler is event-driven: whenever a job starts, ends or is cancelled,
+    or a pool's credit runs out, every job's remaining work and every pool's credit are advanced at the
+    old rates and one timer is set for the next such event (a version counter voids older timers)."""
+
+    def __init__(self, env: simpy.Environment, cores: float = math.inf) -> None:
+        if not cores > 0:
+            raise ValueError(f"a host has cores > 0, not {cores!r}")
+        self.env = env
+        self.cores = cores
+        self.pools: list[Pool] = []
+        self._rates: dict[int, float] = {}
         self._ids = itertools.count()
         self._last = env.now
         self._version = 0
 
-    @property
-    def rate(self) -> float:
-        """Reference seconds of work each running job does per virtual second."""
-        if not self.jobs or self.credit > _EPS_S:
-            return 1.0
-        return min(1.0, self.quota / len(self.jobs))
+    def pool(self, quota: float, burst: float) -> Pool:
+        pool = Pool(quota, burst)
+        self.pools.append(pool)
+        return pool
 
-    def start(self, work: float, party: int = SERVER) -> Job:
+    def start(self, pool: Pool, work: float) -> Job:
+        """Put a job of ``work`` reference seconds in ``pool``; wait on its ``done`` event."""
         if not (math.isfinite(work) and work >= 0):
             raise ValueError(f"a job needs a finite work >= 0 reference seconds, not {work}")
         self._advance()
-        job = Job(next(self._ids), float(work), self.env.event(), self.env.now, self)
+        job = Job(next(self._ids), float(work), self.env.event(), self.env.now, pool)
         if job.work <= _EPS_S:
             job.remaining = 0.0
             job.done.succeed(job)
             return job
-        self.jobs[job.id] = job
+        pool.jobs[job.id] = job
         self._reschedule()
         return job
 
     def cancel(self, job: Job) -> float:
-        if job.id in self.jobs:
+        """Take ``job`` out of its pool; its ``done`` never fires. Returns the reference seconds it did."""
+        pool = job.pool
+        assert isinstance(pool, Pool)
+        if job.id in pool.jobs:
             self._advance()
-            del self.jobs[job.id]
+            del pool.jobs[job.id]
             job.remaining = max(job.remaining, 0.0)
             self._reschedule()
         return job.worked
 
-    def run(self, work: float) -> Generator[simpy.Event, Any, None]:
-        job = self.start(work)
-        if job.id in self.jobs:
+    def run(self, pool: Pool, work: float) -> Generator[simpy.Event, Any, None]:
+        """Compute ``work`` reference seconds in ``pool`` (``yield from`` it in a SimPy process); if the
+        process is interrupted the job leaves the pool and the :class:`simpy.Interrupt` goes on."""
+        job = self.start(pool, work)
+        if job.id in pool.jobs:
             try:
                 yield job.done
             except simpy.Interrupt:
                 self.cancel(job)
                 raise
 
+    # -- internals --------------------------------------------------------------------------------
+    def _running(self) -> list[Job]:
+        return [job for pool in self.pools for job in pool.jobs.values()]
+
+    def _compute_rates(self) -> None:
+        """Each running job's rate: its pool's cap, water-filled under the host's cores."""
+        caps = {job.id: job.pool.cap() for job in self._running()}
+        if sum(caps.values()) <= self.cores:
+            self._rates = caps
+            return
+        left, rates = self.cores, {}
+        ordered = sorted(caps.items(), key=lambda item: (item[1], item[0]))
+        for i, (jid, cap) in enumerate(ordered):
+            share = left / (len(ordered) - i)
+            rate = min(cap, share)
+            rates[jid] = rate
+            left -= rate
+        self._rates = rates
+
+    def _pool_rate(self, pool: Pool) -> float:
+        return sum(self._rates.get(jid, 0.0) for jid in pool.jobs)
+
     def _advance(self) -> None:
         dt = self.env.now - self._last
         self._last = self.env.now
         if dt <= 0:
             return
-        n = len(self.jobs)
-        if n == 0:
-            self.credit = min(self.burst, self.credit + self.quota * dt)
-            return
-        rate = self.rate
-        for job in self.jobs.values():
-            job.remaining -= rate * dt
-        if self.credit > _EPS_S:
-            self.credit = min(self.burst, max(0.0, self.credit + (self.quota - n) * dt))
+        for pool in self.pools:
+            used = 0.0
+            for job in pool.jobs.values():
+                rate = self._rates.get(job.id, 0.0)
+                job.remaining -= rate * dt
+                used += rate
+            if pool.jobs and pool.credit <= _EPS_S and used >= pool.quota * (1 - 1e-12):
+                continue  # throttled: the quota is used as it comes
+            pool.credit = min(pool.burst, max(0.0, pool.credit + (pool.quota - used) * dt))
 
     def _reschedule(self) -> None:
         self._version += 1
-        if not self.jobs:
+        self._compute_rates()
+        wait: float = math.inf
+        target: Job | Pool | None = None  # the next event: a job's end, or a pool's credit running out
+        for pool in self.pools:
+            for job in pool.jobs.values():
+                rate = self._rates[job.id]
+                if rate > 0 and max(job.remaining, 0.0) / rate < wait:
+                    wait, target = max(job.remaining, 0.0) / rate, job
+            drain = self._pool_rate(pool) - pool.quota
+            if pool.jobs and pool.credit > _EPS_S and drain > 0 and pool.credit / drain < wait:
+                wait, target = pool.credit / drain, pool
+        if target is None:
             return
-        n, rate = len(self.jobs), self.rate
-        least = min(job.remaining for job in self.jobs.values())
-        wait, emptied = max(least, 0.0) / rate, False
-        if self.credit > _EPS_S and n > self.quota:
-            until_empty = self.credit / (n - self.quota)
-            if until_empty < wait:
-                wait, emptied = until_empty, True
         timer = self.env.timeout(wait)
         version = self._version
-        timer.callbacks.append(lambda _ev: self._on_timer(version, emptied))
+        timer.callbacks.append(lambda _ev: self._on_timer(version, target))
 
-    def _on_timer(self, version: int, emptied: bool) -> None:
+    def _on_timer(self, version: int, target: Job | Pool) -> None:
         if version != self._version:
             return
         self._advance()
-        if emptied:
-            self.credit = 0.0
+        if isinstance(target, Pool):
+            target.credit = 0.0
             self._reschedule()
             return
-        least = min(job.remaining for job in self.jobs.values())
-        finished = [j for j in self.jobs.values() if j.remaining - least <= _EPS_S + 1e-12 * j.work]
+        # the job the timer was set for ends, with any that are level with it (to round-off)
+        finished = [target]
+        for job in self._running():
+            if job is not target and job.remaining <= _EPS_S + 1e-12 * job.work:
+                finished.append(job)
         for job in finished:
             job.remaining = 0.0
-            del self.jobs[job.id]
+            del job.pool.jobs[job.id]
         self._reschedule()
         for job in finished:
             job.done.succeed(job)
 
 
-class PartyQuotas:
-    """The kernel testbed's CPUs: a :class:`QuotaCores` per party, of f / s cores for client ``c`` (``s`` its
-    slow-down) and f times ``server_speed`` for the server (:mod:`sim.testbed`). A party's slow-down is in
-    its quota, so no sleep follows its computations; parties never wait for each other's cores (their
-    quotas fit in the host's)."""
+class QuotaCores:
+    """A single CPU cgroup of ``quota`` cores and a ``burst`` of CPU seconds on a host of ``cores`` cores
+    (:class:`QuotaScheduler` with one pool)."""
 
-    def __init__(self, env: simpy.Environment, f: float, server_speed: float, slowdown: np.ndarray) -> None:
+    def __init__(self, env: simpy.Environment, quota: float, burst: float, cores: float = math.inf) -> None:
+        self.scheduler = QuotaScheduler(env, cores)
+        self.own = self.scheduler.pool(quota, burst)
+        self.quota, self.burst = quota, burst
+
+    @property
+    def credit(self) -> float:
+        return self.own.credit
+
+    @property
+    def jobs(self) -> dict[int, Job]:
+        return self.own.jobs
+
+    def start(self, work: float) -> Job:
+        return self.scheduler.start(self.own, work)
+
+    def cancel(self, job: Job) -> float:
+        return self.scheduler.cancel(job)
+
+    def run(self, work: float) -> Generator[simpy.Event, Any, None]:
+        yield from self.scheduler.run(self.own, work)
+
+
+class PartyQuotas:
+    """The kernel testbed's CPUs: a CPU cgroup per party (:class:`Pool`) on the host's ``cores``, of f / s
+    cores for client ``c`` (``s`` its slow-down) and f times ``server_speed`` for the server
+    (:mod:`sim.testbed`). A party's slow-down is in its quota, so no sleep follows its computations; the
+    quotas fit in the cores, so parties wait for each other only when they burst at once."""
+
+    def __init__(
+        self, env: simpy.Environment, f: float, server_speed: float, slowdown: np.ndarray, cores: float = math.inf
+    ) -> None:
         self.env = env
         self.f = f
         self.server_speed = server_speed
         self.slowdown = slowdown
-        self.pools: dict[int, QuotaCores] = {}
+        self.scheduler = QuotaScheduler(env, cores)
+        self.pools: dict[int, Pool] = {}
 
-    def pool(self, party: int) -> QuotaCores:
+    def pool(self, party: int) -> Pool:
         """``party``'s cgroup (a client's keeps its quota: a worker plays one client a round)."""
         pool = self.pools.get(party)
         if pool is None:
@@ -299,19 +387,18 @@ class PartyQuotas:
                 cores = server_cores(self.f, self.server_speed)
             else:
                 cores = client_cores(self.f, float(self.slowdown[party]))
-            pool = self.pools[party] = QuotaCores(self.env, cores, burst_s(cores))
+            pool = self.pools[party] = self.scheduler.pool(cores, burst_s(cores))
         return pool
 
     def start(self, work: float, party: int = SERVER) -> Job:
         """A job of ``work`` seconds of ``party``'s CPU on a reference core."""
-        return self.pool(party).start(work)
+        return self.scheduler.start(self.pool(party), work)
 
     def cancel(self, job: Job) -> float:
-        assert isinstance(job.pool, QuotaCores)
-        return job.pool.cancel(job)
+        return self.scheduler.cancel(job)
 
     def compute(self, work: float, slowdown: float = 1.0, party: int = SERVER) -> Generator[simpy.Event, Any, None]:
         """``party``'s compute charge: ``work`` as the round charges it (the server's already divided by its
         speed, which its quota holds instead; a client's slow-down is its quota's, so ``slowdown`` is not
         slept)."""
-        yield from self.pool(party).run(work * self.server_speed if party == SERVER else work)
+        yield from self.scheduler.run(self.pool(party), work * self.server_speed if party == SERVER else work)

@@ -84,6 +84,8 @@ class Pipeline:
         self.procs: dict[int, dict[int, simpy.Process]] = {c: {} for c in r.sampled}
         """Client -> chunk -> the process of its instance of that chunk."""
         self.decoded: dict[tuple[int, int], simpy.Event] = {}
+        self.summed: dict[int, int] = {}
+        """Chunk sums each client has received and decoded so far."""
         """(client, chunk) -> fires when the client has decoded the chunk's sum or left the round."""
         self.results: dict[int, Aggregate] = {}
         self.failed = env.event()
@@ -309,8 +311,14 @@ class Pipeline:
         r = self.r
         gate = self.cpu_gate[c]
         yield gate.admit(DECODE, j)
-        op = "decode.fixed_point" if r.private is None else "decode.dskellam"
-        work = [Work("wire.decode", frame_size(message)), Work(op, {"elements": self.slots[j].length})]
+        work = [Work("wire.decode", frame_size(message))]
+        self.summed[c] = self.summed.get(c, 0) + 1
+        if r.private is None:
+            work.append(Work("decode.fixed_point", {"elements": self.slots[j].length}))
+        elif self.summed[c] == self.m:
+            # DSkellam's inverse rotation mixes every value of the sum: a client decodes once it has every
+            # chunk's sum, the whole vector at once (as a deployed client does), and never with one missing
+            work.append(Work("decode.dskellam", {"elements": r.private.length}))
         yield from r.client_compute(c, work, STAGED, self._interference())
         gate.release(DECODE, j)
         self._settle(c, j)

@@ -37,7 +37,7 @@ import numpy as np
 import simpy
 
 from sim.clients.population import MBPS, Population
-from sim.costs.model import CostModel, frame_size
+from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, frame_size, role
 from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Flow, Link, Network
 from sim.engine.pipelined import Pipeline
@@ -96,11 +96,16 @@ class RoundSetup:
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
     host: SharedCores | PartyQuotas | None = None
+    """The testbed's CPUs: its cores shared by every party's compute (scenario ``testbed``), each party's
+    own quota (a kernel testbed), or None: each party has its own processor."""
     call_s: float = 0.0
-    """On a testbed: reference seconds of handing a computation to a party's compute thread
+    """On a testbed: reference seconds of handing a computation to a client's compute thread
     (:data:`CALL_OP`), added to every compute charge."""
-    """The testbed's cores, shared by every party's compute (scenario ``testbed``), or None: each party
-    has its own processor."""
+    server_call_s: float = 0.0
+    """The same at the server."""
+    payload_fraction: float = 1.0
+    """Bytes of a message per byte a link carries: 1, or on a kernel testbed the share of a shaped frame
+    that is TCP payload (:data:`sim.testbed.PAYLOAD_FRACTION`)."""
 
 
 @dataclass(frozen=True)
@@ -156,7 +161,7 @@ class Round:
         self.link_meters = {c: BusyMeter(self.env) for c in self.sampled}
         self.server_link = BusyMeter(self.env)
         for c in self.sampled:
-            bps = float(pop.bandwidth_mbps[c]) * MBPS
+            bps = float(pop.bandwidth_mbps[c]) * MBPS * setup.payload_fraction
             self.links[c] = (Link(f"client{c}.up", bps), Link(f"client{c}.down", bps))
             self.clients[c] = ClientRecord(
                 client=c,
@@ -331,14 +336,14 @@ class Round:
     def server_compute(
         self, work: list[Work] | tuple[Work, ...], priority: int = STAGED
     ) -> Generator[simpy.Event, Any, None]:
-        seconds = self.s.costs.work_seconds(work) / self.s.server_speed
+        seconds = self.s.costs.work_seconds(work, SERVER_ROLE) / self.s.server_speed
         self.record.server_cpu_s += seconds
         if seconds <= 0:
             return
         host = self.s.host
         if self.pipeline is not None:
             if host is not None:
-                seconds += self.s.call_s
+                seconds += self.s.server_call_s
             hold = None if host is None else (lambda: host.compute(seconds))
             yield from self.pipeline.server_cpu.run(seconds, priority, self._charge_server, hold)
             return
@@ -346,7 +351,7 @@ class Round:
             self.record.server_compute_s += seconds
             yield self.env.timeout(seconds)
             return
-        seconds += self.s.call_s
+        seconds += self.s.server_call_s
         start = self.env.now
         try:
             yield from host.compute(seconds)
@@ -404,6 +409,7 @@ class Round:
                 "samples": samples * s.local_epochs,
                 "batches": local_batches(samples, s.batch_size, s.local_epochs),
             },
+            CLIENT_ROLE,
         )
         train_seconds = rec.slowdown * train_cost
         rec.cpu_s += train_cost
@@ -473,7 +479,7 @@ class Round:
     ) -> Generator[simpy.Event, Any, None]:
         """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
         rec, host = self.clients[c], self.s.host
-        reference = self.s.costs.work_seconds(work) + extra
+        reference = self.s.costs.work_seconds(work, CLIENT_ROLE) + extra
         rec.cpu_s += reference
         if reference > 0 and host is not None:
             reference += self.s.call_s
@@ -615,7 +621,7 @@ class Round:
         host, jobs = self.s.host, []
         if host is not None:  # the testbed's sockets: framing and copying at both ends, while it flows
             jobs = [
-                host.start(self.s.costs.seconds(op, {"bytes": nbytes}), party)
+                host.start(self.s.costs.seconds(op, {"bytes": nbytes}, role(party)), party)
                 for op, party in zip(TRANSPORT_OPS, (sender, to), strict=True)
             ]
         try:

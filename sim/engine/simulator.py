@@ -13,13 +13,14 @@ from collections.abc import Callable
 import simpy
 
 from sim.clients.population import MBPS
+from sim.costs.model import CLIENT_ROLE, SERVER_ROLE
 from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Link, Network
 from sim.engine.round import PipelineParams, Round, RoundSetup
 from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
 from sim.round.stages import DUPLEX
-from sim.testbed import is_kernel
+from sim.testbed import PAYLOAD_FRACTION, is_kernel
 from sim.world import CALL_OP, TRANSPORT_OPS, World
 
 
@@ -37,7 +38,9 @@ class Simulator:
         self.observe = observe
         self.env = simpy.Environment()
         self.network = Network(self.env)
-        bps = sc.server.bandwidth_mbps * MBPS
+        kernel = is_kernel(sc)
+        payload = PAYLOAD_FRACTION if kernel else 1.0  # a kernel testbed's links carry frames with headers
+        bps = sc.server.bandwidth_mbps * MBPS * payload
         self.setup = RoundSetup(
             env=self.env,
             network=self.network,
@@ -58,11 +61,13 @@ class Simulator:
             seed=sc.seed,
             latency_s=sc.server.latency_ms / 1000,
             host=self._host(world),
+            payload_fraction=payload,
         )
         if sc.testbed is not None:  # the testbed's own costs: fail now, not mid-run, if the profile lacks them
             for op in TRANSPORT_OPS:
                 world.costs.seconds(op, {"bytes": 1.0})
-            self.setup.call_s = world.costs.seconds(CALL_OP, {})
+            self.setup.call_s = world.costs.seconds(CALL_OP, {}, CLIENT_ROLE)
+            self.setup.server_call_s = world.costs.seconds(CALL_OP, {}, SERVER_ROLE)
         if sc.pipeline is not None:
             if sc.pipeline.chunks is None:
                 raise ValueError("pipeline.chunks: auto is resolved before a driver is built (sim.runner)")
@@ -74,7 +79,8 @@ class Simulator:
         if testbed is None:
             return None
         if is_kernel(world.scenario):
-            return PartyQuotas(self.env, world.dilation, world.scenario.server.speed, world.population.slowdown)
+            sc = world.scenario
+            return PartyQuotas(self.env, world.dilation, sc.server.speed, world.population.slowdown, testbed.cores)
         return SharedCores(self.env, testbed.cores)
 
     @property

@@ -8,8 +8,13 @@ own, or ``--profile``) predicts each of them as the sum of its operations' costs
 An operation's class is the operation itself (``x25519.agree``, ``wire.decode``, ``deploy.call``, ...),
 except that every model's training is one class, ``train``: each is timed by the profile on its own, warm
 and back to back, and each differs on a deployed party in its own way (measured on this project's machine:
-a small frame's decoding takes some 60 us more than the profile's, a vector sum a third of it). Classes
-are reported in five kinds (:data:`KINDS`):
+a small frame's decoding takes some 60 us more than the profile's, a vector sum a third of it). And each
+class is one at the server and another at the clients (``x25519.agree@server``): the server's process
+runs one event loop for every connection and aggregates, a client's trains and masks, and the same
+operation costs them differently (measured: the loop's CPU per byte framed was about 4.5 times the
+profile's at the server and 8 times at the clients). The profile written has ``op@server`` and
+``op@client`` entries, which the simulator charges each party by (:meth:`sim.costs.model.CostModel.seconds`).
+Classes are reported in five kinds (:data:`KINDS`):
 
 - ``crypto``: key agreement, signatures, authenticated encryption, mask expansion, Shamir, DP noise;
 - ``encoding``: fixed-point and DSkellam encodings, the wire codec, vector sums, FedAvg's arithmetic;
@@ -20,21 +25,25 @@ are reported in five kinds (:data:`KINDS`):
   nothing in it scales as the sockets do);
 - ``training``: local training.
 
-The fit is in two stages, each minimising ``sum_i ((y_i - sum_k s_k p_ik) / max(p_i, floor))^2 +
+The fit is in two stages, each minimising ``sum_i ((y_i - sum_k s_k p_ik) / sqrt(max(p_i, floor)))^2 +
 RIDGE sum_k (s_k - prior_k)^2`` over the entries ``i`` with any predicted cost, where ``y_i`` is the
-measured CPU seconds, ``p_ik`` the profile's prediction for ``k`` and ``p_i`` their sum: a relative error,
-with entries under :data:`FLOOR_S` weighed as if they took that long (sub-millisecond calls are many and
-noisy, and matter little to a round). First ``k`` runs over the kinds, with priors 1; then over the
-classes, each with its kind's scale as prior. Operations that always come together in one computation
-(a client's key agreement and its mask expansion) cannot be told apart by the entries alone; the ridge
-(:data:`RIDGE`: a class moves away from its kind's scale only as far as several entries' errors ask)
-keeps such classes near their kind's scale instead of trading one's cost for another's. Scales are
-non-negative (:func:`sim.profiling.fit.fit_nonnegative`); a class with no predicted cost in the runs
-keeps 1. The new profile is the old one with every operation's coefficients
-times its class's scale, and a ``calibration`` entry with its provenance: the host, the date, the runs
-(their folders and scenario digests), the base profile, the scales and the fit's quality (per class, the
-median ratio of measured to calibrated seconds over the entries of that class alone, and over all entries
-the median absolute relative error before and after).
+measured CPU seconds, ``p_ik`` the profile's prediction for ``k`` and ``p_i`` their sum, entries under
+:data:`FLOOR_S` weighed as if they took that long. Dividing by the square root (:data:`WEIGHT_POWER`)
+sits between absolute errors, which only the longest computations would decide, and relative ones, which
+the thousands of sub-millisecond calls would: chosen on the calibration half of ``benchmarks/validate.py
+--testbed kernel`` alone, where the round-time median error was 27.5% with relative, 13.5% with
+absolute and 10.0% with this weighting. First ``k`` runs over the kinds at each role, without the ridge;
+then over the classes, each with its kind's scale at its role as prior. Operations that always come
+together in one computation (a client's key agreement and its mask expansion) cannot be told apart by the
+entries alone; the ridge (:data:`RIDGE`: a class moves away from its kind's scale only as far as several
+entries' errors ask) keeps such classes near their kind's scale instead of trading one's cost for
+another's. Scales are non-negative (:func:`sim.profiling.fit.fit_nonnegative`). The new profile keeps
+the old one's operations and adds each at each role (``op@server``, ``op@client``) with its coefficients
+times its class's scale there; a class the runs never charged takes its kind's scale at that role, or 1.
+A ``calibration`` entry gives its provenance: the host, the date, the runs (their folders and scenario
+digests), the base profile, the scales and the fit's quality (the CPU seconds measured, as the profile
+charges them and as calibrated, per kind and role, and the median absolute relative error per entry
+before and after).
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sim.costs.model import DEFAULT_PROFILE, CostModel, CostModelError, read_profile
+from sim.costs.model import CLIENT_ROLE, DEFAULT_PROFILE, SERVER_ROLE, CostModel, CostModelError, read_profile
 from sim.deploy.operations import COLUMNS, FILE, work_from_json
 from sim.errors import InputError
 from sim.protocol.machine import Work
@@ -57,6 +66,7 @@ from sim.results.read import read_manifest
 from sim.results.writer import write_json
 
 KINDS = ("crypto", "encoding", "framing", "handover", "training")
+ROLES = (SERVER_ROLE, CLIENT_ROLE)
 
 _PREFIXES = {
     "crypto": ("aead.", "ed25519.", "x25519.", "prg.", "shamir.", "noise.", "secagg."),
@@ -69,6 +79,10 @@ _PREFIXES = {
 FLOOR_S = 1e-3
 """Entries predicted to take less than this weigh in the fit as if they took this long (seconds)."""
 
+WEIGHT_POWER = 0.5
+"""Each entry's residual is divided by its predicted seconds to this power (1: relative errors, 0:
+absolute; see the module's docstring)."""
+
 RIDGE = 4.0
 """Weight of a scale's distance from its prior, in entries: moving a class's scale by 100% of its prior
 costs as much as 2 entries each 100% off (2^2 = 4)."""
@@ -79,8 +93,8 @@ class CalibrationError(InputError):
 
 
 TRAIN = "train"
-INTERFERENCE_CLASS = "deploy.send"
-"""The class whose scale the pipeline's interference takes."""
+INTERFERENCE_CLASS = f"deploy.send@{CLIENT_ROLE}"
+"""The class whose scale the pipeline's interference (a client's) takes."""
 
 
 def op_class(op: str) -> str:
@@ -89,16 +103,33 @@ def op_class(op: str) -> str:
 
 
 def kind(cls: str) -> str:
-    """The kind of a class (:data:`KINDS`)."""
+    """The kind of a class (:data:`KINDS`), whatever its role (``x25519.agree@server`` is ``crypto``)."""
+    bare = cls.split("@", 1)[0]
+    if bare in KINDS:
+        return bare
     for name, prefixes in _PREFIXES.items():
-        if (cls == TRAIN and name == "training") or cls.startswith(prefixes):
+        if (bare == TRAIN and name == "training") or bare.startswith(prefixes):
             return name
-    raise CalibrationError(f"operation {cls!r} is of no kind the calibration knows ({', '.join(KINDS)})")
+    raise CalibrationError(f"operation {bare!r} is of no kind the calibration knows ({', '.join(KINDS)})")
+
+
+def with_role(name: str, role: str) -> str:
+    return f"{name}@{role}"
+
+
+def role_of(cls: str) -> str:
+    return cls.split("@", 1)[1]
+
+
+def role_kind(cls: str) -> str:
+    """A class's kind at its role (``crypto@server``): the first stage's groups."""
+    return with_role(kind(cls), role_of(cls))
 
 
 @dataclass(frozen=True)
 class Observation:
-    """One entry of ``operations.csv``: the measured CPU seconds and the profile's prediction per class."""
+    """One entry of ``operations.csv``: the measured CPU seconds and the profile's prediction per class
+    (classes at the entry's role: ``x25519.agree@client``)."""
 
     run: str
     thread: str
@@ -131,13 +162,13 @@ def run_profile(folder: Path) -> Path:
     return Path(profile) if profile else DEFAULT_PROFILE
 
 
-def predicted(costs: CostModel, work: Sequence[Work]) -> dict[str, float]:
-    """Reference seconds the profile charges for ``work``, by class."""
+def predicted(costs: CostModel, work: Sequence[Work], role: str = CLIENT_ROLE) -> dict[str, float]:
+    """Reference seconds the profile charges a party of ``role`` for ``work``, by class at that role."""
     out: dict[str, float] = {}
     for w in work:
-        cls = op_class(w.op)
+        cls = with_role(op_class(w.op), role)
         kind(cls)  # an operation of no known kind is refused
-        out[cls] = out.get(cls, 0.0) + costs.seconds(w.op, w.size)
+        out[cls] = out.get(cls, 0.0) + costs.seconds(w.op, w.size, role)
     return out
 
 
@@ -155,7 +186,7 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
                 work = work_from_json(row["work"])
                 if not (math.isfinite(cpu) and cpu >= 0):
                     raise ValueError(f"cpu_s {row['cpu_s']!r}: a finite number >= 0 expected")
-                by_class = predicted(costs, work)
+                by_class = predicted(costs, work, SERVER_ROLE if row["party"] == "server" else CLIENT_ROLE)
             except (ValueError, TypeError) as exc:
                 raise CalibrationError(f"{path}, line {line}: {exc}") from None
             except CostModelError as exc:
@@ -165,9 +196,11 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
     return out
 
 
-def _fit(rows: Sequence[Observation], group: Callable[[str], str], prior: dict[str, float]) -> dict[str, float]:
+def _fit(
+    rows: Sequence[Observation], group: Callable[[str], str], prior: dict[str, float], ridge: float
+) -> dict[str, float]:
     """Scales of the groups of classes (``group``) that the rows predict some cost for, each pulled towards
-    ``prior`` (its group's, default 1) by :data:`RIDGE`."""
+    its ``prior`` by ``ridge`` (none if 0)."""
     from sim.profiling.fit import fit_nonnegative
 
     predicted = [{} for _ in rows]  # type: list[dict[str, float]]
@@ -179,12 +212,12 @@ def _fit(rows: Sequence[Observation], group: Callable[[str], str], prior: dict[s
         raise CalibrationError("the runs hold no computation the profile charges for: nothing to calibrate")
     features, targets = [], []
     for r, by_group in zip(rows, predicted, strict=True):
-        w = 1.0 / max(r.total, FLOOR_S)
+        w = max(r.total, FLOOR_S) ** -WEIGHT_POWER
         features.append({g: by_group.get(g, 0.0) * w for g in present})
         targets.append(r.cpu_s * w)
-    for g in present:  # the ridge: one row per group, its scale against its prior
-        features.append({h: math.sqrt(RIDGE) if h == g else 0.0 for h in present})
-        targets.append(math.sqrt(RIDGE) * prior.get(g, 1.0))
+    for g in present if ridge > 0 else ():  # the ridge: one row per group, its scale against its prior
+        features.append({h: math.sqrt(ridge) if h == g else 0.0 for h in present})
+        targets.append(math.sqrt(ridge) * prior[g])
     fit = fit_nonnegative(present, features, targets)
     return {g: float(fit["coef"].get(g, 0.0)) for g in present}
 
@@ -192,8 +225,8 @@ def _fit(rows: Sequence[Observation], group: Callable[[str], str], prior: dict[s
 def fit_scales(rows: Sequence[Observation]) -> tuple[dict[str, float], dict[str, float]]:
     """The scale of every class the rows predict some cost for, and of every kind (see the module's
     docstring): first one scale per kind, then one per class pulled towards its kind's."""
-    kinds = _fit(rows, kind, {})
-    classes = _fit(rows, lambda k: k, {k: kinds[kind(k)] for r in rows for k in r.predicted})
+    kinds = _fit(rows, role_kind, {}, 0.0)
+    classes = _fit(rows, lambda k: k, {k: kinds[role_kind(k)] for r in rows for k in r.predicted}, RIDGE)
     return classes, kinds
 
 
@@ -209,8 +242,8 @@ def quality(rows: Sequence[Observation], scales: dict[str, float]) -> dict[str, 
         return abs(r.cpu_s - model) / max(model, FLOOR_S)
 
     per_kind: dict[str, Any] = {}
-    for name in KINDS:
-        of_kind = [r for r in rows if all(kind(k) == name for k in r.predicted)]
+    for name in (with_role(k, role) for role in ROLES for k in KINDS):
+        of_kind = [r for r in rows if all(role_kind(k) == name for k in r.predicted)]
         if of_kind:
             per_kind[name] = {
                 "entries": len(of_kind),
@@ -247,15 +280,25 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
     rows = [row for f in folders for row in observations(f, costs)]
     scales, kinds = fit_scales(rows)
     doc = read_profile(Path(base))
-    for op, entry in doc["operations"].items():
-        scale = scales.get(op_class(op), 1.0)  # a class the runs never charged keeps its cost
-        entry["coef"] = {k: float(v) * scale for k, v in entry["coef"].items()}
+    operations = {op: entry for op, entry in doc["operations"].items() if "@" not in op}
+    for op in list(operations):
+        for role in ROLES:
+            cls = with_role(op_class(op), role)
+            # a class the runs never charged takes its kind's scale at that role, or keeps its cost
+            scale = scales.get(cls, kinds.get(role_kind(cls), 1.0))
+            source = doc["operations"].get(with_role(op, role), operations[op])
+            entry = {k: v for k, v in source.items() if k != "coef"}
+            entry["coef"] = {k: float(v) * scale for k, v in source["coef"].items()}
+            entry["calibration_scale"] = scale
+            operations[with_role(op, role)] = entry
+    doc["operations"] = operations
     if isinstance(doc.get("pipeline"), dict) and "interference_s" in doc["pipeline"]:
-        scale = scales.get(INTERFERENCE_CLASS, 1.0)
+        scale = scales.get(INTERFERENCE_CLASS, kinds.get(role_kind(INTERFERENCE_CLASS), 1.0))
         doc["pipeline"]["interference_s"] = float(doc["pipeline"]["interference_s"]) * scale
     doc["calibration"] = {
         "method": "dropsim calibrate: per-class scales of the base profile fitted to deployed parties' CPU "
-        f"seconds (relative least squares, entries under {FLOOR_S * 1000:g} ms weighed as {FLOOR_S * 1000:g} ms)",
+        f"seconds (least squares of residuals over the square root of the predicted seconds, at least "
+        f"{FLOOR_S * 1000:g} ms; per kind and role, then per class with a ridge of {RIDGE:g} to its kind's scale)",
         "host": host(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "base_profile": str(base),
@@ -280,7 +323,7 @@ def summary(doc: dict[str, Any]) -> str:
     lines = [f"calibrated on {len(cal['runs'])} run(s), {fit['entries']} entries; scales of {cal['base_profile']}:"]
     lines.append("  by kind: " + ", ".join(f"{k} x{v:.4g}" for k, v in cal["kind_scales"].items()))
     for k, scale in sorted(cal["scales"].items(), key=lambda item: (kind(item[0]), item[0])):
-        lines.append(f"  {kind(k):9s} {k:22s} x{scale:.4g}")
+        lines.append(f"  {kind(k):9s} {k:29s} x{scale:.4g}")
     for name, info in fit["per_kind"].items():
         lines.append(
             f"  {name} alone: {info['entries']} entries, CPU seconds measured {info['measured_s']:.4g}, profile "

@@ -1,0 +1,180 @@
+"""``dropsim calibrate`` and what it reads: operations.csv from deployed parties (sim.deploy.operations,
+sim.profiling.calibrate)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from sim.cli.main import main as dropsim
+from sim.costs.model import DEFAULT_PROFILE, CostModel
+from sim.deploy.compute import Call
+from sim.deploy.control import Operations, decode_from_worker
+from sim.deploy.operations import COLUMNS, Entry, OperationsLog, entries, from_message, to_message, work_json
+from sim.profiling.calibrate import CalibrationError, calibrate, fit_scales, kind, op_class, predicted, role_kind
+from sim.protocol.machine import Work
+
+BASE = CostModel.load()
+
+CALLS = [
+    (
+        Work("x25519.agree", {"count": 4.0}),
+        Work("prg.expand", {"elements": 1e5}),
+        Work("vector.add", {"elements": 1e5}),
+    ),
+    (Work("encode.fixed_point", {"elements": 1e5}), Work("x25519.keygen", {"count": 2.0})),
+    (Work("train.linear.1x8x8.10", {"samples": 20.0, "batches": 2.0}),),
+    (Work("aead.seal", {"count": 4.0, "bytes": 400.0}), Work("shamir.share", {"count": 2.0, "n": 5.0})),
+    (Work("wire.decode", {"bytes": 4e5, "packed": 1e5}),),
+]
+"""Computations of a client, as a deployment logs them."""
+
+TRUE = {"crypto": 1.5, "encoding": 0.8, "training": 2.0, "framing": 3.0, "handover": 1.0}
+
+
+def _truth(work: tuple[Work, ...], factor: float = 1.0) -> float:
+    """CPU seconds of ``work`` on a made-up host whose every kind costs TRUE times the profile."""
+    return factor * sum(TRUE[kind(op_class(w.op))] * BASE.seconds(w.op, w.size) for w in work)
+
+
+def _run(folder: Path, rounds: int = 6, noise: float = 0.0) -> Path:
+    """A deployment folder with a manifest and an operations.csv of made-up, consistent parties."""
+    folder.mkdir(parents=True)
+    (folder / "manifest.json").write_text(json.dumps({"scenario": {"costs": {"profile": None}}, "status": "complete"}))
+    log = OperationsLog(folder)
+    for r in range(1, rounds + 1):
+        parties = {}
+        for c in range(4):
+            calls = [
+                Call(_truth((*w, Work("deploy.call", {}))) * (1 + noise * ((r + c + i) % 3 - 1)), w)
+                for i, w in enumerate(CALLS)
+            ]
+            sent, received = [1000 * (c + 1), 200_000 * r], [400_000, 300]
+            loop = _truth(tuple(Work("deploy.send", {"bytes": float(n)}) for n in sent))
+            loop += _truth(tuple(Work("deploy.receive", {"bytes": float(n)}) for n in received))
+            parties[str(c)] = entries(calls, sum(call.cpu_s for call in calls) + loop, sent, received)
+        log.append(r, parties)
+    return folder
+
+
+def test_operations_go_to_the_server_and_back_as_they_were() -> None:
+    calls = [Call(0.25, CALLS[0]), Call(0.5, ())]
+    party = entries(calls, 1.0, [100, 2000], [300])
+    assert [e.thread for e in party] == ["compute", "compute", "loop"]
+    assert party[0].work[-1] == Work("deploy.call", {})  # the hand-over the simulator adds to each charge
+    assert party[2].cpu_s == 0.25  # the process's CPU less its compute thread's
+    assert [w.op for w in party[2].work] == ["deploy.send", "deploy.send", "deploy.receive"]
+    message = decode_from_worker(to_message(7, party).encode())
+    assert isinstance(message, Operations) and message.round == 7
+    assert from_message(message) == party
+
+
+@pytest.mark.parametrize(
+    ("calls", "says"),
+    [
+        (((b"gpu", 0.1, ()),), "thread 'gpu'"),
+        (((b"compute", -1.0, ()),), "CPU seconds"),
+        (((b"compute", math.nan, ()),), "CPU seconds"),
+        (((b"compute", 0.1, ((b"x25519 agree", ()),)),), "operation"),
+        (((b"compute", 0.1, ((b"wire.decode", ((b"bytes", math.inf),)),)),), "feature value"),
+        (((b"compute", 0.1, ((b"wire.decode", ((b"b" * 65, 1.0),)),)),), "feature"),
+    ],
+)
+def test_a_workers_operations_are_checked_as_hostile_input(calls: tuple, says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        from_message(Operations(1, calls))
+
+
+def test_each_operation_has_a_class_and_a_kind() -> None:
+    assert op_class("train.cnn.1x8x8.10") == "train" and kind("train") == "training"
+    assert kind("train@client") == "training" and kind("x25519.agree@server") == "crypto"
+    assert op_class("x25519.agree") == "x25519.agree" and kind("x25519.agree") == "crypto"
+    assert kind("deploy.call") == "handover" and kind("deploy.send") == "framing"
+    for op in BASE.operations:
+        kind(op_class(op))  # every operation of the shipped profile is of a kind
+    with pytest.raises(CalibrationError, match="of no kind"):
+        kind("gpu.matmul")
+
+
+def test_calibration_recovers_the_scales_of_consistent_runs(tmp_path: Path) -> None:
+    doc = calibrate([_run(tmp_path / "a"), _run(tmp_path / "b", rounds=3)])
+    cal = doc["calibration"]
+    assert all(name.endswith("@client") for name in cal["kind_scales"])  # the made-up runs have no server
+    for name, scale in cal["kind_scales"].items():
+        assert scale == pytest.approx(TRUE[kind(name)], rel=1e-6), name
+    for cls, scale in cal["scales"].items():
+        assert scale == pytest.approx(TRUE[kind(cls)], rel=1e-6), cls
+    fit = cal["fit"]
+    assert fit["median_abs_relative_error_calibrated"] == pytest.approx(0, abs=1e-9)
+    assert fit["calibrated_s"] == pytest.approx(fit["measured_s"])
+    assert cal["base_profile"] == str(DEFAULT_PROFILE)
+    assert [r["folder"] for r in cal["runs"]] == [str(tmp_path / "a"), str(tmp_path / "b")]
+    assert {"hostname", "cpus"} <= set(cal["host"]) and cal["date"]
+    # the profile it writes charges every operation its class's scale
+    model = CostModel.from_dict(doc, "calibrated")
+    size = {"elements": 1e5, "count": 3.0, "bytes": 1e4, "samples": 20.0, "batches": 2.0, "n": 5.0}
+    for op, cost in BASE.operations.items():
+        # a client's every operation at its kind's scale (classes it never ran too); the server's as is
+        expected = TRUE[kind(op_class(op))]
+        assert model.seconds(op, size, "client") == pytest.approx(expected * cost.seconds(size), rel=1e-9), op
+        assert model.seconds(op, size, "server") == pytest.approx(cost.seconds(size), rel=1e-9), op
+        assert model.seconds(op, size) == cost.seconds(size)  # no role: the profile's own
+
+
+def test_the_ridge_keeps_inseparable_operations_near_their_kinds_scale(tmp_path: Path) -> None:
+    """x25519.agree, prg.expand and vector.add come together in one call here: the entries alone cannot
+    tell their scales apart, and no scale goes to 0 or far from its kind's."""
+    doc = calibrate([_run(tmp_path / "a", noise=0.05)])
+    scales, kinds = doc["calibration"]["scales"], doc["calibration"]["kind_scales"]
+    for cls in ("x25519.agree@client", "prg.expand@client", "vector.add@client"):
+        assert 0.5 * kinds[role_kind(cls)] < scales[cls] < 2 * kinds[role_kind(cls)], cls
+
+
+def test_the_cli_writes_a_profile_scenarios_can_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    run = _run(tmp_path / "run")
+    out = tmp_path / "profiles" / "kernel.json"
+    assert dropsim(["calibrate", str(run), "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "by kind: crypto@client x1.5" in text and str(out) in text
+    assert CostModel.load(out).seconds("train.linear.1x8x8.10", {"samples": 20, "batches": 2}) > 0
+    assert json.loads(out.read_text())["calibration"]["scales"]["train@client"] == pytest.approx(2.0)
+
+
+def test_calibration_refuses_what_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert dropsim(["calibrate", str(empty), "--out", str(tmp_path / "p.json")]) == 2
+    assert "no operations.csv" in capsys.readouterr().err
+    bad = _run(tmp_path / "bad", rounds=1)
+    with (bad / "operations.csv").open("a") as f:
+        f.write('2,0,compute,0,0.1,"[[""gpu.matmul"",{}]]"\n')
+    with pytest.raises(CalibrationError, match=r"operations.csv, line \d+: .*gpu.matmul"):
+        calibrate([bad])
+    worse = _run(tmp_path / "worse", rounds=1)
+    with (worse / "operations.csv").open("a") as f:
+        f.write("2,0,compute,0,-3,[]\n")
+    with pytest.raises(CalibrationError, match="cpu_s '-3'"):
+        calibrate([worse])
+    wrong = _run(tmp_path / "wrong", rounds=1)
+    (wrong / "operations.csv").write_text("a,b\n")
+    with pytest.raises(CalibrationError, match="columns"):
+        calibrate([wrong])
+    assert not (tmp_path / "p.json").exists()
+
+
+def test_fit_scales_needs_some_predicted_cost() -> None:
+    with pytest.raises(CalibrationError, match="nothing to calibrate"):
+        fit_scales([])
+
+
+def test_predicted_groups_by_class() -> None:
+    work = CALLS[0]
+    by = predicted(BASE, work)
+    assert set(by) == {"x25519.agree@client", "prg.expand@client", "vector.add@client"}
+    assert sum(by.values()) == pytest.approx(BASE.work_seconds(work))
+    assert work_json(work).startswith('[["x25519.agree",{"count":4.0}]')
+    assert COLUMNS == ("round", "party", "thread", "call", "cpu_s", "work")
+    assert Entry("loop", 0.0, ()).work == ()
