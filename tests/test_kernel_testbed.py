@@ -291,12 +291,13 @@ fidelity: full
 """
 
 
-def _ours() -> set[str]:
-    """This machine's dropsim cgroups (none may be left behind)."""
+def _ours(pid: int) -> set[str]:
+    """The cgroups process ``pid`` made (``dropsim-<pid>-*``; none may be left behind). Other runs of
+    dropsim on the machine have their own."""
     found: set[str] = set()
     for hierarchy in (kernel.CGROUP_ROOT, kernel.CGROUP_ROOT / "cpu"):
         if hierarchy.is_dir():
-            found |= {p.name for p in hierarchy.iterdir() if p.name.startswith("dropsim-")}
+            found |= {p.name for p in hierarchy.iterdir() if p.name.startswith(f"dropsim-{pid}-")}
     return found
 
 
@@ -310,7 +311,7 @@ def _deploy(tmp_path: Path, *extra: str) -> subprocess.Popen[str]:
 @pytest.mark.slow
 @needs_kernel
 def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_path: Path) -> None:
-    before, qdiscs = _ours(), subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
+    qdiscs = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
     process = _deploy(tmp_path)
     _, err = process.communicate(timeout=600)
     assert process.returncode == 0, err
@@ -327,7 +328,7 @@ def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_p
     for r in ("1", "2"):  # the server and the round's 3 clients, every round
         parties = {line.split(",")[1] for line in operations[1:] if line.split(",")[0] == r}
         assert "server" in parties and len(parties) == 4, (r, parties)
-    assert _ours() == before  # its cgroups are gone
+    assert not _ours(process.pid)  # its cgroups are gone
     after = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
     assert after == qdiscs  # the host's qdiscs were never touched
 
@@ -336,33 +337,31 @@ def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_p
 @needs_kernel
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "kill"])
 def test_ctrl_c_during_a_kernel_deployment_removes_its_cgroups_and_workers(tmp_path: Path, sig: int) -> None:
-    before = _ours()
     process = _deploy(tmp_path, "--set", "rounds=50")
     rounds = tmp_path / "out" / "rounds.csv"
     for _ in range(600):  # bounded: until its first round is written, at most 60 s
         if rounds.is_file() and len(rounds.read_text().splitlines()) > 1:
             break
         time.sleep(0.1)
-    assert _ours() - before, "the deployment made no cgroup"
+    assert _ours(process.pid), "the deployment made no cgroup"
     workers = _children(process.pid)
     assert workers
     process.send_signal(sig)
     _, err = process.communicate(timeout=120)
     assert process.returncode == 130, err
     assert "interrupted" in err
-    assert _ours() == before
+    assert not _ours(process.pid)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
 
 
 @pytest.mark.slow
 @needs_kernel
 def test_an_error_in_a_kernel_deployment_removes_its_cgroups(tmp_path: Path) -> None:
-    before = _ours()
     process = _deploy(tmp_path, "--connect-timeout", "0.001")  # no worker announces itself that soon
     _, err = process.communicate(timeout=300)
     assert process.returncode == 2, err
     assert "announced no key" in err
-    assert _ours() == before
+    assert not _ours(process.pid)
 
 
 def _children(pid: int) -> list[int]:
@@ -392,3 +391,60 @@ def test_a_machine_without_the_kernel_testbed_exits_2_naming_what_it_lacks(
     err = capsys.readouterr().err
     assert "cannot run the kernel testbed" in err and "the tc command" in err and "root" in err
     assert not (tmp_path / "o").exists()  # nothing started
+
+
+SHARED = """
+import json, socket, threading, time
+from sim.deploy.kernel import LinkShaper, SERVER_ADDRESS
+
+SERVER, CLIENT, SIZE = 30e6, 20e6, 1_500_000  # two 20 Mbps clients under a 30 Mbps server
+shaper = LinkShaper(server_bps=SERVER)
+addresses = [shaper.add(i, CLIENT) for i in range(2)]
+listener = socket.create_server((SERVER_ADDRESS, 0))
+port = listener.getsockname()[1]
+result = {}
+
+def serve():
+    conns = [listener.accept()[0] for _ in addresses]
+    for conn in conns:
+        conn.recv(1)
+    threads = [threading.Thread(target=conn.sendall, args=(b"x" * SIZE,)) for conn in conns]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+def fetch(i, address):
+    client = socket.create_connection((SERVER_ADDRESS, port), source_address=(address, 0))
+    client.sendall(b"g")
+    got, start = 0, None
+    while got < SIZE:
+        data = client.recv(1 << 16)
+        start = start or time.perf_counter()
+        got += len(data)
+    result[i] = SIZE * 8 / (time.perf_counter() - start)
+
+server = threading.Thread(target=serve)
+server.start()
+clients = [threading.Thread(target=fetch, args=(i, a)) for i, a in enumerate(addresses)]
+for t in clients:
+    t.start()
+for t in clients:
+    t.join(60)
+server.join(60)
+print(json.dumps(result))
+"""
+
+
+@needs_kernel
+def test_the_servers_link_bounds_its_clients_sum() -> None:
+    """Two clients of 20 Mbps downloading at once from a server of 30 Mbps get 15 Mbps each (of frames;
+    times the payload fraction of goodput), as the simulator's max-min fair links give them."""
+    env = {**kernel.private_network_env(), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        ["unshare", "--net", sys.executable, "-c", SHARED], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    rates = json.loads(done.stdout)
+    for rate in rates.values():
+        assert abs(rate - 15e6 * PAYLOAD_FRACTION) <= 0.10 * 15e6, f"{rate / 1e6:.2f} Mbps"

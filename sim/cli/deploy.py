@@ -110,7 +110,10 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="folders of `dropsim deploy` or `validate` runs")
     p.add_argument("--out", type=Path, required=True, metavar="PROFILE", help="the calibrated profile to write")
     p.add_argument(
-        "--profile", type=Path, metavar="FILE", help="the profile to scale (default: the one the runs were run with)"
+        "--profile",
+        type=Path,
+        metavar="FILE",
+        help="the profile to scale (default: the runs' costs.profile, else the shipped default profile)",
     )
 
     p = sub.add_parser("worker", help="a client worker of a deployment (started by deploy, or by hand elsewhere)")

@@ -126,9 +126,9 @@ class CostModel:
 
     def scaled(self, factor: float, keep: tuple[str, ...] = ()) -> CostModel:
         """This profile with every operation's cost, and the pipeline interference, times ``factor``, except
-        the operations named in ``keep``."""
+        the operations named in ``keep`` (at every role: ``op@server`` and ``op@client`` too)."""
         ops = {
-            op: cost if op in keep else LinearCost({k: c * factor for k, c in cost.coef.items()})
+            op: cost if op.split("@", 1)[0] in keep else LinearCost({k: c * factor for k, c in cost.coef.items()})
             for op, cost in self.operations.items()
         }
         return CostModel(ops, self.machine, self.source, self.interference_s * factor)

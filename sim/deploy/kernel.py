@@ -149,6 +149,8 @@ class CpuGroups:
     root: Path = field(default_factory=lambda: CGROUP_ROOT)
     name: str = field(default_factory=lambda: f"dropsim-{os.getpid()}-{secrets.token_hex(3)}")
     parties: dict[str, Path] = field(default_factory=dict)
+    origins: dict[int, Path] = field(default_factory=dict)
+    """The cgroup each attached process came from."""
 
     def __post_init__(self) -> None:
         self.version = self.version or cgroup_version(self.root)
@@ -207,7 +209,9 @@ class CpuGroups:
         return int((group / "cpu.cfs_quota_us").read_text()) / int((group / "cpu.cfs_period_us").read_text())
 
     def attach(self, party: str, pid: int) -> None:
-        """Move process ``pid`` (with its threads) into ``party``'s cgroup."""
+        """Move process ``pid`` (with its threads) into ``party``'s cgroup (:meth:`close` moves it back to
+        the cgroup it came from)."""
+        self.origins.setdefault(pid, self._cgroup_of(pid))
         try:
             (self.parties[party] / "cgroup.procs").write_text(str(pid))
         except OSError as exc:
@@ -225,13 +229,31 @@ class CpuGroups:
             return [int(p) for p in (group / "cgroup.procs").read_text().split()]
         return []
 
+    def _cgroup_of(self, pid: int) -> Path:
+        """The cgroup of this hierarchy that process ``pid`` is in now (the hierarchy's root if unknown)."""
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+                _, controllers, path = line.split(":", 2)
+                mine = (self.version == 2 and controllers == "") or (
+                    self.version == 1 and "cpu" in controllers.split(",")
+                )
+                if mine:
+                    group = self.hierarchy / path.lstrip("/")
+                    if group.is_dir() and self.parent not in group.parents and group != self.parent:
+                        return group
+        return self.hierarchy
+
     def close(self) -> None:
-        """Move any process still in a party's cgroup back to the root, then remove every cgroup made here.
-        Safe to call twice."""
+        """Move any process still in a party's cgroup back to the cgroup it came from (the root for one
+        not attached here), then remove every cgroup made here. Safe to call twice."""
         for group in [*self.parties.values(), self.parent]:
             for pid in self._pids(group):
-                with contextlib.suppress(OSError):  # it may have exited meanwhile
-                    (self.hierarchy / "cgroup.procs").write_text(str(pid))
+                home = self.origins.get(pid, self.hierarchy)
+                with contextlib.suppress(OSError):  # it (or its first home) may be gone meanwhile
+                    try:
+                        (home / "cgroup.procs").write_text(str(pid))
+                    except OSError:
+                        (self.hierarchy / "cgroup.procs").write_text(str(pid))
         for group in [*self.parties.values(), self.parent]:
             for _ in range(100):  # a process just moved out may take a moment to leave the count
                 try:
@@ -259,6 +281,10 @@ def client_address(index: int) -> str:
     if not 0 <= index < 254 * 254:
         raise ValueError(f"client index {index} out of range")
     return f"127.0.{1 + index // 254}.{1 + index % 254}"
+
+
+CLIENT_FLOOR_BPS = 8_000.0
+"""The rate an htb class of a client is guaranteed; it borrows the rest of its own from the server's."""
 
 
 def _rate(bps: float) -> str:
@@ -300,14 +326,19 @@ class LinkShaper:
         _run(["tc", *args], "tc")
 
     def _class(self, parent: str, classid: str, bps: float, verb: str = "add") -> None:
-        # burst and cburst of one frame: an idle link passes one packet at once, then keeps its rate
         self._tc(*self._class_args(parent, classid, bps, verb))
 
     def _class_args(self, parent: str, classid: str, bps: float, verb: str) -> list[str]:
+        """htb class arguments. burst and cburst of one frame: an idle link passes one packet at once, then
+        keeps its rate. A client's class (under the server's) is guaranteed only :data:`CLIENT_FLOOR_BPS`
+        and borrows up to its rate (``ceil``) from the server's class, so that the server's link limits
+        the clients' sum, shared among them in equal quanta (max-min fair, as the simulator's links): a
+        class at its guaranteed rate would send without asking its parent."""
         burst = str(FRAME_BYTES)
+        rate = min(bps, CLIENT_FLOOR_BPS) if parent in ("1:1", "1:2") else bps
         return [
             "class", verb, "dev", self.device, "parent", parent, "classid", classid, "htb",
-            "rate", _rate(bps), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", burst,
+            "rate", _rate(rate), "ceil", _rate(bps), "burst", burst, "cburst", burst, "quantum", burst,
         ]  # fmt: skip
 
     def add(self, index: int, bps: float) -> str:

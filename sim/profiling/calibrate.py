@@ -76,6 +76,9 @@ _PREFIXES = {
     "training": ("train.",),
 }
 
+MAX_CELL = 1 << 28
+"""Longest cell of operations.csv read (characters)."""
+
 FLOOR_S = 1e-3
 """Entries predicted to take less than this weigh in the fit as if they took this long (seconds)."""
 
@@ -176,6 +179,7 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
     """Every entry of a run's ``operations.csv`` that the profile predicts some cost for."""
     path = folder / FILE
     out = []
+    csv.field_size_limit(MAX_CELL)  # a loop's row lists every frame it moved
     with path.open(newline="") as f:
         reader = csv.DictReader(f)
         if tuple(reader.fieldnames or ()) != COLUMNS:
@@ -187,7 +191,7 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
                 if not (math.isfinite(cpu) and cpu >= 0):
                     raise ValueError(f"cpu_s {row['cpu_s']!r}: a finite number >= 0 expected")
                 by_class = predicted(costs, work, SERVER_ROLE if row["party"] == "server" else CLIENT_ROLE)
-            except (ValueError, TypeError) as exc:
+            except (ValueError, TypeError, csv.Error) as exc:
                 raise CalibrationError(f"{path}, line {line}: {exc}") from None
             except CostModelError as exc:
                 raise CalibrationError(f"{path}, line {line}: {exc}") from None
