@@ -320,7 +320,7 @@ def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_p
     assert manifest["status"] == "complete"
     entry = manifest["testbed"]
     assert entry["emulation"] == "kernel" and 0 < entry["time_dilation"] <= 1
-    assert set(entry["throttled_s"]) == {"server", "worker-0", "worker-1", "worker-2"}
+    assert entry["cgroup"] in ("v1", "v2")
     for table in ("rounds", "clients", "stages", "operations"):
         assert (run / f"{table}.csv").is_file()
     operations = (run / "operations.csv").read_text().splitlines()

@@ -204,14 +204,13 @@ class Deployment:
         }
 
     def testbed_entry(self) -> dict[str, object]:
-        """The kernel testbed as the manifest states it: the time dilation, the cgroup version and periods."""
+        """The kernel testbed as the manifest states it: the time dilation and the cgroup version."""
         assert self.kernel is not None
         groups = self.kernel.groups
         return {
             "emulation": "kernel",
             "time_dilation": self.world.dilation,
             "cgroup": f"v{groups.version}",
-            "throttled_s": {party: round(s, 6) for party, s in self.kernel.throttled_s().items()},
         }
 
     @property
