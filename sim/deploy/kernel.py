@@ -38,7 +38,7 @@ from typing import NoReturn
 import numpy as np
 
 from sim.errors import InputError
-from sim.testbed import FRAME_BYTES, MTU_BYTES, PERIOD_US, client_cores, dilation, quota_us, server_cores
+from sim.testbed import FRAME_BYTES, MTU_BYTES, PERIOD_US, client_cores, quota_us, server_cores
 
 __all__ = [
     "PERIOD_US",
@@ -46,7 +46,6 @@ __all__ = [
     "KernelEmulation",
     "KernelTestbedError",
     "LinkShaper",
-    "dilation",
     "missing",
     "reexec_in_private_network",
     "require",
@@ -488,10 +487,6 @@ class KernelEmulation:
         """Every party's quota back to the whole host (the round is over)."""
         for party in self.groups.parties:
             self.groups.set(party, SETUP_CORES)
-
-    def throttled_s(self) -> dict[str, float]:
-        """Seconds each party was held back by its quota so far."""
-        return {party: self.groups.throttled_s(party) for party in self.groups.parties}
 
     def close(self) -> None:
         """Remove the cgroups, the qdisc and the addresses made here."""
