@@ -31,14 +31,16 @@ simulated under the kernel testbed's model with the calibrated profile (and with
 reference). It prints the round-time and per-stage errors on each half; the held-out half is the
 validation. ``--keep DIR`` keeps every run, and a grid interrupted there goes on where it stopped.
 
-    python benchmarks/validate.py --testbed kernel --keep results/validate-kernel    # ~1 hour
+    python benchmarks/validate.py --testbed kernel --keep results/validate-kernel    # ~1.5 hours
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import platform
+import statistics
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -310,8 +312,31 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
         print("  per stage, median |error| over the points (calibrated): " + ", ".join(
             f"{stage} {value:.1%}" for stage, value in medians.median().items()
         ))  # fmt: skip
+    print(repeatability(table))
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; tables: {args.csv}")
     return 0
+
+
+def repeatability(table: pd.DataFrame) -> str:
+    """How far apart two deployments of the same work are: the pairs of points that differ in the protocol
+    alone and that the simulator charges the same (SecAgg+ on a complete graph, at 5 clients), their
+    measured round times' difference over their mean. No model can be closer to the measurements than
+    they are to each other."""
+    keys = ["clients", "params", "xnoise", "stage", "chunks"]
+    gaps = []
+    for _, pair in table.groupby(keys):
+        if len(pair) != 2 or not math.isclose(*pair["simulated_s_profile"], rel_tol=1e-9):
+            continue
+        a, b = pair["measured_s"]
+        gaps.append((pair.iloc[0]["params"], abs(a - b) / ((a + b) / 2)))
+    if not gaps:
+        return "repeatability: no pair of points with the same work"
+    by_size = {p: [g for q, g in gaps if q == p] for p in sorted({p for p, _ in gaps})}
+    parts = [f"{p:g} parameters: median {statistics.median(g):.1%}, worst {max(g):.1%}" for p, g in by_size.items()]
+    return (
+        f"repeatability ({len(gaps)} pairs of points with the same work, deployed apart): |difference| / mean "
+        "of their measured round times: " + "; ".join(parts)
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -14,7 +14,7 @@ from sim.costs.model import DEFAULT_PROFILE, CostModel
 from sim.deploy.compute import Call
 from sim.deploy.control import Operations, decode_from_worker
 from sim.deploy.operations import COLUMNS, Entry, OperationsLog, entries, from_message, to_message, work_json
-from sim.profiling.calibrate import CalibrationError, calibrate, fit_scales, kind, op_class, predicted, role_kind
+from sim.profiling.calibrate import CalibrationError, calibrate, feature_class, fit_scales, kind, predicted, role_kind
 from sim.protocol.machine import Work
 
 BASE = CostModel.load()
@@ -37,11 +37,20 @@ TRUE = {"crypto": 1.5, "encoding": 0.8, "training": 2.0, "framing": 3.0, "handov
 
 def _truth(work: tuple[Work, ...], factor: float = 1.0) -> float:
     """CPU seconds of ``work`` on a made-up host whose every kind costs TRUE times the profile."""
-    return factor * sum(TRUE[kind(op_class(w.op))] * BASE.seconds(w.op, w.size) for w in work)
+    return factor * sum(TRUE[kind(w.op)] * BASE.seconds(w.op, w.size) for w in work)
 
 
-def _run(folder: Path, rounds: int = 6, noise: float = 0.0) -> Path:
-    """A deployment folder with a manifest and an operations.csv of made-up, consistent parties."""
+FRAMING = {"deploy.send": {"const": 10.0, "bytes": 1.0}, "deploy.receive": {"bytes": 5.0}}
+"""A made-up host's framing: each feature of each frame's cost its own multiple of the profile's."""
+
+
+def _framing_truth(op: str, size: float) -> float:
+    return sum(FRAMING[op][k] * v for k, v in BASE.cost(op).terms({"bytes": size}).items())
+
+
+def _run(folder: Path, rounds: int = 6, noise: float = 0.0, framing: bool = False) -> Path:
+    """A deployment folder with a manifest and an operations.csv of made-up, consistent parties (whose
+    frames cost :data:`FRAMING` with ``framing``, else the framing kind's scale in TRUE)."""
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"scenario": {"costs": {"profile": None}}, "status": "complete"}))
     log = OperationsLog(folder)
@@ -52,9 +61,14 @@ def _run(folder: Path, rounds: int = 6, noise: float = 0.0) -> Path:
                 Call(_truth((*w, Work("deploy.call", {}))) * (1 + noise * ((r + c + i) % 3 - 1)), w)
                 for i, w in enumerate(CALLS)
             ]
-            sent, received = [1000 * (c + 1), 200_000 * r], [400_000, 300]
-            loop = _truth(tuple(Work("deploy.send", {"bytes": float(n)}) for n in sent))
-            loop += _truth(tuple(Work("deploy.receive", {"bytes": float(n)}) for n in received))
+            # frames in counts and sizes that vary, so that each framing feature's scale can be told apart
+            sent, received = [1000 * (c + 1)] * (1 + c % 2) + [200_000 * r], [400_000 * (1 + r % 2), 300]
+            if framing:
+                loop = sum(_framing_truth("deploy.send", n) for n in sent)
+                loop += sum(_framing_truth("deploy.receive", n) for n in received)
+            else:
+                loop = _truth(tuple(Work("deploy.send", {"bytes": float(n)}) for n in sent))
+                loop += _truth(tuple(Work("deploy.receive", {"bytes": float(n)}) for n in received))
             parties[str(c)] = entries(calls, sum(call.cpu_s for call in calls) + loop, sent, received)
         log.append(r, parties)
     return folder
@@ -89,12 +103,15 @@ def test_a_workers_operations_are_checked_as_hostile_input(calls: tuple, says: s
 
 
 def test_each_operation_has_a_class_and_a_kind() -> None:
-    assert op_class("train.cnn.1x8x8.10") == "train" and kind("train") == "training"
-    assert kind("train@client") == "training" and kind("x25519.agree@server") == "crypto"
-    assert op_class("x25519.agree") == "x25519.agree" and kind("x25519.agree") == "crypto"
+    assert feature_class("train.cnn.1x8x8.10", "samples") == "train.cnn.1x8x8.10"  # each model's own
+    assert kind("train.cnn.1x8x8.10@client") == "training" and kind("x25519.agree@server") == "crypto"
+    assert feature_class("x25519.agree", "count") == "x25519.agree" and kind("x25519.agree") == "crypto"
     assert kind("deploy.call") == "handover" and kind("deploy.send") == "framing"
+    assert (
+        feature_class("deploy.send", "bytes") == "deploy.send:bytes" and kind("deploy.send:bytes@server") == "framing"
+    )
     for op in BASE.operations:
-        kind(op_class(op))  # every operation of the shipped profile is of a kind
+        kind(op)  # every operation of the shipped profile is of a kind
     with pytest.raises(CalibrationError, match="of no kind"):
         kind("gpu.matmul")
 
@@ -118,7 +135,7 @@ def test_calibration_recovers_the_scales_of_consistent_runs(tmp_path: Path) -> N
     size = {"elements": 1e5, "count": 3.0, "bytes": 1e4, "samples": 20.0, "batches": 2.0, "n": 5.0}
     for op, cost in BASE.operations.items():
         # a client's every operation at its kind's scale (classes it never ran too); the server's as is
-        expected = TRUE[kind(op_class(op))]
+        expected = TRUE[kind(op)]
         assert model.seconds(op, size, "client") == pytest.approx(expected * cost.seconds(size), rel=1e-9), op
         assert model.seconds(op, size, "server") == pytest.approx(cost.seconds(size), rel=1e-9), op
         assert model.seconds(op, size) == cost.seconds(size)  # no role: the profile's own
@@ -133,6 +150,20 @@ def test_the_ridge_keeps_inseparable_operations_near_their_kinds_scale(tmp_path:
         assert 0.5 * kinds[role_kind(cls)] < scales[cls] < 2 * kinds[role_kind(cls)], cls
 
 
+def test_each_feature_of_a_frames_cost_is_fitted_on_its_own(tmp_path: Path) -> None:
+    """A frame's fixed cost and its cost per byte differ on a deployed party from the profile's by
+    different factors (measured: sending a frame costs 11 times the profile's fixed cost and 1.3 times its
+    cost per byte at a client); the calibration finds each, without a pull towards the kind's scale."""
+    doc = calibrate([_run(tmp_path / "a", framing=True)])
+    scales = doc["calibration"]["scales"]
+    for op, by_feature in FRAMING.items():
+        for feature, truth in by_feature.items():
+            assert scales[f"{op}:{feature}@client"] == pytest.approx(truth, rel=1e-6), (op, feature)
+    model = CostModel.from_dict(doc, "calibrated")
+    assert model.seconds("deploy.send", {"bytes": 5e4}, "client") == pytest.approx(_framing_truth("deploy.send", 5e4))
+    assert doc["operations"]["deploy.send@client"]["calibration_scales"] == pytest.approx({"const": 10.0, "bytes": 1.0})
+
+
 def test_the_cli_writes_a_profile_scenarios_can_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     run = _run(tmp_path / "run")
     out = tmp_path / "profiles" / "kernel.json"
@@ -140,7 +171,7 @@ def test_the_cli_writes_a_profile_scenarios_can_use(tmp_path: Path, capsys: pyte
     text = capsys.readouterr().out
     assert "by kind: crypto@client x1.5" in text and str(out) in text
     assert CostModel.load(out).seconds("train.linear.1x8x8.10", {"samples": 20, "batches": 2}) > 0
-    assert json.loads(out.read_text())["calibration"]["scales"]["train@client"] == pytest.approx(2.0)
+    assert json.loads(out.read_text())["calibration"]["scales"]["train.linear.1x8x8.10@client"] == pytest.approx(2.0)
 
 
 def test_calibration_refuses_what_it_cannot_use(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -174,6 +205,8 @@ def test_predicted_groups_by_class() -> None:
     work = CALLS[0]
     by = predicted(BASE, work)
     assert set(by) == {"x25519.agree@client", "prg.expand@client", "vector.add@client"}
+    framing = predicted(BASE, (Work("deploy.send", {"bytes": 100.0}), Work("deploy.receive", {"bytes": 50.0})))
+    assert set(framing) == {"deploy.send:const@client", "deploy.send:bytes@client", "deploy.receive:bytes@client"}
     assert sum(by.values()) == pytest.approx(BASE.work_seconds(work))
     assert work_json(work).startswith('[["x25519.agree",{"count":4.0}]')
     assert COLUMNS == ("round", "party", "thread", "call", "cpu_s", "work")

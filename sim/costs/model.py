@@ -53,6 +53,11 @@ class LinearCost:
 
     coef: Mapping[str, float]
 
+    def terms(self, size: Mapping[str, float]) -> dict[str, float]:
+        """Seconds by feature at ``size`` (``const``: its coefficient), whose sum :meth:`seconds` is (at
+        least 0)."""
+        return {k: c if k == "const" else c * float(size.get(k, 0.0)) for k, c in self.coef.items()}
+
     def seconds(self, size: Mapping[str, float]) -> float:
         total = 0.0
         for feature, c in self.coef.items():
@@ -137,17 +142,21 @@ class CostModel:
         """Reference-device seconds of ``op`` at ``size``; for a party of ``role`` (``server`` or
         ``client``), the profile's ``op@role`` where it has one (a profile calibrated on deployed parties:
         :mod:`sim.profiling.calibrate`)."""
+        return self.cost(op, role).seconds(size)
+
+    def cost(self, op: str, role: str | None = None) -> LinearCost:
+        """The linear model that :meth:`seconds` charges ``op`` by (for a party of ``role``)."""
         if role is not None:
             specific = self.operations.get(f"{op}@{role}")
             if specific is not None:
-                return specific.seconds(size)
+                return specific
         cost = self.operations.get(op)
         if cost is None:
             raise CostModelError(
                 f"cost profile {self.source} has no operation {op!r}; run `dropsim profile` to measure it "
                 f"(it has: {', '.join(sorted(self.operations)) or 'nothing'})"
             )
-        return cost.seconds(size)
+        return cost
 
     def work_seconds(self, work: tuple[Work, ...] | list[Work], role: str | None = None) -> float:
         """Reference-device seconds of a machine's reported work (by a party of ``role``: :meth:`seconds`)."""

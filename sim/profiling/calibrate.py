@@ -5,21 +5,28 @@ party, the CPU seconds its thread took and the operations the simulator charges 
 party's event loop in every round its other CPU seconds with the frames it moved. The profile (the runs'
 own, or ``--profile``) predicts each of them as the sum of its operations' costs.
 
-An operation's class is the operation itself (``x25519.agree``, ``wire.decode``, ``deploy.call``, ...),
-except that every model's training is one class, ``train``: each is timed by the profile on its own, warm
-and back to back, and each differs on a deployed party in its own way (measured on this project's machine:
-a small frame's decoding takes some 60 us more than the profile's, a vector sum a third of it). And each
-class is one at the server and another at the clients (``x25519.agree@server``): the server's process
-runs one event loop for every connection and aggregates, a client's trains and masks, and the same
-operation costs them differently (measured: the loop's CPU per byte framed was about 4.5 times the
-profile's at the server and 8 times at the clients). The profile written has ``op@server`` and
-``op@client`` entries, which the simulator charges each party by (:meth:`sim.costs.model.CostModel.seconds`).
-Classes are reported in five kinds (:data:`KINDS`):
+An operation's class is the operation itself (``x25519.agree``, ``wire.decode``, ``deploy.call``, and
+each model's training, ``train.linear.1x99x101.10``): each is timed by the profile on its own, warm and
+back to back, and each differs on a deployed party in its own way (measured on this project's machine: a
+small frame's decoding takes some 60 us more than the profile's, a vector sum a third of it; over the
+kernel grid's calibration half, at the median computation, a 10^4-parameter model's training took about
+2 times the profile's CPU and a 10^6-parameter one's 3 to 4 times, its 4 MB of weights no longer held in
+the caches of a host that up to 21 processes share). And each class is one at the server and another at
+the clients (``x25519.agree@server``): the server's process runs one event loop for every connection and
+aggregates, a client's trains and masks, and the same operation costs them differently. The profile
+written has ``op@server`` and ``op@client`` entries, which the simulator charges each party by
+(:meth:`sim.costs.model.CostModel.seconds`). The sockets' operations (kinds in :data:`BY_FEATURE`) are a
+class per feature of their cost (``deploy.send:const``, ``deploy.send:bytes``, ``deploy.receive:bytes``):
+on a deployed party a frame's fixed cost and its cost per byte differ from the profile's by different
+factors (fitted on the kernel grid: a send about 11 times the profile's fixed cost and 1.3 times its cost
+per byte at a client, so that one scale for both charged a large frame several times its CPU and a small
+one a fraction). Classes are reported in five kinds (:data:`KINDS`):
 
 - ``crypto``: key agreement, signatures, authenticated encryption, mask expansion, Shamir, DP noise;
 - ``encoding``: fixed-point and DSkellam encodings, the wire codec, vector sums, FedAvg's arithmetic;
 - ``framing``: the testbed's sockets (``deploy.send``, ``deploy.receive``), and the pipeline's
-  interference (scaled as ``deploy.send``: a chunk's compute slowed by the others' network work);
+  interference (scaled as the clients' framing kind: a chunk's compute slowed by the others' network
+  work);
 - ``handover``: handing a computation to a party's compute thread (``deploy.call``), which the simulator
   charges once per computation and a deployed party pays partly in its event loop (a kind of its own:
   nothing in it scales as the sockets do);
@@ -37,9 +44,12 @@ then over the classes, each with its kind's scale at its role as prior. Operatio
 together in one computation (a client's key agreement and its mask expansion) cannot be told apart by the
 entries alone; the ridge (:data:`RIDGE`: a class moves away from its kind's scale only as far as several
 entries' errors ask) keeps such classes near their kind's scale instead of trading one's cost for
-another's. Scales are non-negative (:func:`sim.profiling.fit.fit_nonnegative`). The new profile keeps
-the old one's operations and adds each at each role (``op@server``, ``op@client``) with its coefficients
-times its class's scale there; a class the runs never charged takes its kind's scale at that role, or 1.
+another's. It leaves alone the classes of the kinds in :data:`UNPULLED`, which the entries tell apart: a
+training is a computation of its own, and the frames a loop moves in a round vary in number and size from
+round to round and run to run. Scales are non-negative (:func:`sim.profiling.fit.fit_nonnegative`). The
+new profile keeps the old one's operations and adds each at each role (``op@server``, ``op@client``) with
+its coefficients times its class's scale there (each feature's own, for a kind in :data:`BY_FEATURE`); a
+class the runs never charged (a model they did not train) takes its kind's scale at that role, or 1.
 A ``calibration`` entry gives its provenance: the host, the date, the runs (their folders and scenario
 digests), the base profile, the scales and the fit's quality (the CPU seconds measured, as the profile
 charges them and as calibrated, per kind and role, and the median absolute relative error per entry
@@ -95,23 +105,31 @@ class CalibrationError(InputError):
     """Runs that cannot be calibrated on, with why."""
 
 
-TRAIN = "train"
-INTERFERENCE_CLASS = f"deploy.send@{CLIENT_ROLE}"
-"""The class whose scale the pipeline's interference (a client's) takes."""
+FEATURE_SEP = ":"
+BY_FEATURE = ("framing",)
+"""Kinds whose operations are a class per feature of their cost (``deploy.send:const``, ``deploy.send:bytes``;
+see the module's docstring)."""
+UNPULLED = (*BY_FEATURE, "training")
+"""Kinds whose classes the ridge leaves alone: the entries tell them apart (a loop's frames; a training,
+which is a computation of its own)."""
+INTERFERENCE_KIND = f"framing@{CLIENT_ROLE}"
+"""The kind whose scale the pipeline's interference (a client's network work slowing its compute) takes."""
 
 
-def op_class(op: str) -> str:
-    """The calibration class of operation ``op``: itself, or :data:`TRAIN` for every model's training."""
-    return TRAIN if op.startswith("train.") else op
+def feature_class(op: str, feature: str) -> str:
+    """The class of ``op``'s cost in ``feature``: the operation itself, with the feature for an operation of
+    a kind in :data:`BY_FEATURE` (``deploy.send:bytes``)."""
+    return f"{op}{FEATURE_SEP}{feature}" if kind(op) in BY_FEATURE else op
 
 
 def kind(cls: str) -> str:
-    """The kind of a class (:data:`KINDS`), whatever its role (``x25519.agree@server`` is ``crypto``)."""
-    bare = cls.split("@", 1)[0]
+    """The kind of a class (:data:`KINDS`), whatever its feature and role (``deploy.send:bytes@server`` is
+    ``framing``)."""
+    bare = cls.split("@", 1)[0].split(FEATURE_SEP, 1)[0]
     if bare in KINDS:
         return bare
     for name, prefixes in _PREFIXES.items():
-        if (bare == TRAIN and name == "training") or bare.startswith(prefixes):
+        if bare.startswith(prefixes):
             return name
     raise CalibrationError(f"operation {bare!r} is of no kind the calibration knows ({', '.join(KINDS)})")
 
@@ -169,9 +187,9 @@ def predicted(costs: CostModel, work: Sequence[Work], role: str = CLIENT_ROLE) -
     """Reference seconds the profile charges a party of ``role`` for ``work``, by class at that role."""
     out: dict[str, float] = {}
     for w in work:
-        cls = with_role(op_class(w.op), role)
-        kind(cls)  # an operation of no known kind is refused
-        out[cls] = out.get(cls, 0.0) + costs.seconds(w.op, w.size, role)
+        for feature, seconds in costs.cost(w.op, role).terms(w.size).items():
+            cls = with_role(feature_class(w.op, feature), role)  # an operation of no known kind is refused
+            out[cls] = out.get(cls, 0.0) + seconds
     return out
 
 
@@ -220,6 +238,8 @@ def _fit(
         features.append({g: by_group.get(g, 0.0) * w for g in present})
         targets.append(r.cpu_s * w)
     for g in present if ridge > 0 else ():  # the ridge: one row per group, its scale against its prior
+        if g not in prior:
+            continue
         features.append({h: math.sqrt(ridge) if h == g else 0.0 for h in present})
         targets.append(math.sqrt(ridge) * prior[g])
     fit = fit_nonnegative(present, features, targets)
@@ -230,7 +250,8 @@ def fit_scales(rows: Sequence[Observation]) -> tuple[dict[str, float], dict[str,
     """The scale of every class the rows predict some cost for, and of every kind (see the module's
     docstring): first one scale per kind, then one per class pulled towards its kind's."""
     kinds = _fit(rows, role_kind, {}, 0.0)
-    classes = _fit(rows, lambda k: k, {k: kinds[role_kind(k)] for r in rows for k in r.predicted}, RIDGE)
+    prior = {k: kinds[role_kind(k)] for r in rows for k in r.predicted if kind(k) not in UNPULLED}
+    classes = _fit(rows, lambda k: k, prior, RIDGE)
     return classes, kinds
 
 
@@ -287,22 +308,23 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
     operations = {op: entry for op, entry in doc["operations"].items() if "@" not in op}
     for op in list(operations):
         for role in ROLES:
-            cls = with_role(op_class(op), role)
-            # a class the runs never charged takes its kind's scale at that role, or keeps its cost
-            scale = scales.get(cls, kinds.get(role_kind(cls), 1.0))
             source = doc["operations"].get(with_role(op, role), operations[op])
-            entry = {k: v for k, v in source.items() if k != "coef"}
-            entry["coef"] = {k: float(v) * scale for k, v in source["coef"].items()}
-            entry["calibration_scale"] = scale
+            entry = {k: v for k, v in source.items() if k not in ("coef", "calibration_scale", "calibration_scales")}
+            used = {}  # by feature: a class the runs never charged takes its kind's scale at that role, or 1
+            for feature in source["coef"]:
+                cls = with_role(feature_class(op, feature), role)
+                used[feature] = scales.get(cls, kinds.get(role_kind(cls), 1.0))
+            entry["coef"] = {k: float(v) * used[k] for k, v in source["coef"].items()}
+            entry["calibration_scales"] = used
             operations[with_role(op, role)] = entry
     doc["operations"] = operations
     if isinstance(doc.get("pipeline"), dict) and "interference_s" in doc["pipeline"]:
-        scale = scales.get(INTERFERENCE_CLASS, kinds.get(role_kind(INTERFERENCE_CLASS), 1.0))
-        doc["pipeline"]["interference_s"] = float(doc["pipeline"]["interference_s"]) * scale
+        doc["pipeline"]["interference_s"] = float(doc["pipeline"]["interference_s"]) * kinds.get(INTERFERENCE_KIND, 1.0)
     doc["calibration"] = {
         "method": "dropsim calibrate: per-class scales of the base profile fitted to deployed parties' CPU "
         f"seconds (least squares of residuals over the square root of the predicted seconds, at least "
-        f"{FLOOR_S * 1000:g} ms; per kind and role, then per class with a ridge of {RIDGE:g} to its kind's scale)",
+        f"{FLOOR_S * 1000:g} ms; per kind and role, then per class with a ridge of {RIDGE:g} to its kind's scale; "
+        f"the classes of {', '.join(BY_FEATURE)} per feature of their cost, without the ridge)",
         "host": host(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "base_profile": str(base),
