@@ -10,7 +10,7 @@ each model's training, ``train.linear.1x99x101.10``): each is timed by the profi
 back to back, and each differs on a deployed party in its own way (measured on this project's machine: a
 small frame's decoding takes some 60 us more than the profile's, a vector sum a third of it; over the
 kernel grid's calibration half, at the median computation, a 10^4-parameter model's training took about
-2 times the profile's CPU and a 10^6-parameter one's 3 to 4 times, its 4 MB of weights no longer held in
+2 times the profile's CPU and a 10^6-parameter one's 3 to 5 times, its 4 MB of weights no longer held in
 the caches of a host that up to 21 processes share). And each class is one at the server and another at
 the clients (``x25519.agree@server``): the server's process runs one event loop for every connection and
 aggregates, a client's trains and masks, and the same operation costs them differently. The profile
@@ -18,7 +18,7 @@ written has ``op@server`` and ``op@client`` entries, which the simulator charges
 (:meth:`sim.costs.model.CostModel.seconds`). The sockets' operations (kinds in :data:`BY_FEATURE`) are a
 class per feature of their cost (``deploy.send:const``, ``deploy.send:bytes``, ``deploy.receive:bytes``):
 on a deployed party a frame's fixed cost and its cost per byte differ from the profile's by different
-factors (fitted on the kernel grid: a send about 11 times the profile's fixed cost and 1.3 times its cost
+factors (fitted on the kernel grid: a send about 11 times the profile's fixed cost and 1.2 times its cost
 per byte at a client, so that one scale for both charged a large frame several times its CPU and a small
 one a fraction). Classes are reported in five kinds (:data:`KINDS`):
 
@@ -324,7 +324,7 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
         "method": "dropsim calibrate: per-class scales of the base profile fitted to deployed parties' CPU "
         f"seconds (least squares of residuals over the square root of the predicted seconds, at least "
         f"{FLOOR_S * 1000:g} ms; per kind and role, then per class with a ridge of {RIDGE:g} to its kind's scale; "
-        f"the classes of {', '.join(BY_FEATURE)} per feature of their cost, without the ridge)",
+        "each model's training and each feature of a frame's cost a class of its own, without the ridge)",
         "host": host(),
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "base_profile": str(base),
