@@ -152,8 +152,8 @@ def test_the_ridge_keeps_inseparable_operations_near_their_kinds_scale(tmp_path:
 
 def test_each_feature_of_a_frames_cost_is_fitted_on_its_own(tmp_path: Path) -> None:
     """A frame's fixed cost and its cost per byte differ on a deployed party from the profile's by
-    different factors (measured: sending a frame costs 11 times the profile's fixed cost and 1.3 times its
-    cost per byte at a client); the calibration finds each, without a pull towards the kind's scale."""
+    different factors (fitted on the kernel grid: a client's send about 11 times the profile's fixed cost
+    and 1.2 times its cost per byte); the calibration finds each, without a pull towards the kind's scale."""
     doc = calibrate([_run(tmp_path / "a", framing=True)])
     scales = doc["calibration"]["scales"]
     for op, by_feature in FRAMING.items():
