@@ -53,7 +53,7 @@ import pandas as pd
 
 from sim.costs.model import DEFAULT_PROFILE
 from sim.deploy.deployment import DeployOptions
-from sim.deploy.validate import compare, testbed_overrides
+from sim.deploy.validate import Validation, compare, testbed_overrides
 from sim.results.read import read_manifest
 from sim.runner import Deployed, run_scenario
 from sim.scenario import load
@@ -77,6 +77,17 @@ def overrides(clients: int, params: int, dropout: float, chunks: int) -> list[st
     if chunks > 1:
         point.append(f"pipeline={{chunks: {chunks}}}")
     return point
+
+
+def round_columns(validation: Validation, suffix: str) -> dict[str, object]:
+    """A point's round-time columns from one comparison: ``simulated_s``, ``measured_s`` and ``error``, the
+    simulated ones with ``suffix`` (which model simulated it)."""
+    summary = validation.summary.set_index("stage")
+    return {
+        f"simulated_s{suffix}": summary.at["round", "simulated_s"],
+        "measured_s": summary.at["round", "measured_s"],
+        f"error{suffix}": summary.at["round", "error"],
+    }
 
 
 def run_point(point: list[str], folder: Path, scales: dict[str, float]) -> tuple[Path, dict[str, Path], float]:
@@ -122,11 +133,8 @@ def measure(
     stages = []
     for name, run in simulated.items():
         validation = compare(run, deployed, skip_first=skip_first)
-        summary = validation.summary.set_index("stage")
         suffix = "" if name == "calibrated" else f"_{name}"
-        row[f"simulated_s{suffix}"] = summary.at["round", "simulated_s"]
-        row["measured_s"] = summary.at["round", "measured_s"]
-        row[f"error{suffix}"] = summary.at["round", "error"]
+        row.update(round_columns(validation, suffix))
         row[f"identical{suffix}"] = validation.identical
         row[f"cpu_scale{suffix}"] = validation.cpu_scale
         point_columns = {"clients": clients, "params": params, "dropout": dropout, "chunks": chunks}
@@ -284,11 +292,8 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
             for model in models:
                 simulated = root / point.name / f"simulated-{model}"
                 validation = compare(simulated, deployed, skip_first=True)
-                summary_table = validation.summary.set_index("stage")
                 suffix = "" if model == "calibrated" else f"_{model}"
-                row[f"simulated_s{suffix}"] = summary_table.at["round", "simulated_s"]
-                row["measured_s"] = summary_table.at["round", "measured_s"]
-                row[f"error{suffix}"] = summary_table.at["round", "error"]
+                row.update(round_columns(validation, suffix))
                 stages.append(validation.summary.assign(model=model, point=point.name, half=row["half"]))
             row["time_dilation"] = read_manifest(deployed).get("testbed", {}).get("time_dilation")
             rows.append(row)
