@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import host_speed  # noqa: E402
 import overhead  # noqa: E402
 import scale  # noqa: E402
 import skellam  # noqa: E402
+import validate  # noqa: E402
 
 from sim.crypto import agreement  # noqa: E402
 
@@ -79,3 +83,39 @@ def test_the_doc_blocks_are_rewritten_in_place(tmp_path: Path) -> None:
     assert doc.read_text() == f"intro\n{block}\nafter\n"
     with pytest.raises(SystemExit, match="peer"):
         performance.rewrite_doc(doc, {"peer": table})
+
+
+def test_host_speed_window_gaps_are_the_differences_of_consecutive_window_means() -> None:
+    # two 1-second windows of means 1.0 and 3.0 ms, then one of 3.0 ms
+    samples = pd.DataFrame({"core": 0, "t_s": [0.1, 0.6, 1.2, 1.7, 2.5], "cpu_s": [0.5e-3, 1.5e-3, 3e-3, 3e-3, 3e-3]})
+    assert host_speed.window_gaps(samples, 1.0) == pytest.approx([1.0, 0.0])
+    row = host_speed.summarise(samples).iloc[0]
+    assert row["repetitions"] == 5
+    assert row["median_ms"] == pytest.approx(3.0)
+    assert row["gap_1s_median"] == pytest.approx(0.5)
+    assert row["gap_1s_worst"] == pytest.approx(1.0)
+
+
+def test_host_speed_samples_each_core_it_is_given() -> None:
+    allowed = os.sched_getaffinity(0)
+    rows = host_speed.sample_core(0, seconds=0.2, interval=0.01)
+    assert os.sched_getaffinity(0) == allowed
+    assert len(rows) >= 2
+    assert all(core == 0 and cpu > 0 for core, _, cpu in rows)
+    assert [t for _, t, _ in rows] == sorted(t for _, t, _ in rows)
+
+
+def test_repeatability_pairs_the_points_the_simulator_charges_alike() -> None:
+    row = {"clients": 5, "params": 1e4, "xnoise": False, "stage": "before_upload", "chunks": 1}
+    table = pd.DataFrame(
+        [
+            {**row, "protocol": "secagg", "simulated_s_profile": 1.00, "measured_s": 0.9},
+            {**row, "protocol": "secagg+", "simulated_s_profile": 1.01, "measured_s": 1.1},
+            # simulated 10% apart: not the same work, left out
+            {**row, "clients": 20, "protocol": "secagg", "simulated_s_profile": 1.0, "measured_s": 1.0},
+            {**row, "clients": 20, "protocol": "secagg+", "simulated_s_profile": 0.9, "measured_s": 2.0},
+        ]
+    )
+    line = validate.repeatability(table)
+    assert line.startswith("repeatability (1 pairs of points")
+    assert "10000 parameters (n=1): median 20.0%, worst 20.0%" in line
