@@ -81,7 +81,14 @@ def build(scenario: Scenario) -> World:
     op = model_train_op(sc.model, shape, classes)
     if sc.model.params is not None:  # an abstract model trains at the scenario's rate, not a profiled one
         rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
-        costs = CostModel({**costs.operations, op: rate}, costs.machine, costs.source)
+        costs = CostModel(
+            {**costs.operations, op: rate},
+            costs.machine,
+            costs.source,
+            costs.interference_s,
+            costs.implementation,
+            costs.wire,
+        )
     costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
     if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
         costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))

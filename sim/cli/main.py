@@ -110,6 +110,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="measure again only these operations (e.g. noise.skellam) and update them in the existing --out profile",
     )
     p.add_argument(
+        "--impl",
+        choices=("dropsim", "dordis", "flower"),
+        default="dropsim",
+        help="whose implementation to measure: dropsim's own code (default), Dordis's primitives (needs "
+        "pip install -e '.[impl]') or Flower 1.42's SecAgg+ functions (needs pip install -e '.[peer]'); "
+        "docs/profiles.md",
+    )
+    p.add_argument(
+        "--base",
+        type=Path,
+        metavar="FILE",
+        help="with --impl other than dropsim: the dropsim profile of this machine to copy the operations the "
+        "implementation does alike from (default: the shipped one)",
+    )
+    p.add_argument(
         "--pipeline",
         metavar="SCENARIO",
         help="fit Dordis eq. 3 per stage from short simulated runs of this scenario (secagg or secagg+) and "
@@ -316,8 +331,27 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not folder.is_dir():
         print(f"dropsim: {args.out}: the folder {folder} does not exist; create it first", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.impl != "dropsim" and args.only:
+        print("dropsim: --only re-measures operations of a dropsim profile; not with --impl", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if args.impl == "dropsim" and args.base is not None:
+        print("dropsim: --base goes with --impl dordis or flower", file=sys.stderr)
+        return EXIT_BAD_INPUT
     say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
-    if args.only:
+    if args.impl != "dropsim":
+        from sim.costs.model import CostModelError
+        from sim.profiling.implementations import profile_implementation
+
+        try:
+            doc = profile_implementation(args.impl, args.out, base=args.base, quick=args.quick, progress=say)
+        except ModuleNotFoundError as exc:
+            extra = "peer" if args.impl == "flower" else "impl"
+            print(f"dropsim: --impl {args.impl} needs {exc.name}: pip install -e '.[{extra}]'", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        except CostModelError as exc:
+            print(f"dropsim: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    elif args.only:
         from sim.costs.model import CostModelError
         from sim.profiling.profiler import update_profile
 
@@ -328,7 +362,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             return EXIT_BAD_INPUT
     else:
         doc = run_profile(args.out, quick=args.quick, progress=say)
-    shown = args.only or list(doc["operations"])
+    shown = args.only or [op for op, e in doc["operations"].items() if e.get("as", args.impl) == args.impl]
     rows = [{"operation": op, **doc["operations"][op]["coef"], "r2": doc["operations"][op]["r2"]} for op in shown]
     print_table(rows)
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")

@@ -13,8 +13,13 @@ file:
     {"format": 1, "machine": {...}, "operations": {op: {"coef": {feature: s_per_unit}, "r2": ..., ...}}}
 
 The default profile ships inside the package (``sim/costs/default.json``) with the machine it was
-measured on; ``costs.profile`` in a scenario names another. Missing operations are an error that names
-the operation and the profile, never a silent zero.
+measured on; ``costs.profile`` in a scenario names another: a file, or one of the shipped profiles of
+:data:`PROFILES` by name (``dropsim``, ``flower``, ``dordis``: docs/profiles.md). Missing operations are
+an error that names the operation and the profile, never a silent zero.
+
+A profile says which implementation it describes and how it was measured (``"implementation": {"name",
+"description", "measured_by"}``; a profile without it describes dropsim's own code), and may declare
+how that implementation sizes the protocol's messages on the wire (``"wire"``: :mod:`sim.costs.wire`).
 
 An optional top-level ``"pipeline": {"interference_s": b, "r2": ..., "points": [...], "baseline": {...},
 "method": ...}`` (measured by :mod:`sim.profiling.interference`) gives :attr:`CostModel.interference_s`, the
@@ -33,11 +38,26 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.costs.wire import WireSizes
 from sim.errors import InputError
 from sim.protocol.machine import SERVER, Work
 from sim.protocol.wire import Message
 
 DEFAULT_PROFILE = Path(__file__).with_name("default.json")
+PROFILES = {
+    "dropsim": DEFAULT_PROFILE,
+    "flower": Path(__file__).with_name("flower.json"),
+    "dordis": Path(__file__).with_name("dordis.json"),
+}
+"""The shipped profiles by name (``costs: {profile: NAME}``): dropsim's own code, Flower 1.42's SecAgg+
+functions and Dordis's implementation (docs/profiles.md). A name wins over a file of the same name in the
+working directory; write ``./dordis`` for that."""
+OWN_IMPLEMENTATION = {
+    "name": "dropsim",
+    "description": "dropsim's own code: X25519, AES-GCM, AES-CTR masks, prime-field Shamir, vectorised numpy",
+    "measured_by": "dropsim profile",
+}
+"""The ``implementation`` of a profile that does not state one."""
 SERVER_ROLE, CLIENT_ROLE = "server", "client"
 """The roles an operation may be charged for differently (``op@server``, ``op@client``)."""
 FORMAT = 1
@@ -95,18 +115,25 @@ class CostModel:
         machine: Mapping[str, Any],
         source: str,
         interference_s: float = 0.0,
+        implementation: Mapping[str, Any] | None = None,
+        wire: WireSizes | None = None,
     ) -> None:
         self.operations = dict(operations)
         self.machine = dict(machine)
         self.source = source
         self.interference_s = interference_s
+        self.implementation = dict(implementation or OWN_IMPLEMENTATION)
+        """Which implementation the profile describes (``name``, ``description``, ``measured_by``)."""
+        self.wire = wire
+        """How that implementation sizes messages on the wire; None: as dropsim's frames."""
         """Pipeline interference (Dordis eq. 3's beta_2): reference-device seconds added to each chunk task's
         client compute per chunk in the pipeline; 0.0 when the profile has no ``pipeline`` entry."""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> CostModel:
-        """Read a profile (the shipped default when ``path`` is None)."""
-        p = Path(path) if path is not None else DEFAULT_PROFILE
+        """Read a profile: the shipped default when ``path`` is None, a shipped profile by its name
+        (:data:`PROFILES`), else the file at ``path``."""
+        p = resolve_profile(path)
         return cls.from_dict(read_profile(p), str(p))
 
     @classmethod
@@ -124,7 +151,22 @@ class CostModel:
             ):
                 raise CostModelError(f"cost profile {source}: operation {op!r} needs 'coef': {{feature: seconds}}")
             operations[op] = LinearCost({str(k): float(v) for k, v in coef.items()})
-        return cls(operations, doc.get("machine", {}), source, _interference(doc.get("pipeline"), source))
+        implementation = doc.get("implementation")
+        if implementation is not None and not (
+            isinstance(implementation, dict) and all(isinstance(v, str) for v in implementation.values())
+        ):
+            raise CostModelError(
+                f"cost profile {source}: 'implementation' must be a mapping of strings (name, description, measured_by)"
+            )
+        wire = WireSizes.from_dict(doc["wire"], source) if doc.get("wire") is not None else None
+        return cls(
+            operations,
+            doc.get("machine", {}),
+            source,
+            _interference(doc.get("pipeline"), source),
+            implementation,
+            wire,
+        )
 
     def has(self, op: str) -> bool:
         return op in self.operations
@@ -136,7 +178,7 @@ class CostModel:
             op: cost if op.split("@", 1)[0] in keep else LinearCost({k: c * factor for k, c in cost.coef.items()})
             for op, cost in self.operations.items()
         }
-        return CostModel(ops, self.machine, self.source, self.interference_s * factor)
+        return CostModel(ops, self.machine, self.source, self.interference_s * factor, self.implementation, self.wire)
 
     def seconds(self, op: str, size: Mapping[str, float], role: str | None = None) -> float:
         """Reference-device seconds of ``op`` at ``size``; for a party of ``role`` (``server`` or
@@ -161,6 +203,16 @@ class CostModel:
     def work_seconds(self, work: tuple[Work, ...] | list[Work], role: str | None = None) -> float:
         """Reference-device seconds of a machine's reported work (by a party of ``role``: :meth:`seconds`)."""
         return sum(self.seconds(w.op, w.size, role) for w in work)
+
+
+def resolve_profile(path: str | Path | None) -> Path:
+    """The file of profile ``path``: the shipped default for None, a shipped profile for one of the names
+    of :data:`PROFILES`, else ``path`` itself."""
+    if path is None:
+        return DEFAULT_PROFILE
+    if isinstance(path, str) and path in PROFILES:
+        return PROFILES[path]
+    return Path(path)
 
 
 def read_profile(path: Path) -> Any:

@@ -604,6 +604,9 @@ class Round:
             nbytes = len(data)
         else:
             nbytes = message.wire_size()
+        encoding = self.s.costs.wire
+        if encoding is not None:  # the profile's implementation sends it in its own encoding
+            nbytes = encoding.size(message)
         client = to if sender == SERVER else sender
         if sender == SERVER:
             path = (self.s.server_down, self.links[to][1])

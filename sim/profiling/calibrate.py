@@ -67,7 +67,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from sim.costs.model import CLIENT_ROLE, DEFAULT_PROFILE, SERVER_ROLE, CostModel, CostModelError, read_profile
+from sim.costs.model import (
+    CLIENT_ROLE,
+    DEFAULT_PROFILE,
+    SERVER_ROLE,
+    CostModel,
+    CostModelError,
+    read_profile,
+    resolve_profile,
+)
 from sim.deploy.operations import COLUMNS, FILE, work_from_json
 from sim.errors import InputError
 from sim.protocol.machine import Work
@@ -180,7 +188,7 @@ def run_profile(folder: Path) -> Path:
     scenario = read_manifest(folder).get("scenario") or {}
     costs = scenario.get("costs") or {}
     profile = costs.get("profile") if isinstance(costs, dict) else None
-    return Path(profile) if profile else DEFAULT_PROFILE
+    return resolve_profile(profile) if profile else DEFAULT_PROFILE
 
 
 def predicted(costs: CostModel, work: Sequence[Work], role: str = CLIENT_ROLE) -> dict[str, float]:

@@ -155,7 +155,11 @@ def run_scenario(
         writer.manifest.update(
             driver=sim.driver.name,  # what really played the rounds
             model_parameters=sim.dim,
-            cost_profile={"source": sim.costs.source, "machine": sim.costs.machine},
+            cost_profile={
+                "source": sim.costs.source,
+                "implementation": sim.costs.implementation,
+                "machine": sim.costs.machine,
+            },
             **sim.manifest_entries(),
         )
         if sim.chunks is not None:

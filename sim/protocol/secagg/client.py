@@ -211,7 +211,12 @@ class SecAggClient:
         work.append(
             Work(
                 "shamir.share",
-                {"secrets": secrets, "holders": len(order), "products": secrets * SECRET_ELEMENTS * len(order) * t},
+                {
+                    "secrets": secrets,
+                    "holders": len(order),
+                    "products": secrets * SECRET_ELEMENTS * len(order) * t,
+                    "pairs": len(order) * t,
+                },
             )
         )
         ciphertexts = []

@@ -422,7 +422,22 @@ class SecAggServer:
             t = cfg.threshold(about)
             if len(have) < t:
                 return None
-            work.append(Work("shamir.reconstruct", {"secrets": 1, "shares": t, "elements": SECRET_ELEMENTS * t}))
+            # k offered shares, k^2 for implementations that interpolate from every share they hold
+            key, k = kind == SHARE_OF_KEY, len(have)
+            work.append(
+                Work(
+                    "shamir.reconstruct",
+                    {
+                        "secrets": 1,
+                        "shares": t,
+                        "elements": SECRET_ELEMENTS * t,
+                        "key_offered": k if key else 0,
+                        "seed_offered": 0 if key else k,
+                        "key_offered_sq": k * k if key else 0,
+                        "seed_offered_sq": 0 if key else k * k,
+                    },
+                )
+            )
             # A reconstructed key must match the public key its client advertised.
             check = partial(self._is_key_of, self.u1[about].s_pk) if kind == SHARE_OF_KEY else None
             what = f"client {about}'s {'mask key' if kind == SHARE_OF_KEY else 'mask seed'}"
@@ -529,7 +544,15 @@ class SecAggServer:
             work.append(
                 Work(
                     "shamir.reconstruct",
-                    {"secrets": len(self.removed), "shares": t, "elements": SECRET_ELEMENTS * t * len(self.removed)},
+                    {
+                        "secrets": len(self.removed),
+                        "shares": t,
+                        "elements": SECRET_ELEMENTS * t * len(self.removed),
+                        "key_offered": 0,
+                        "seed_offered": sum(len(shares.get((u, k), {})) for k in self.removed),
+                        "key_offered_sq": 0,
+                        "seed_offered_sq": sum(len(shares.get((u, k), {})) ** 2 for k in self.removed),
+                    },
                 )
             )
             work += self._remove(u, seeds)
