@@ -189,12 +189,13 @@ def make_sweep(folder: Path, runs: dict[str, tuple[dict, list[dict], list[dict]]
     return folder
 
 
-def pipeline_run(protocol, strategy, dropout, chunks, used, round_time, agg_time):
+def pipeline_run(protocol, strategy, dropout, chunks, used, round_time, agg_time, profile=None):
     scenario = {
         "aggregation": {"protocol": protocol},
         "privacy": {"strategy": strategy},
         "dropout": {"rate": dropout},
         "pipeline": {"chunks": chunks},
+        "costs": {"profile": profile},
     }
     rounds = [{"round": 1, "outcome": "ok", "chunks": used, "round_time": round_time, "agg_time": agg_time}]
     rounds.append({"round": 2, "outcome": "aborted: too few", "chunks": used, "round_time": 1.0, "agg_time": 0.0})
@@ -230,6 +231,28 @@ def test_pipeline_measure_pairs_plain_and_pipelined_by_the_configured_chunks(tmp
     )
     with pytest.raises(ValueError, match="two plain runs"):
         measure_pipeline(item, {item.scenarios[0]: doubled}, False)
+
+
+def test_pipeline_measure_names_each_cost_profile_and_gives_each_its_ranges(tmp_path, catalog):
+    from sim.paper.measures import measure_pipeline
+
+    item = catalog["dordis-fig10-resnet18-cifar10"]
+    folder = make_sweep(
+        tmp_path / "p",
+        {
+            "a": pipeline_run("secagg", "orig", 0.0, 1, 1, 10.0, 4.0),  # no profile named: dropsim's
+            "b": pipeline_run("secagg", "orig", 0.0, "auto", 8, 8.0, 2.0),
+            "c": pipeline_run("secagg", "orig", 0.0, 1, 1, 100.0, 90.0, profile="dordis"),
+            "d": pipeline_run("secagg", "orig", 0.0, "auto", 8, 50.0, 40.0, profile="dordis"),
+        },
+    )
+    rows = {(r.quantity, r.setting): r.value for r in measure_pipeline(item, {item.scenarios[0]: folder}, False)}
+    assert rows[("speedup", "dropsim: secagg, orig, d=0")] == 10.0 / 8.0
+    assert rows[("speedup", "dordis: secagg, orig, d=0")] == 2.0
+    assert rows[("aggregation share, plain", "dordis: range")] == "90-90"
+    assert rows[("speedup", "dropsim: range")] == "1.25-1.25"
+    assert item.paper_value("speedup", "dordis: range") == "1.3-1.5"
+    assert item.paper_value("aggregation share, plain", "dropsim: range") == "89-93%"
 
 
 def test_accuracy_measure_counts_what_early_completed_and_skips_unfinished_runs(tmp_path, catalog):

@@ -264,8 +264,9 @@ def measure_accuracy(item: Item, results: dict[Path, Path], reduced: bool) -> li
 
 
 def pipeline_table(folder: Path) -> pd.DataFrame:
-    """One row per run: protocol, strategy, dropout, plain (one chunk) or not, chunks used, mean round time
-    and aggregation time (s) over the rounds that finished."""
+    """One row per run: the cost profile (``dropsim`` when the scenario names none), protocol, strategy,
+    dropout, plain (one chunk) or not, chunks used, mean round time and aggregation time (s) over the rounds
+    that finished."""
     records = []
     for run in runs(folder):
         done = run.rounds[run.rounds["outcome"] == "ok"]
@@ -273,6 +274,7 @@ def pipeline_table(folder: Path) -> pd.DataFrame:
             continue
         records.append(
             {
+                "profile": str(run.key("costs.profile") or "dropsim"),
                 "protocol": str(run.key("aggregation.protocol")),
                 "strategy": run.strategy,
                 "dropout": run.dropout,
@@ -292,46 +294,57 @@ OVERHEAD_NAMES = {"xnoise": "XNoise", "xnoise-appr": "XNoise-Appr"}
 def measure_pipeline(item: Item, results: dict[Path, Path], reduced: bool) -> list[Row]:
     """Per protocol, strategy and dropout rate: round time plain and pipelined (s), the chunks dropsim
     chose, the speedup, the aggregation's share of the plain round (Amdahl's p) and the aggregation's own
-    speedup; XNoise's and XNoise-Appr's plain overhead over Orig; the ranges over all settings."""
+    speedup; XNoise's and XNoise-Appr's plain overhead over Orig; the ranges over all settings. Where the
+    item's runs use more than one cost profile (docs/profiles.md), every setting starts with the profile's
+    name (``dordis: secagg, orig, d=0``; ``dordis: range``) and the ranges are per profile."""
     rows: list[Row] = []
-    speedups, shares = [], []
-    for path in item.scenarios:
-        table = pipeline_table(results[path])
+    speedups: dict[str, list[float]] = {}
+    shares: dict[str, list[float]] = {}
+    tables = [pipeline_table(results[path]) for path in item.scenarios]
+    profiles = sorted({p for table in tables if not table.empty for p in table["profile"]})
+
+    def label(profile: str, setting: str) -> str:
+        return f"{profile}: {setting}" if len(profiles) > 1 else setting
+
+    for path, table in zip(item.scenarios, tables, strict=True):
         if table.empty:
             continue
-        plain: dict[tuple[str, str, float], dict[Any, Any]] = {}
-        piped: dict[tuple[str, str, float], dict[Any, Any]] = {}
+        plain: dict[tuple[str, str, str, float], dict[Any, Any]] = {}
+        piped: dict[tuple[str, str, str, float], dict[Any, Any]] = {}
         for record in table.to_dict("records"):
-            key = (str(record["protocol"]), str(record["strategy"]), float(record["dropout"]))
+            key = (str(record["profile"]), str(record["protocol"]), str(record["strategy"]), float(record["dropout"]))
             target = plain if record["plain"] else piped
             if key in target:
                 raise ResultsError(f"{results[path]}: two {'plain' if record['plain'] else 'pipelined'} runs at {key}")
             target[key] = record
         for key, p in plain.items():
-            protocol, strategy, d = key
-            setting = f"{protocol}, {strategy}, {dropout_label(d)}"
+            profile, protocol, strategy, d = key
+            setting = label(profile, f"{protocol}, {strategy}, {dropout_label(d)}")
             share = p["agg_time"] / p["round_time"]
-            shares.append(share)
+            shares.setdefault(profile, []).append(share)
             rows.append(Row("round time, plain", setting, p["round_time"], "s"))
             rows.append(Row("aggregation share, plain", setting, 100 * share, "%"))
             if key in piped:
                 q = piped[key]
                 speedup = p["round_time"] / q["round_time"]
-                speedups.append(speedup)
+                speedups.setdefault(profile, []).append(speedup)
                 rows.append(Row("round time, pipelined", setting, q["round_time"], "s"))
                 rows.append(Row("chunks", setting, float(q["chunks"])))
                 rows.append(Row("speedup", setting, speedup, "x"))
                 if q["agg_time"] > 0:
                     rows.append(Row("aggregation speedup", setting, p["agg_time"] / q["agg_time"], "x"))
-            orig = plain.get((protocol, "orig", d))
+            orig = plain.get((profile, protocol, "orig", d))
             if strategy in OVERHEAD_NAMES and orig is not None:
                 overhead = 100 * (p["round_time"] / orig["round_time"] - 1)
                 quantity = f"{OVERHEAD_NAMES[strategy]} overhead, plain"
-                rows.append(Row(quantity, f"{protocol}, {dropout_label(d)}", overhead, "%"))
-    if speedups:
-        rows.append(Row("speedup", "range", f"{min(speedups):.2f}-{max(speedups):.2f}", "x"))
-    if shares:
-        rows.append(Row("aggregation share, plain", "range", f"{100 * min(shares):.0f}-{100 * max(shares):.0f}", "%"))
+                rows.append(Row(quantity, label(profile, f"{protocol}, {dropout_label(d)}"), overhead, "%"))
+    for profile in profiles:
+        if speedups.get(profile):
+            low, high = min(speedups[profile]), max(speedups[profile])
+            rows.append(Row("speedup", label(profile, "range"), f"{low:.2f}-{high:.2f}", "x"))
+        if shares.get(profile):
+            low, high = 100 * min(shares[profile]), 100 * max(shares[profile])
+            rows.append(Row("aggregation share, plain", label(profile, "range"), f"{low:.0f}-{high:.0f}", "%"))
     return rows
 
 
