@@ -18,6 +18,7 @@ from sim.costs.model import DEFAULT_PROFILE, PROFILES, CostModel, CostModelError
 from sim.costs.wire import WireSizes, WireSizesError
 from sim.crypto.randomness import SeededRandom
 from sim.protocol import messages as m
+from sim.protocol.fedavg import ClientUpdate
 from sim.protocol.secagg.spec import OPERATIONS
 from sim.protocol.suite import ciphertext_bytes
 from sim.protocol.wire import Blank, ModVector, Opaque
@@ -141,6 +142,7 @@ def test_vectors_are_sized_by_words_packed_or_one_value_a_word():
     assert int64.size(m.MaskedInput(1, 2, y)) == 100 + 128 + 8000
     assert int64.size(m.ModelDownload(1, Blank(1000, np.float32))) == 100 + 128  # parameter 0
     assert sizes(parameter=4).size(m.ModelDownload(1, Blank(1000, np.float32))) == 4000
+    assert sizes(integer=8, parameter=4).size(ClientUpdate(1, 2, 10.0, Blank(1000, np.float32))) == 8 + 4000
 
 
 def test_keys_ciphertexts_and_shares_are_sized_as_declared():
@@ -204,6 +206,7 @@ def test_a_simulated_round_sends_the_profiles_bytes(tmp_path):
         ["aggregation.protocol=secagg"],
         ["aggregation.protocol=secagg+", "dropout.rate=0.3", "dropout.stage=during_unmasking"],
         ["privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}", "dropout.rate=0.3"],
+        ["aggregation.protocol=fedavg"],
     ],
 )
 def test_the_dordis_profile_runs_every_protocol(tmp_path, overrides):
@@ -218,7 +221,11 @@ def test_the_dordis_profile_runs_every_protocol(tmp_path, overrides):
     mine, theirs = (pd.read_csv(outs[p] / "rounds.csv").iloc[0] for p in ("dropsim", "dordis"))
     assert mine["model_sha256"] == theirs["model_sha256"]  # the same protocol, only its costs differ
     assert theirs["agg_time"] > mine["agg_time"]
-    assert theirs["client_bytes_up_mean"] > mine["client_bytes_up_mean"]  # 3.3 bytes a value, not 2.5
+    if "aggregation.protocol=fedavg" in overrides:  # one float delta: 4 bytes a value, its weight, no framing
+        dim = json.loads((outs["dordis"] / "manifest.json").read_text())["model_parameters"]
+        assert theirs["client_bytes_up_mean"] == 2 + 4 * dim
+    else:  # masked values at 3.3 bytes, not 2.5
+        assert theirs["client_bytes_up_mean"] > mine["client_bytes_up_mean"]
 
 
 # -- Dordis's primitives ---------------------------------------------------------------------------------

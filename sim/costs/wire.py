@@ -30,6 +30,7 @@ from typing import Any
 from sim.crypto import aead
 from sim.errors import InputError
 from sim.protocol import messages as m
+from sim.protocol.fedavg import ClientUpdate
 from sim.protocol.suite import SHARE_BYTES, plaintext_bytes
 from sim.protocol.wire import Data, Message, ModVector, Vector, vector_length
 
@@ -135,6 +136,7 @@ def _key_entry(entry: tuple[int, Any, Any, Any], w: WireSizes) -> float:
 
 _BODIES: Mapping[type, Callable[[Any, WireSizes], float]] = {
     m.ModelDownload: lambda msg, w: w.parameters(msg.params),
+    ClientUpdate: lambda msg, w: w.integer + w.parameters(msg.delta),  # FedAvg: its weight, its float delta
     m.EncodedUpdate: lambda msg, w: w.values(msg.data),
     m.AdvertiseKeys: lambda msg, w: 2 * w.public_key + (w.signature if len(msg.signature) else 0.0),
     m.KeyList: lambda msg, w: sum(_key_entry(e, w) for e in msg.entries),

@@ -146,32 +146,49 @@ def plot_accuracy(item: Item, rows: Sequence[Row], results: dict[Path, Path], ou
 
 def plot_pipeline(item: Item, rows: Sequence[Row], results: dict[Path, Path], out: Path) -> list[Path]:
     """Left: round time plain (dotted) and pipelined (solid) against dropout; right: the speedup, with the
-    paper's range shaded (Dordis Figure 10). Colour: strategy; filled markers SecAgg, hollow SecAgg+."""
+    paper's range shaded (Dordis Figure 10). Colour: strategy; filled markers SecAgg, hollow SecAgg+. One row
+    of panels per cost profile when the settings name one (``dordis: secagg, orig, d=0``)."""
     from sim.protocol.registry import PROTOCOLS
 
     frame = _frame(rows)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9, 3.6), layout="constrained")
-    strategies: list[str] = []
-    for quantity, ax in (("round time, plain", left), ("round time, pipelined", left), ("speedup", right)):
-        part = frame[(frame["quantity"] == quantity) & (frame["setting"] != "range")].copy()
-        if part.empty:
-            continue
-        parts = part["setting"].str.split(", ")
-        part["protocol"], part["strategy"] = parts.str[0], parts.str[1]
-        part["d"] = part["setting"].map(dropout_of)
-        for (protocol, strategy), group in part.groupby(["protocol", "strategy"], sort=False):
-            colour, marker, _ = style(str(strategy))
-            strategies += [] if strategy in strategies else [str(strategy)]
-            dash = ":" if quantity == "round time, plain" else "-"
-            spec = PROTOCOLS.get(str(protocol))  # filled: secure aggregation on the complete graph (SecAgg)
-            face = colour if spec is not None and spec.secure and not spec.sparse_graph else "white"
-            line = group.sort_values("d")
-            ax.plot(100 * line["d"], line["value"], color=colour, marker=marker, markerfacecolor=face, linestyle=dash)
+    named = frame["setting"].str.contains(": ", regex=False)
+    frame["profile"] = frame["setting"].where(named, "").str.split(": ").str[0]
+    frame["setting"] = frame["setting"].where(~named, frame["setting"].str.split(": ", n=1).str[1])
+    profiles = sorted(frame["profile"].unique())
+    fig, axes = plt.subplots(len(profiles), 2, figsize=(9, 3.6 * len(profiles)), layout="constrained", squeeze=False)
     paper = item.paper_value("speedup", "range")
     bounds = [number(x) for x in paper.split("-")] if "-" in paper else []
-    if len(bounds) == 2 and not any(math.isnan(b) for b in bounds):
-        right.axhspan(bounds[0], bounds[1], color="0.85", label=f"paper: {paper}x")
-    right.axhline(1.0, color="0.5", linewidth=0.8)
+    strategies: list[str] = []
+    for profile, (left, right) in zip(profiles, axes, strict=True):
+        mine = frame[frame["profile"] == profile]
+        for quantity, ax in (("round time, plain", left), ("round time, pipelined", left), ("speedup", right)):
+            part = mine[(mine["quantity"] == quantity) & (mine["setting"] != "range")].copy()
+            if part.empty:
+                continue
+            parts = part["setting"].str.split(", ")
+            part["protocol"], part["strategy"] = parts.str[0], parts.str[1]
+            part["d"] = part["setting"].map(dropout_of)
+            for (protocol, strategy), group in part.groupby(["protocol", "strategy"], sort=False):
+                colour, marker, _ = style(str(strategy))
+                strategies += [] if strategy in strategies else [str(strategy)]
+                dash = ":" if quantity == "round time, plain" else "-"
+                spec = PROTOCOLS.get(str(protocol))  # filled: secure aggregation on the complete graph (SecAgg)
+                face = colour if spec is not None and spec.secure and not spec.sparse_graph else "white"
+                line = group.sort_values("d")
+                ax.plot(
+                    100 * line["d"], line["value"], color=colour, marker=marker, markerfacecolor=face, linestyle=dash
+                )
+        if len(bounds) == 2 and not any(math.isnan(b) for b in bounds):
+            right.axhspan(bounds[0], bounds[1], color="0.85", label=f"paper: {paper}x")
+        right.axhline(1.0, color="0.5", linewidth=0.8)
+        title = f"cost profile: {profile}" if profile else ""
+        left.set_title(title, fontsize="small", loc="left")
+        left.set_xlabel("per-round dropout rate (%)")
+        left.set_ylabel("round time (virtual s)")
+        right.set_xlabel("per-round dropout rate (%)")
+        right.set_ylabel("speedup (plain / pipelined)")
+        _legend(right, loc="best")
+    left = axes[0][0]
     for strategy in strategies:
         colour, marker, _ = style(strategy)
         left.plot([], [], color=colour, marker=marker, label=strategy)
@@ -179,12 +196,7 @@ def plot_pipeline(item: Item, rows: Sequence[Row], results: dict[Path, Path], ou
     left.plot([], [], color="0.3", linestyle="-", label="pipelined")
     left.plot([], [], color="0.3", marker="o", linestyle="none", label="SecAgg")
     left.plot([], [], color="0.3", marker="o", markerfacecolor="white", linestyle="none", label="SecAgg+")
-    left.set_xlabel("per-round dropout rate (%)")
-    left.set_ylabel("round time (virtual s)")
-    right.set_xlabel("per-round dropout rate (%)")
-    right.set_ylabel("speedup (plain / pipelined)")
     _legend(left, fontsize="x-small", loc="best", ncol=3)
-    _legend(right, loc="best")
     return save_figure(fig, out, item.name)
 
 

@@ -231,7 +231,7 @@ def _dordis_frames(quick: bool, decode: bool) -> Iterator[Point]:
         data = d.serialise(words)
         model = np.random.default_rng(n).standard_normal(n).astype(np.float32)
         flat = model.tobytes()
-        masked = {"bytes": float(len(data)), "packed": float(n)}
+        masked = {"bytes": float(math.ceil(n * BITS / 8)), "packed": float(n)}  # dropsim's frame bytes
         floats = {"bytes": float(len(flat)), "packed": 0.0}
         if decode:
             yield Point(masked, partial(_unpack_serialised, data, n))
