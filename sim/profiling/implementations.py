@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from sim.costs.model import DEFAULT_PROFILE, FORMAT, CostModel, read_profile
-from sim.profiling.micro import Benchmark, Point
+from sim.profiling.micro import Benchmark, Point, repeat
 from sim.protocol.secagg.config import SECRET_ELEMENTS, share_threshold
 from sim.protocol.suite import plaintext_bytes
 from sim.results.manifest import host, versions
@@ -70,14 +70,6 @@ def _elements(quick: bool) -> tuple[int, ...]:
 
 def _holders(quick: bool) -> tuple[int, ...]:
     return (4, 8) if quick else (5, 10, 20, 40, 80)
-
-
-def _repeat(fn: Callable[[], object], count: int) -> Callable[[], None]:
-    def run() -> None:
-        for _ in range(count):
-            fn()
-
-    return run
 
 
 FEATURES = {
@@ -120,7 +112,7 @@ def _dordis_keygen(quick: bool) -> Iterator[Point]:
     from sim.costs import dordis_primitives as d
 
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(d.keygen, n))
+        yield Point({"count": n}, repeat(d.keygen, n))
 
 
 def _dordis_agree(quick: bool) -> Iterator[Point]:
@@ -129,7 +121,7 @@ def _dordis_agree(quick: bool) -> Iterator[Point]:
     sk, _ = d.keygen()
     _, pk = d.keygen()
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: d.agree(sk, pk), n))
+        yield Point({"count": n}, repeat(lambda: d.agree(sk, pk), n))
 
 
 def _dordis_public(quick: bool) -> Iterator[Point]:
@@ -137,7 +129,7 @@ def _dordis_public(quick: bool) -> Iterator[Point]:
 
     sk, _ = d.keygen()
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: d.load_private(sk), n))
+        yield Point({"count": n}, repeat(lambda: d.load_private(sk), n))
 
 
 def _dordis_plaintexts(quick: bool) -> Iterator[tuple[int, int]]:
@@ -153,7 +145,7 @@ def _dordis_seal(quick: bool) -> Iterator[Point]:
     key = d.agree(d.keygen()[0], d.keygen()[1])
     for n, shares in _dordis_plaintexts(quick):
         plaintext = os.urandom(d.plaintext_bytes(shares))
-        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, _repeat(partial(d.seal, key, plaintext), n))
+        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, repeat(partial(d.seal, key, plaintext), n))
 
 
 def _dordis_open(quick: bool) -> Iterator[Point]:
@@ -162,7 +154,7 @@ def _dordis_open(quick: bool) -> Iterator[Point]:
     key = d.agree(d.keygen()[0], d.keygen()[1])
     for n, shares in _dordis_plaintexts(quick):
         token = d.seal(key, os.urandom(d.plaintext_bytes(shares)))
-        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, _repeat(partial(d.open_sealed, key, token), n))
+        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, repeat(partial(d.open_sealed, key, token), n))
 
 
 def _dordis_share(quick: bool) -> Iterator[Point]:
@@ -363,7 +355,7 @@ def _flower_keypair(f: Any) -> tuple[bytes, bytes]:
 def _flower_keygen(quick: bool) -> Iterator[Point]:
     f = _flwr()
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(partial(_flower_keypair, f), n))
+        yield Point({"count": n}, repeat(partial(_flower_keypair, f), n))
 
 
 def _flower_agree_once(f: Any, sk: bytes, pk: bytes) -> bytes:
@@ -376,14 +368,14 @@ def _flower_agree(quick: bool) -> Iterator[Point]:
     sk, _ = _flower_keypair(f)
     _, pk = _flower_keypair(f)
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(partial(_flower_agree_once, f, sk, pk), n))
+        yield Point({"count": n}, repeat(partial(_flower_agree_once, f, sk, pk), n))
 
 
 def _flower_public(quick: bool) -> Iterator[Point]:
     f = _flwr()
     sk, _ = _flower_keypair(f)
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(partial(f.asym.bytes_to_private_key, sk), n))
+        yield Point({"count": n}, repeat(partial(f.asym.bytes_to_private_key, sk), n))
 
 
 def _flower_plaintext(f: Any) -> bytes:
@@ -400,7 +392,7 @@ def _flower_sealing(quick: bool, open_: bool) -> Iterator[Point]:
     token = f.sym.encrypt(key, plaintext)
     for n in _counts(quick):
         run = partial(f.sym.decrypt, key, token) if open_ else partial(f.sym.encrypt, key, plaintext)
-        yield Point({"count": n, "bytes": n * plaintext_bytes(2)}, _repeat(run, n))
+        yield Point({"count": n, "bytes": n * plaintext_bytes(2)}, repeat(run, n))
 
 
 def _flower_share(quick: bool) -> Iterator[Point]:

@@ -67,7 +67,9 @@ def _elements(quick: bool) -> tuple[int, ...]:
     return (1_000, 5_000, 20_000) if quick else (10_000, 100_000, 400_000, 1_000_000)
 
 
-def _repeat(fn: Callable[[], object], count: int) -> Callable[[], None]:
+def repeat(fn: Callable[[], object], count: int) -> Callable[[], None]:
+    """A call that performs ``fn`` ``count`` times (one timed point of a per-call operation)."""
+
     def run() -> None:
         for _ in range(count):
             fn()
@@ -78,33 +80,33 @@ def _repeat(fn: Callable[[], object], count: int) -> Callable[[], None]:
 def _keygen(quick: bool) -> Iterator[Point]:
     rng = _rng()
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: agreement.generate(rng), n))
+        yield Point({"count": n}, repeat(lambda: agreement.generate(rng), n))
 
 
 def _agree(quick: bool) -> Iterator[Point]:
     sk, _ = agreement.generate(_rng())
     _, pk = agreement.generate(_rng())
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: agreement.agree(sk, pk, b"profile"), n))
+        yield Point({"count": n}, repeat(lambda: agreement.agree(sk, pk, b"profile"), n))
 
 
 def _public(quick: bool) -> Iterator[Point]:
     sk, _ = agreement.generate(_rng())
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: agreement.public_of(sk), n))
+        yield Point({"count": n}, repeat(lambda: agreement.public_of(sk), n))
 
 
 def _sign(quick: bool) -> Iterator[Point]:
     seed, _ = signatures.generate(_rng())
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: signatures.sign(seed, bytes(100)), n))
+        yield Point({"count": n}, repeat(lambda: signatures.sign(seed, bytes(100)), n))
 
 
 def _verify(quick: bool) -> Iterator[Point]:
     seed, public = signatures.generate(_rng())
     signature = signatures.sign(seed, bytes(100))
     for n in _counts(quick):
-        yield Point({"count": n}, _repeat(lambda: signatures.verify(public, bytes(100), signature), n))
+        yield Point({"count": n}, repeat(lambda: signatures.verify(public, bytes(100), signature), n))
 
 
 def _plaintexts(quick: bool) -> Iterator[tuple[int, int]]:
@@ -129,7 +131,7 @@ def _open(quick: bool) -> Iterator[Point]:
     key = bytes(32)
     for n, size in _plaintexts(quick):
         ct = aead.encrypt(key, bytes(size), b"ad", _rng())
-        yield Point({"count": n, "bytes": n * size}, _repeat(partial(aead.decrypt, key, ct, b"ad"), n))
+        yield Point({"count": n, "bytes": n * size}, repeat(partial(aead.decrypt, key, ct, b"ad"), n))
 
 
 def _share(quick: bool) -> Iterator[Point]:
