@@ -5,10 +5,10 @@ Four sections, each printed as a table and written as CSV under ``--out`` (``ove
 
 1. **overhead** (:mod:`overhead`): full-fidelity rounds (real training, SecAgg and SecAgg+, XNoise) against
    the same primitive calls replayed alone; ``overhead`` = wall / primitives - 1, target at most 15 %.
-2. **peer** (:mod:`flower_peer`): Flower's SecAgg+ (``flwr``, the ``peer`` extra; Ray inside a loopback-only
-   network namespace) and ours at the same n, d and dropout, in this run. ``ours_round_s`` is one round
-   of our SecAgg+ through the in-memory driver (every client in turn in this one process, every frame
-   encoded and decoded; :mod:`secagg`), ``flower_round_s`` Flower's workflow round with its clients on
+2. **peer** (:mod:`sim.profiling.flower_rounds`): Flower's SecAgg+ (``flwr``, the ``peer`` extra; Ray inside a
+   loopback-only network namespace) and ours at the same n, d and dropout, in this run. ``ours_round_s`` is
+   one round of our SecAgg+ through the in-memory driver (every client in turn in this one process, every
+   frame encoded and decoded; :mod:`secagg`), ``flower_round_s`` Flower's workflow round with its clients on
    Ray actors, ``ratio`` ours over theirs; the compute inside the clients and the server side by side.
    Skipped, with a note, when ``flwr`` is not installed or its round cannot run (it needs ``unshare`` and
    ``ip`` and unprivileged network namespaces).
@@ -63,9 +63,8 @@ def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
     if importlib.util.find_spec("flwr") is None:
         print("peer: skipped, flwr is not installed (pip install -e '.[peer]')", file=sys.stderr)
         return None
-    from flower_peer import flower_round
-
     from sim.costs.model import CostModel
+    from sim.profiling.flower_rounds import flower_round
 
     costs = CostModel.load()
     secagg.one_round("secagg+", 8, 10_000, 0.0, costs)  # warm-up

@@ -54,6 +54,8 @@ rate r moves a message's bytes at r times this (measured: 100 kB to 2.5 MB at 21
 
 KERNEL = "kernel"
 """``testbed.emulation`` of the kernel testbed."""
+ENGINE = "engine"
+"""``testbed.emulation`` of the cost profile's own simulation engine (simulated only: :mod:`sim.engine.actors`)."""
 
 
 KERNEL_PROFILE = Path(__file__).resolve().parent / "costs" / "kernel.json"
@@ -65,6 +67,11 @@ provenance is inside). A kernel testbed's scenario without ``costs.profile`` is 
 def is_kernel(scenario: Scenario) -> bool:
     """Whether ``scenario`` runs on (or models) the kernel testbed."""
     return scenario.testbed is not None and scenario.testbed.emulation == KERNEL
+
+
+def is_engine(scenario: Scenario) -> bool:
+    """Whether ``scenario`` models the cost profile's own simulation engine (``testbed.emulation: engine``)."""
+    return scenario.testbed is not None and scenario.testbed.emulation == ENGINE
 
 
 def cost_profile(scenario: Scenario) -> str | Path | None:

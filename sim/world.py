@@ -14,12 +14,12 @@ from dataclasses import dataclass
 from sim.clients.availability import Availability
 from sim.clients.dropout import DropoutModel
 from sim.clients.population import Population
-from sim.costs.model import CostModel, LinearCost
+from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, LinearCost
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import model_train_op, update_dimension
 from sim.learning.trainer import Learner
 from sim.scenario.types import Scenario
-from sim.testbed import cost_profile, is_kernel, run_dilation
+from sim.testbed import cost_profile, is_engine, is_kernel, run_dilation
 
 TRANSPORT_OPS = ("deploy.send", "deploy.receive")
 """Cost-model operations of the testbed's sockets per message (:mod:`sim.profiling.transport`): the sender's
@@ -88,9 +88,14 @@ def build(scenario: Scenario) -> World:
             costs.interference_s,
             costs.implementation,
             costs.wire,
+            costs.engine,
         )
     costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
     if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
         costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))
+    if is_engine(sc) and costs.engine is not None:  # the parties' work inside the engine's processes
+        costs = costs.scaled(costs.engine.client_scale, role=CLIENT_ROLE).scaled(
+            costs.engine.server_scale, role=SERVER_ROLE
+        )
     f = run_dilation(sc, population.slowdown) if is_kernel(sc) else 1.0
     return World(sc, population, availability, dropout, costs, data, learner, dim, op, f)

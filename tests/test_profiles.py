@@ -280,7 +280,9 @@ def test_the_flower_profile_times_flowers_own_functions(tmp_path):
     wire = doc["wire"]
     assert (wire["public_key"], wire["ciphertext"], wire["seed_share"], wire["key_share"]) == (215, 612, 52, 324)
     assert (wire["vector"], wire["word"], wire["packed"]) == (128, 8, False)
-    CostModel.load(tmp_path / "flower.json")
+    engine = CostModel.load(tmp_path / "flower.json").engine  # probed in one real round (quick)
+    assert engine is not None and engine.message_const_s > 0 and engine.client_scale > 0
+    assert [(r["clients"], r["dim"]) for r in doc["engine"]["rounds"]] == [(15, 30_000)]
 
 
 def test_profile_impl_without_its_extra_says_what_to_install(tmp_path, monkeypatch, capsys):

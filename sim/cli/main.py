@@ -351,6 +351,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         except CostModelError as exc:
             print(f"dropsim: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
+        except RuntimeError as exc:  # a probed round of the implementation's own engine failed
+            print(f"dropsim: --impl {args.impl}: {exc}", file=sys.stderr)
+            return 1
     elif args.only:
         from sim.costs.model import CostModelError
         from sim.profiling.profiler import update_profile
@@ -365,6 +368,14 @@ def cmd_profile(args: argparse.Namespace) -> int:
     shown = args.only or [op for op, e in doc["operations"].items() if e.get("as", args.impl) == args.impl]
     rows = [{"operation": op, **doc["operations"][op]["coef"], "r2": doc["operations"][op]["r2"]} for op in shown]
     print_table(rows)
+    engine = doc.get("engine")
+    if engine is not None:
+        coef = engine["message"]["coef"]
+        print(
+            f"engine {engine['name']}: {coef['const'] * 1e3:.3g} ms + {coef['bytes'] * 1e9:.3g} ns/byte a message "
+            f"(r2 {engine['message']['r2']:.2f}); sweep every {engine['delivery_interval_s']:g} s, poll every "
+            f"{engine['pull_interval_s']:g} s"
+        )
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
     if args.quick:
         print(

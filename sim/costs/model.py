@@ -19,7 +19,8 @@ an error that names the operation and the profile, never a silent zero.
 
 A profile says which implementation it describes and how it was measured (``"implementation": {"name",
 "description", "measured_by"}``; a profile without it describes dropsim's own code), and may declare
-how that implementation sizes the protocol's messages on the wire (``"wire"``: :mod:`sim.costs.wire`).
+how that implementation sizes the protocol's messages on the wire (``"wire"``: :mod:`sim.costs.wire`) and
+what its own single-host simulation engine costs (``"engine"``: :mod:`sim.costs.engine`).
 
 An optional top-level ``"pipeline": {"interference_s": b, "r2": ..., "points": [...], "baseline": {...},
 "method": ...}`` (measured by :mod:`sim.profiling.interference`) gives :attr:`CostModel.interference_s`, the
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.costs.engine import EngineCosts, EngineCostsError
 from sim.costs.wire import WireSizes
 from sim.errors import InputError
 from sim.protocol.machine import SERVER, Work
@@ -117,17 +119,20 @@ class CostModel:
         interference_s: float = 0.0,
         implementation: Mapping[str, Any] | None = None,
         wire: WireSizes | None = None,
+        engine: EngineCosts | None = None,
     ) -> None:
         self.operations = dict(operations)
         self.machine = dict(machine)
         self.source = source
         self.interference_s = interference_s
+        """Pipeline interference (Dordis eq. 3's beta_2): reference-device seconds added to each chunk task's
+        client compute per chunk in the pipeline; 0.0 when the profile has no ``pipeline`` entry."""
         self.implementation = dict(implementation or OWN_IMPLEMENTATION)
         """Which implementation the profile describes (``name``, ``description``, ``measured_by``)."""
         self.wire = wire
         """How that implementation sizes messages on the wire; None: as dropsim's frames."""
-        """Pipeline interference (Dordis eq. 3's beta_2): reference-device seconds added to each chunk task's
-        client compute per chunk in the pipeline; 0.0 when the profile has no ``pipeline`` entry."""
+        self.engine = engine
+        """The implementation's own simulation engine (``testbed: {emulation: engine}``), or None."""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> CostModel:
@@ -159,6 +164,10 @@ class CostModel:
                 f"cost profile {source}: 'implementation' must be a mapping of strings (name, description, measured_by)"
             )
         wire = WireSizes.from_dict(doc["wire"], source) if doc.get("wire") is not None else None
+        try:
+            engine = EngineCosts.from_dict(doc["engine"], source) if doc.get("engine") is not None else None
+        except EngineCostsError as exc:
+            raise CostModelError(str(exc)) from None
         return cls(
             operations,
             doc.get("machine", {}),
@@ -166,19 +175,33 @@ class CostModel:
             _interference(doc.get("pipeline"), source),
             implementation,
             wire,
+            engine,
         )
 
     def has(self, op: str) -> bool:
         return op in self.operations
 
-    def scaled(self, factor: float, keep: tuple[str, ...] = ()) -> CostModel:
+    def scaled(self, factor: float, keep: tuple[str, ...] = (), role: str | None = None) -> CostModel:
         """This profile with every operation's cost, and the pipeline interference, times ``factor``, except
-        the operations named in ``keep`` (at every role: ``op@server`` and ``op@client`` too)."""
+        the operations named in ``keep`` (at every role: ``op@server`` and ``op@client`` too). With ``role``,
+        only what a party of that role pays: its ``op@role`` entries, made from ``op`` where it has none."""
+        if role is not None:
+            scaled_ops = dict(self.operations)
+            for op, cost in self.operations.items():
+                base, _, at = op.partition("@")
+                if base in keep or (at and at != role) or (not at and f"{op}@{role}" in self.operations):
+                    continue
+                scaled_ops[f"{base}@{role}"] = LinearCost({k: c * factor for k, c in cost.coef.items()})
+            return CostModel(
+                scaled_ops, self.machine, self.source, self.interference_s, self.implementation, self.wire, self.engine
+            )
         ops = {
             op: cost if op.split("@", 1)[0] in keep else LinearCost({k: c * factor for k, c in cost.coef.items()})
             for op, cost in self.operations.items()
         }
-        return CostModel(ops, self.machine, self.source, self.interference_s * factor, self.implementation, self.wire)
+        return CostModel(
+            ops, self.machine, self.source, self.interference_s * factor, self.implementation, self.wire, self.engine
+        )
 
     def seconds(self, op: str, size: Mapping[str, float], role: str | None = None) -> float:
         """Reference-device seconds of ``op`` at ``size``; for a party of ``role`` (``server`` or

@@ -94,6 +94,11 @@ def check_deployable(scenario: Scenario) -> None:
         problems.append("model.params names no real model: the deployment trains one (model.name)")
     if scenario.trace is not None:
         problems.append("trace replay runs in virtual time only: remove the trace section to deploy")
+    if scenario.testbed is not None and scenario.testbed.emulation == "engine":
+        problems.append(
+            "testbed.emulation engine is the cost profile's own simulation engine, which only the simulator "
+            "models (Flower's own rounds: benchmarks/flower_peer.py); deploy with process or kernel"
+        )
     if problems:
         raise DeployError(f"{scenario.name}: cannot deploy: " + "; ".join(problems))
 

@@ -9,7 +9,10 @@ size is computed), and every operation a machine reports, plus encoding and deco
 (``wire.encode``, ``wire.decode``), is charged from the cost model: to the client's CPU times its
 slow-down, or to the server's divided by its speed. Each party computes one thing at a time. On a
 testbed (``RoundSetup.host``) every compute charge is instead a job on the host's shared cores, followed
-for a client by the sleep that emulates its slow-down (:mod:`sim.engine.host`).
+for a client by the sleep that emulates its slow-down (:mod:`sim.engine.host`). On a simulation engine's
+testbed (``RoundSetup.engine``: ``testbed: {emulation: engine}``) messages cross no link: they wait for the
+engine's sweep or the server's poll, and each client handles every message it receives on one of the
+engine's workers, with the engine's own cost per message (:mod:`sim.engine.actors`).
 
 Collection steps end when every client the server machine still expects has answered or has left, or
 when the step's timeout passes; clients that have not answered by then are late (``timeout:<step>``) and
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import numpy as np
@@ -38,6 +41,7 @@ import simpy
 
 from sim.clients.population import MBPS, Population
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, frame_size, role
+from sim.engine.actors import ActorEngine
 from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Flow, Link, Network
 from sim.engine.pipelined import Pipeline
@@ -66,6 +70,10 @@ from sim.round.gates import STAGED
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
 from sim.world import TRANSPORT_OPS
+
+UPDATE_WORK = ("encode.", "noise.")
+"""Operations on a client's update (its encoding, its noise): with the model when the model travels with
+the upload request (:meth:`Round._model_with_upload`)."""
 
 
 @dataclass
@@ -106,6 +114,8 @@ class RoundSetup:
     payload_fraction: float = 1.0
     """Bytes of a message per byte a link carries: 1, or on a kernel testbed the share of a shaped frame
     that is TCP payload (:data:`sim.testbed.PAYLOAD_FRACTION`)."""
+    engine: ActorEngine | None = None
+    """The cost profile's simulation engine (``testbed: {emulation: engine}``), or None."""
 
 
 @dataclass(frozen=True)
@@ -154,6 +164,8 @@ class Round:
         """Frames of messages already encoded this round, by message identity (a broadcast is serialised
         once); the message is kept alive with its frame so that its id cannot be reused."""
         self._model: ModelDownload | None = None
+        self.held: dict[int, simpy.resources.resource.Request] = {}
+        """Client -> the engine's worker it holds while it handles a message (``RoundSetup.engine``)."""
         pop = setup.population
         self.links: dict[int, tuple[Link, Link]] = {}
         self.record = RoundRecord(round=self.number, t_start=self.env.now, sampled=len(self.sampled), chunks=self.m)
@@ -206,6 +218,8 @@ class Round:
             rec.clients = [self.clients[c] for c in self.sampled]
             return rec
         yield from self.server_compute([Work("wire.encode", frame_size(self._model_message()))])
+        if self.s.engine is not None:
+            self.s.engine.sent()
         for c in self.sampled:
             self.client_procs[c] = proc = env.process(self._client(c))
             self.procs.append(proc)
@@ -369,6 +383,8 @@ class Round:
         encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
         yield from self.server_compute([*reaction.work, *self._first_encodings(reaction, encode)], priority)
         chunk = self.servers.index(machine) if machine is not None and machine in self.servers else 0
+        if reaction.sends and self.s.engine is not None:
+            self.s.engine.sent()
         for send in reaction.sends:
             self.spawn_delivery(SERVER, send.to, send.message, chunk)
 
@@ -393,15 +409,37 @@ class Round:
     # -- clients ----------------------------------------------------------------------------------
     def _download_and_train(self, c: int) -> Generator[simpy.Event, Any, tuple[wire.Vector, float] | None]:
         """Client ``c`` fetches the model and trains; returns its update and weight, or None if it left
-        before the download (a dropout after sampling)."""
+        before the download (a dropout after sampling). On an engine whose implementation sends the model
+        with the upload request (:meth:`_model_with_upload`), this first message is the request to set up,
+        and the model's decoding and the training are charged with that request (:meth:`_late_model`)."""
         env, rec, s = self.env, self.clients[c], self.s
         if self.departure(c).before_download:
             self.leave(c, AFTER_SAMPLING)
             return None
         rec.download_start = env.now
-        yield from self.transfer(SERVER, c, self._model_message())
-        yield from self.client_compute(c, [Work("wire.decode", frame_size(self._model_message()))])
+        model = self._model_message()
+        late = self._model_with_upload()
+        yield from self.transfer(SERVER, c, model)
+        yield from self._take_worker(c)
+        if late:
+            assert self.s.engine is not None
+            yield from self.client_compute(c, [], extra=self.s.engine.received_seconds(0))
+        else:
+            yield from self.client_compute(c, [Work("wire.decode", frame_size(model))], extra=self._engine_in(model))
         rec.download_end = rec.train_start = env.now
+        update: wire.Vector
+        if s.learner is not None:
+            update, weight = s.learner.local_update(c, self.number)
+        else:
+            update, weight = Blank(s.dim, np.dtype("<f4")), float(rec.samples)
+        if not late:
+            yield from self._train(c)
+        return update, weight
+
+    def _train(self, c: int) -> Generator[simpy.Event, Any, None]:
+        """Charge client ``c``'s local training (its cost-model time times its slow-down)."""
+        env, rec, s = self.env, self.clients[c], self.s
+        rec.train_start = env.now
         samples = rec.samples
         train_cost = s.costs.seconds(
             s.train_op,
@@ -413,20 +451,28 @@ class Round:
         )
         train_seconds = rec.slowdown * train_cost
         rec.cpu_s += train_cost
-        update: wire.Vector
-        if s.learner is not None:
-            update, weight = s.learner.local_update(c, self.number)
-        else:
-            update, weight = Blank(s.dim, np.dtype("<f4")), float(samples)
         if s.host is None:
             yield env.timeout(train_seconds)
         else:
             yield from s.host.compute(train_cost + s.call_s, rec.slowdown, c)
         rec.train_end = env.now
-        return update, weight
+
+    def _model_with_upload(self) -> bool:
+        """Whether the model travels with the upload request, and clients train and encode then: on a
+        simulation engine whose implementation does so (Flower's workflow: ``model_with_upload``)."""
+        engine = self.s.engine
+        return engine is not None and engine.costs.model_with_upload and self.pipeline is None
+
+    def _take_model(self, c: int) -> Generator[simpy.Event, Any, None]:
+        """With the upload request (:meth:`_model_with_upload`), client ``c`` takes the model: the engine's
+        cost of its bytes and its decoding."""
+        engine, model = self.s.engine, self._model_message()
+        assert engine is not None
+        extra = engine.costs.payload_seconds(self.wire_bytes(model))
+        yield from self.client_compute(c, [Work("wire.decode", frame_size(model))], extra=extra)
 
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
-        env, rec = self.env, self.clients[c]
+        rec = self.clients[c]
         departure = self.departure(c)
         try:
             trained = yield from self._download_and_train(c)
@@ -440,23 +486,62 @@ class Round:
             if departure.before(machine.first_step):
                 self.leave(c, departure.stage)
                 return
-            yield from self._client_react(c, machine.start(update, weight))
+            reaction = machine.start(update, weight)
+            update_work: list[Work] = []
+            if self._model_with_upload():  # the update's work waits for the model, with the upload request
+                update_work = [w for w in reaction.work if w.op.startswith(UPDATE_WORK)]
+                reaction = replace(reaction, work=tuple(w for w in reaction.work if w not in update_work))
+            upload_step = self.s.aggregation.dropout_stages().get("before_upload")
+            yield from self._client_react(c, reaction)
+            self._free_worker(c)
             inbox = self.client_inbox[(c, 0)]
             while True:
                 message = yield inbox.get()
-                yield from self.client_compute(c, [Work("wire.decode", frame_size(message))])
+                yield from self._take_worker(c)
+                extra = self._engine_in(message)
+                yield from self.client_compute(c, [Work("wire.decode", frame_size(message))], extra=extra)
+                late = self._model_with_upload() and machine.stage_of(message) == upload_step
+                if late:  # the model comes with this request (a client leaving in fit has taken it)
+                    yield from self._take_model(c)
                 if departure.before(machine.stage_of(message)):
                     self.leave(c, departure.stage)
                     return
+                if late:
+                    yield from self._train(c)
+                    yield from self.client_compute(c, update_work)
                 try:
                     reaction = machine.receive(message)
                 except RemoteProtocolError as exc:
                     rec.dropped_stage = f"aborted: {exc.reason}"
-                    self.inboxes[0].put((GONE, c, None, env.now))
+                    self._notify_gone(c)
                     return
                 yield from self._client_react(c, reaction)
+                self._free_worker(c)
         except simpy.Interrupt:
             return
+        finally:
+            self._free_worker(c)
+
+    def _take_worker(self, c: int) -> Generator[simpy.Event, Any, None]:
+        """On a simulation engine, client ``c`` waits for a worker to handle its message (first come,
+        first served) and holds it until :meth:`_free_worker`."""
+        engine = self.s.engine
+        if engine is None:
+            return
+        request = self.held[c] = engine.workers.request()
+        yield request
+
+    def _free_worker(self, c: int) -> None:
+        """Client ``c`` gives back the engine's worker it holds or waits for (if any)."""
+        request = self.held.pop(c, None)
+        if request is not None and self.s.engine is not None:
+            request.cancel()
+            self.s.engine.workers.release(request)
+
+    def _engine_in(self, message: Message) -> float:
+        """The simulation engine's reference seconds for handing ``message`` to a worker (0 without one)."""
+        engine = self.s.engine
+        return 0.0 if engine is None else engine.received_seconds(self.wire_bytes(message))
 
     def departure(self, c: int) -> Departure:
         """Where client ``c``'s planned dropout leaves the round (it may stay)."""
@@ -509,7 +594,10 @@ class Round:
 
     def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
         encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
-        yield from self.client_compute(c, [*reaction.work, *encode])
+        engine, extra = self.s.engine, 0.0
+        if engine is not None:  # the replies go back through the engine with the message they answer
+            extra = engine.replies_seconds([self.wire_bytes(send.message) for send in reaction.sends])
+        yield from self.client_compute(c, [*reaction.work, *encode], extra=extra)
         for send in reaction.sends:
             self.spawn_delivery(c, send.to, send.message)
 
@@ -585,7 +673,20 @@ class Round:
             self.pipeline.leave(c)
 
     def _notify_gone(self, c: int) -> None:
-        """Tell the server that client ``c``'s connection closed (every instance of the round)."""
+        """Tell the server that client ``c``'s connection closed (every instance of the round); on a
+        simulation engine, its error reply reaches the server at the server's next poll."""
+        engine = self.s.engine
+        if engine is not None and engine.next_poll(self.env.now) > self.env.now:
+            self.procs.append(self.env.process(self._gone_at_poll(c, engine)))
+            return
+        for inbox in self.inboxes:
+            inbox.put((GONE, c, None, self.env.now))
+
+    def _gone_at_poll(self, c: int, engine: ActorEngine) -> Generator[simpy.Event, Any, None]:
+        try:
+            yield self.env.timeout(engine.next_poll(self.env.now) - self.env.now)
+        except simpy.Interrupt:
+            return
         for inbox in self.inboxes:
             inbox.put((GONE, c, None, self.env.now))
 
@@ -597,16 +698,8 @@ class Round:
         when its last bit has left (before the server's ``latency_ms``)."""
         data = b""
         if self.full:
-            cached = self.encoded.get(id(message))
-            if cached is None or cached[0] is not message:
-                cached = self.encoded[id(message)] = (message, message.encode())
-            data = cached[1]
-            nbytes = len(data)
-        else:
-            nbytes = message.wire_size()
-        encoding = self.s.costs.wire
-        if encoding is not None:  # the profile's implementation sends it in its own encoding
-            nbytes = encoding.size(message)
+            data = self._frame(message)
+        nbytes = self.wire_bytes(message)
         client = to if sender == SERVER else sender
         if sender == SERVER:
             path = (self.s.server_down, self.links[to][1])
@@ -616,6 +709,13 @@ class Round:
             path = (self.links[sender][0], self.s.server_up)
             self.record.server_bytes_in += nbytes
             self.clients[sender].bytes_up += nbytes
+        engine = self.s.engine
+        if engine is not None:  # one host, no links: the engine's sweep, or the server's next poll
+            now = self.env.now
+            yield self.env.timeout(engine.delivery_wait_s if sender == SERVER else engine.next_poll(now) - now)
+            if sent is not None:
+                sent()
+            return wire.decode(data) if self.full else message
         flow = self.s.network.transfer(nbytes, path)
         self.flows[id(flow)] = flow
         meters = (self.link_meters[client], self.server_link)
@@ -646,6 +746,21 @@ class Round:
         if self.s.latency_s > 0:
             yield self.env.timeout(self.s.latency_s)  # sent, the link free, the message not there yet
         return wire.decode(data) if self.full else message
+
+    def _frame(self, message: Message) -> bytes:
+        """``message`` encoded (once per message and round: a broadcast is serialised once)."""
+        cached = self.encoded.get(id(message))
+        if cached is None or cached[0] is not message:
+            cached = self.encoded[id(message)] = (message, message.encode())
+        return cached[1]
+
+    def wire_bytes(self, message: Message) -> int:
+        """Bytes ``message`` takes on the wire: its frame, or its size in the encoding of the cost profile's
+        implementation (:mod:`sim.costs.wire`)."""
+        encoding = self.s.costs.wire
+        if encoding is not None:
+            return encoding.size(message)
+        return len(self._frame(message)) if self.full else message.wire_size()
 
     def deliver(
         self, sender: int, to: int, message: Message, chunk: int = 0, sent: Callable[[], None] | None = None

@@ -2,8 +2,9 @@
 
 The server's clock runs continuously across rounds: round r+1 starts the moment round r ends. With a
 ``testbed`` section every party's compute shares the host's cores (:mod:`sim.engine.host`), one pool for
-the whole run. ``full`` and ``timing`` fidelity (which skips training and all payload arithmetic) give
-identical virtual times.
+the whole run; under ``testbed: {emulation: engine}`` the cost profile's simulation engine's workers and
+polling too (:mod:`sim.engine.actors`). ``full`` and ``timing`` fidelity (which skips training and all
+payload arithmetic) give identical virtual times.
 """
 
 from __future__ import annotations
@@ -13,14 +14,15 @@ from collections.abc import Callable
 import simpy
 
 from sim.clients.population import MBPS
-from sim.costs.model import CLIENT_ROLE, SERVER_ROLE
+from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModelError
+from sim.engine.actors import ActorEngine
 from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Link, Network
 from sim.engine.round import PipelineParams, Round, RoundSetup
 from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
 from sim.round.stages import DUPLEX
-from sim.testbed import PAYLOAD_FRACTION, is_kernel
+from sim.testbed import ENGINE, PAYLOAD_FRACTION, is_kernel
 from sim.world import CALL_OP, TRANSPORT_OPS, World
 
 
@@ -63,7 +65,15 @@ class Simulator:
             host=self._host(world),
             payload_fraction=payload,
         )
-        if sc.testbed is not None:  # the testbed's own costs: fail now, not mid-run, if the profile lacks them
+        if sc.testbed is not None and sc.testbed.emulation == ENGINE:
+            engine = world.costs.engine
+            if engine is None:
+                raise CostModelError(
+                    f"{sc.origin('testbed', 'emulation')}: testbed.emulation is engine, but cost profile "
+                    f"{world.costs.source} declares no simulation engine ('engine'; the flower profile has one)"
+                )
+            self.setup.engine = ActorEngine(self.env, engine, sc.testbed.cores)
+        elif sc.testbed is not None:  # the testbed's own costs: fail now, not mid-run, if the profile lacks them
             for op in TRANSPORT_OPS:
                 world.costs.seconds(op, {"bytes": 1.0})
             self.setup.call_s = world.costs.seconds(CALL_OP, {}, CLIENT_ROLE)

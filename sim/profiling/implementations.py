@@ -58,6 +58,9 @@ class Implementation:
     wire: Callable[[], dict[str, Any]]
     """Its ``wire`` section, measured from its own primitives where they give the size."""
     versions: Callable[[], dict[str, str]]
+    engine: Callable[[dict[str, Any], bool, Callable[[str], None]], dict[str, Any]] | None = None
+    """Measures its own simulation engine's costs (the profile without them, ``quick``, ``progress``): the
+    profile's ``engine`` section (:mod:`sim.costs.engine`), or None: it has none."""
 
 
 def _counts(quick: bool) -> tuple[int, ...]:
@@ -427,16 +430,15 @@ def _flower_prg(quick: bool) -> Iterator[Point]:
         yield Point({"elements": n}, partial(f.utils.pseudo_rand_gen, seed, 1 << BITS, [(n,)]))
 
 
-def _flower_add_mod(f: Any, a: list[np.ndarray], b: list[np.ndarray]) -> object:
-    return f.arith.parameters_mod(f.arith.parameters_addition(a, b), 1 << BITS)
-
-
 def _flower_add(quick: bool) -> Iterator[Point]:
+    """One mask added (``parameters_addition``, int64): the client adds its masks one by one and reduces
+    modulo the range once at the end (``secaggplus_mod``), the server sums the masked vectors and reduces
+    once (``SecAggPlusWorkflow``), so an addition is what each add costs."""
     f = _flwr()
     rng = np.random.default_rng(0)
     for n in _elements(quick):
         a, b = ([rng.integers(0, 1 << BITS, n, dtype=np.int64)] for _ in range(2))
-        yield Point({"elements": n}, partial(_flower_add_mod, f, a, b))
+        yield Point({"elements": n}, partial(f.arith.parameters_addition, a, b))
 
 
 def _flower_encode(quick: bool) -> Iterator[Point]:
@@ -504,6 +506,13 @@ def _flower_wire() -> dict[str, Any]:
     }
 
 
+def _flower_engine(base: dict[str, Any], quick: bool, progress: Callable[[str], None]) -> dict[str, Any]:
+    """Flower's simulation engine probed in real rounds (Ray in a loopback-only namespace)."""
+    from sim.profiling.flower_rounds import measure_engine
+
+    return measure_engine(base, quick, progress)
+
+
 def _flower_versions() -> dict[str, str]:
     import Crypto
     import cryptography
@@ -543,6 +552,7 @@ FLOWER = Implementation(
     },
     wire=_flower_wire,
     versions=_flower_versions,
+    engine=_flower_engine,
 )
 
 IMPLEMENTATIONS = {impl.name: impl for impl in (DORDIS, FLOWER)}
@@ -601,6 +611,8 @@ def profile_implementation(
     }
     if "pipeline" in base_doc:
         doc["pipeline"] = {**base_doc["pipeline"], "as": "dropsim"}
+    if impl.engine is not None:
+        doc["engine"] = impl.engine(doc, quick, say)
     CostModel.from_dict(doc, str(out))
     write_json(out, doc)
     return doc

@@ -97,6 +97,12 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     c = r.section("costs")
     cost_profile = c.string("profile", None)
     c.finish()
+    if testbed is not None and testbed.emulation == "engine" and pipeline is not None:
+        r.fail(
+            ("testbed", "emulation"),
+            "is engine: a simulation engine's workers run one client message at a time, whole, so a round on it "
+            "is not pipelined; drop the pipeline section or choose another emulation",
+        )
     can_drop = MODES[dropout.mode].can_drop(dropout)
     if dropout.silent and trace is not None:
         # A client whose session ends leaves silently at whatever step the round is in.

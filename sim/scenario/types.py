@@ -232,9 +232,11 @@ class Pipeline:
     comm, the Hyades recurrence); ``duplex``: its uplink and downlink are two resources."""
 
 
-EMULATIONS = ("process", "kernel")
-"""``testbed.emulation``: ``process`` (sleeps and token buckets inside each party's process, the default)
-or ``kernel`` (cgroup CPU quotas and tc-shaped loopback links: :mod:`sim.testbed`)."""
+EMULATIONS = ("process", "kernel", "engine")
+"""``testbed.emulation``: ``process`` (sleeps and token buckets inside each party's process, the default),
+``kernel`` (cgroup CPU quotas and tc-shaped loopback links: :mod:`sim.testbed`) or ``engine`` (the cost
+profile's implementation's own simulation engine, e.g. Flower's on Ray: :mod:`sim.engine.actors`;
+simulated only)."""
 
 
 @dataclass(frozen=True)
@@ -254,11 +256,13 @@ class Testbed:
     """How ``dropsim deploy`` emulates the devices and how the simulator models it: ``process`` (each party
     sleeps out its slow-down and shapes its own sockets with token buckets, on the host's shared cores) or
     ``kernel`` (each party in a CPU cgroup of f / s cores and its links shaped by tc in a private network
-    namespace: :mod:`sim.testbed`, docs/deploy.md)."""
+    namespace: :mod:`sim.testbed`, docs/deploy.md); or ``engine``, which only the simulator models: the
+    clients' messages run on the worker pool of the cost profile's own simulation engine
+    (:mod:`sim.engine.actors`)."""
 
     def __post_init__(self) -> None:
         if self.emulation not in EMULATIONS:
-            raise ValueError(f"testbed emulation is {self.emulation!r}; process or kernel is expected")
+            raise ValueError(f"testbed emulation is {self.emulation!r}; one of {', '.join(EMULATIONS)} is expected")
         if isinstance(self.cores, bool) or not isinstance(self.cores, int) or self.cores < 1:
             raise ValueError(f"testbed cores is {self.cores!r}; a whole number >= 1 is expected")
         if not (math.isfinite(self.cpu_scale) and self.cpu_scale > 0):

@@ -1,0 +1,61 @@
+"""A simulation engine's actor pool in virtual time (``testbed: {emulation: engine}``).
+
+Flower's ``run_simulation`` plays every client of a round on one host through a pool of Ray actors
+(docs/profiles.md, "Flower's simulation engine"); the cost profile declares what that engine costs
+(:class:`sim.costs.engine.EngineCosts`). The round (:mod:`sim.engine.round`) charges it here:
+
+- a message the server sends waits for the engine's next sweep, :attr:`ActorEngine.delivery_wait_s` (half
+  the sweep interval: the sweep's phase is not the server's), and needs no link: every party is on the host;
+- a client handles each message it receives, whole, on one of :attr:`ActorEngine.workers` workers (first
+  come, first served): decoding it, its protocol work and encoding its replies, plus the engine's own
+  cost of the message and of its replies (:class:`~sim.costs.engine.EngineCosts`), as jobs on the
+  host's shared cores (:class:`sim.engine.host.SharedCores`, which the server's work shares too);
+- a reply reaches the server machine at the server's first poll after it was stored: the server polls
+  every ``pull_interval_s`` from the moment it sent the step's messages (:meth:`ActorEngine.next_poll`).
+"""
+
+from __future__ import annotations
+
+import math
+
+import simpy
+
+from sim.costs.engine import EngineCosts
+
+
+class ActorEngine:
+    """The worker pool and the polling clock of one run (one per simulator: the actors outlive rounds)."""
+
+    def __init__(self, env: simpy.Environment, costs: EngineCosts, cores: int) -> None:
+        self.env = env
+        self.costs = costs
+        self.workers = simpy.Resource(env, capacity=costs.workers(cores))
+        """One per actor: a client holds one while it handles a message."""
+        self.poll_origin = 0.0
+        """Virtual time the server last sent a step's messages: its polls for the replies count from there."""
+
+    @property
+    def delivery_wait_s(self) -> float:
+        """Seconds between the server sending a message and the engine queueing it for an actor."""
+        return self.costs.delivery_wait_s
+
+    def sent(self) -> None:
+        """The server sent messages now: its polling for their replies starts over."""
+        self.poll_origin = float(self.env.now)
+
+    def next_poll(self, at: float) -> float:
+        """The first of the server's polls at or after ``at`` (virtual seconds): ``origin + j * interval``;
+        ``at`` itself with no polling interval."""
+        interval = self.costs.pull_interval_s
+        if interval <= 0 or at <= self.poll_origin:
+            return max(at, self.poll_origin)
+        polls = math.ceil((at - self.poll_origin) / interval - 1e-9)
+        return self.poll_origin + polls * interval
+
+    def received_seconds(self, nbytes: float) -> float:
+        """Reference seconds of a worker for handing a client a message of ``nbytes`` bytes."""
+        return self.costs.message_seconds(nbytes)
+
+    def replies_seconds(self, sizes: list[int]) -> float:
+        """Reference seconds of a worker for taking back a client's replies of ``sizes`` bytes."""
+        return sum(self.costs.payload_seconds(n) for n in sizes)

@@ -1,0 +1,267 @@
+"""A simulation engine's testbed (``testbed: {emulation: engine}``): the profile's engine section, the actor
+pool and polling clock in virtual time (exact timelines), the flower profile's engine, and the validation
+against Flower (its comparison, against measurements given as a file)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import simpy
+
+from sim.costs.engine import EngineCosts, EngineCostsError
+from sim.costs.model import DEFAULT_PROFILE, PROFILES, CostModel, CostModelError
+from sim.deploy.deployment import DeployError, check_deployable
+from sim.engine.actors import ActorEngine
+from sim.results.read import read_run_table
+from sim.runner import run_scenario
+from sim.scenario import load
+from sim.scenario.errors import ScenarioError
+
+ROOT = Path(__file__).resolve().parents[1]
+FLOWER_SCENARIO = ROOT / "scenarios" / "flower.yaml"
+
+ENGINE = {
+    "name": "test-engine",
+    "description": "a test",
+    "measured_by": "hand",
+    "cpus_per_client": 1,
+    "delivery_interval_s": 0.1,
+    "pull_interval_s": 0.1,
+    "inline_limit_bytes": 1000,
+    "message": {"coef": {"const": 0.01, "bytes": 0.0, "stored": 0.0}},
+}
+
+
+def engine_costs(**changes: object) -> EngineCosts:
+    return EngineCosts.from_dict({**ENGINE, **changes}, "test")
+
+
+def free_profile(tmp_path: Path, **engine: object) -> Path:
+    """The shipped profile with every operation free and a test engine: only the engine costs time."""
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    doc["operations"] = {op: {**entry, "coef": {}} for op, entry in doc["operations"].items()}
+    doc["engine"] = {**ENGINE, **engine}
+    path = tmp_path / "profile.json"
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def simulate(tmp_path: Path, profile: Path, *overrides: str) -> pd.Series:
+    sets = [f"costs.profile={profile}", "population=4", "sampling.clients_per_round=4", "dropout.rate=0", *overrides]
+    run = tmp_path / "run"
+    run_scenario(load(FLOWER_SCENARIO, sets, output=str(run)).base(), run, progress=False)
+    return read_run_table(run, "rounds").iloc[0]
+
+
+# -- the profile's section --------------------------------------------------------------------------------
+def test_an_engine_section_reads_its_costs():
+    e = engine_costs(message={"coef": {"const": 0.005, "bytes": 2e-9, "stored": 0.004}}, client_scale=1.5)
+    assert (e.workers(2), e.workers(3), engine_costs(cpus_per_client=2).workers(2)) == (2, 3, 1)
+    assert e.delivery_wait_s == pytest.approx(0.05)
+    assert e.payload_seconds(500) == pytest.approx(1e-6)  # inline
+    assert e.payload_seconds(2000) == pytest.approx(4e-6 + 0.004)  # through the object store
+    assert e.message_seconds(2000) == pytest.approx(0.005 + 4e-6 + 0.004)
+    assert e.client_scale == 1.5
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [
+        ({"pull_interval_s": -0.1}, "pull_interval_s"),
+        ({"delivery_interval_s": "fast"}, "delivery_interval_s"),
+        ({"cpus_per_client": 0}, "cpus_per_client"),
+        ({"client_scale": 0}, "client_scale"),
+        ({"message": {"coef": {"const": 0.01, "latency": 1}}}, "message"),
+        ({"message": {"coef": {"const": -1}}}, "message.coef.const"),
+        ({"name": 3}, "name"),
+    ],
+)
+def test_a_bad_engine_section_is_refused_naming_the_key(change, names):
+    with pytest.raises(EngineCostsError, match=names):
+        engine_costs(**change)
+    doc = {**json.loads(DEFAULT_PROFILE.read_text()), "engine": {**ENGINE, **change}}
+    with pytest.raises(CostModelError, match=rf"cost profile x\.json: 'engine\.?{names.split('.')[0]}"):
+        CostModel.from_dict(doc, "x.json")
+
+
+def test_the_flower_profile_declares_flowers_engine_measured_apart_from_the_validation_grid():
+    engine = CostModel.load("flower").engine
+    assert engine is not None and engine.name == "flower-simulation"
+    assert (engine.delivery_interval_s, engine.pull_interval_s, engine.inline_limit_bytes) == (0.1, 0.1, 102400)
+    assert engine.message_const_s > 0 and engine.client_scale > 0
+    doc = json.loads(PROFILES["flower"].read_text())["engine"]
+    probed = {(r["clients"], r["dim"]) for r in doc["rounds"]}
+    grid = {(n, d) for n in (10, 20, 50) for d in (100_000, 1_000_000)}
+    assert probed and not probed & grid
+    assert CostModel.load("dordis").engine is None and CostModel.load("dropsim").engine is None
+
+
+def test_a_client_scale_scales_what_clients_pay_and_not_the_server():
+    costs = CostModel.load("flower")
+    scaled = costs.scaled(2.0, role="client")
+    size = {"elements": 1e6}
+    assert scaled.seconds("prg.expand", size, "client") == pytest.approx(2 * costs.seconds("prg.expand", size))
+    assert scaled.seconds("prg.expand", size, "server") == pytest.approx(costs.seconds("prg.expand", size))
+    assert scaled.engine is costs.engine and scaled.wire is costs.wire
+
+
+# -- the actor pool and the polls, in virtual time ------------------------------------------------------------
+def test_the_server_polls_every_interval_from_its_last_send():
+    env = simpy.Environment()
+    engine = ActorEngine(env, engine_costs(), cores=2)
+    assert engine.workers.capacity == 2
+    env.run(until=1.0)
+    engine.sent()
+    assert engine.next_poll(1.0) == 1.0
+    assert engine.next_poll(1.05) == pytest.approx(1.1)
+    assert engine.next_poll(1.1 + 1e-12) == pytest.approx(1.1)  # round-off of a job ending on a poll
+    assert engine.next_poll(1.31) == pytest.approx(1.4)
+    assert ActorEngine(env, engine_costs(pull_interval_s=0), 2).next_poll(1.234) == 1.234
+
+
+def test_every_step_waits_for_the_sweep_the_workers_and_the_poll(tmp_path):
+    """4 clients, 2 workers, 10 ms a message, nothing else charged: each step's messages reach the actors
+    0.05 s after the server sends them (half a sweep), two clients at a time take 10 ms, and the server
+    sees the replies at its first poll after 0.07 s: every step lasts exactly 0.1 s."""
+    row = simulate(tmp_path, free_profile(tmp_path))
+    steps = ("advertise_keys", "share_keys", "masked_input", "unmasking")
+    assert [row[f"time_{s}"] for s in steps] == pytest.approx([0.1] * 4, abs=1e-9)
+    assert row["round_time"] == pytest.approx(0.4, abs=1e-9)
+
+
+def test_clients_queue_for_the_workers(tmp_path):
+    """60 ms a message: the second pair of clients waits for the first, its replies are stored at 0.17 s
+    after the send, seen at the poll of 0.2 s."""
+    row = simulate(tmp_path, free_profile(tmp_path, message={"coef": {"const": 0.06}}))
+    assert row["time_advertise_keys"] == pytest.approx(0.2, abs=1e-9)
+    assert row["round_time"] == pytest.approx(0.8, abs=1e-9)
+    one_worker = simulate(tmp_path, free_profile(tmp_path, message={"coef": {"const": 0.06}}, cpus_per_client=2))
+    assert one_worker["time_advertise_keys"] == pytest.approx(0.3, abs=1e-9)  # 0.05 + 4 x 0.06 = 0.29
+
+
+def test_a_dropping_client_answers_with_an_error_at_the_next_poll(tmp_path):
+    """One of 4 leaves before uploading: its worker still takes the request (10 ms), and the server hears
+    of it at the poll that brings the others' masked inputs; the three survivors unmask in 0.1 s."""
+    row = simulate(tmp_path, free_profile(tmp_path), "dropout.rate=0.25")
+    assert (row["dropped"], row["survivors"]) == (1, 3)
+    assert row["time_masked_input"] == pytest.approx(0.1, abs=1e-9)
+    assert row["round_time"] == pytest.approx(0.4, abs=1e-9)
+
+
+def test_the_flower_scenario_simulates_and_its_bytes_are_flowers(tmp_path):
+    row = simulate(tmp_path, PROFILES["flower"], "model.params=100000")
+    assert row["outcome"] == "ok" and row["round_time"] > 0.4  # four steps of at least a poll each
+    # the masked input is 8 bytes a value in an .npy array, the model 4 (float32)
+    assert row["client_bytes_up_mean"] > 8 * 100_000 > row["client_bytes_down_mean"] > 4 * 100_000
+
+
+# -- what the engine emulation refuses --------------------------------------------------------------------
+def test_a_profile_without_an_engine_is_refused_under_the_engine_emulation(tmp_path):
+    with pytest.raises(CostModelError, match="declares no simulation engine"):
+        simulate(tmp_path, DEFAULT_PROFILE)
+
+
+def test_the_engine_emulation_is_neither_pipelined_nor_deployed():
+    with pytest.raises(ScenarioError, match="testbed.emulation.*not pipelined"):
+        load(FLOWER_SCENARIO, ["pipeline={chunks: 2}"]).base()
+    scenario = load(FLOWER_SCENARIO, ["fidelity=full", "model={name: mlp}"]).base()
+    with pytest.raises(DeployError, match="only the simulator models"):
+        check_deployable(scenario)
+
+
+# -- the validation against Flower ----------------------------------------------------------------------
+def test_flower_validate_compares_stage_by_stage_with_measurements_from_a_file(tmp_path, capsys):
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import flower_validate
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    simulated = flower_validate.simulate(10, 100_000, 0.1)
+    measured = {"clients": 10, "dim": 100_000, "dropout": 0.1, "survivors": 9, "round_s": 1.0}
+    measured |= {f"stage_s_{stage}": 0.25 for stage in flower_validate.STAGES}
+    csv = tmp_path / "flower.csv"
+    pd.DataFrame([measured]).to_csv(csv, index=False)
+    out = tmp_path / "out.csv"
+    args = ["--clients", "10", "--dims", "100000", "--dropout", "0.1", "--measured", str(csv), "--csv", str(out)]
+    assert flower_validate.main(args) == 0
+    row = pd.read_csv(out).iloc[0]
+    assert row["sim_round_s"] == pytest.approx(simulated["sim_round_s"])
+    assert row["error"] == pytest.approx(simulated["sim_round_s"] - 1.0)
+    assert sum(row[f"sim_stage_s_{s}"] for s in flower_validate.STAGES) == pytest.approx(row["sim_round_s"])
+    assert row["error_setup"] == pytest.approx(row["sim_stage_s_setup"] / 0.25 - 1)
+    text = capsys.readouterr().out
+    assert "median |error|" in text and "target: median <= 10%" in text
+    with pytest.raises(SystemExit):  # a point the file does not have
+        flower_validate.main(["--clients", "20", "--dims", "100000", "--dropout", "0", "--measured", str(csv)])
+    assert math.isfinite(row["error_unmask"])
+
+
+# -- measuring the engine ---------------------------------------------------------------------------------
+def probed_round(seconds_of) -> dict:
+    """A probed round (as :class:`sim.profiling.flower_rounds.EngineProbe` records it) whose workers spend
+    ``seconds_of(bytes_in, bytes_out)`` on each message besides 1 ms in the ClientApp."""
+    messages, t = [], 10.0
+    sizes = [(61, 438), (3_880, 4_968), (405_110, 800_303), (78, 548), (4_006_350, 8_000_303), (45_110, 80_303)]
+    for bytes_in, bytes_out in sizes * 3:
+        spent = seconds_of(bytes_in, bytes_out) + 0.001
+        messages.append(
+            {
+                "node": 1,
+                "stage": "",
+                "start": t,
+                "end": t + spent,
+                "bytes_in": bytes_in,
+                "bytes_out": bytes_out,
+                "context_bytes": 0,
+                "app_s": 0.001,
+            }
+        )
+        t += spent
+    pushes = [(9.9, 9.95, 1)]
+    return {
+        "clients": 15,
+        "dim": 1000,
+        "dropout": 0.0,
+        "round_s": t - 10,
+        "stage_spans": {"all": [9.9, t]},
+        "engine": {"messages": messages, "pushes": pushes, "pulls": []},
+    }
+
+
+def test_the_engine_fit_recovers_a_known_cost_per_message_byte_and_stored_object():
+    from sim.profiling.flower_rounds import INLINE_LIMIT_BYTES, engine_costs
+
+    def cost(bytes_in: int, bytes_out: int) -> float:
+        stored = (bytes_in > INLINE_LIMIT_BYTES) + (bytes_out > INLINE_LIMIT_BYTES)
+        return 0.005 + 2e-9 * (bytes_in + bytes_out) + 0.004 * stored
+
+    section = engine_costs([probed_round(cost)], pull_interval_s=0.1)
+    coef = section["message"]["coef"]
+    assert (coef["const"], coef["bytes"], coef["stored"]) == pytest.approx((0.005, 2e-9, 0.004), rel=1e-6)
+    assert section["message"]["r2"] == pytest.approx(1.0)
+    assert section["delivery_wait_measured_s"]["mean"] == pytest.approx(0.05)
+    EngineCosts.from_dict(section, "fitted")
+    # a cost that falls with size is no cost of size: the fit keeps every coefficient >= 0
+    falling = engine_costs([probed_round(lambda i, o: 0.01 - 1e-10 * (i + o))], pull_interval_s=0.1)
+    assert min(falling["message"]["coef"].values()) >= 0
+
+
+def test_the_model_can_travel_with_the_upload_request(tmp_path):
+    """Only the model (400 kB) exceeds the inline limit and costs 50 ms through the object store: with the
+    model sent first, the first step takes it (two pairs of 60 ms jobs: seen at the poll of 0.2 s); sent
+    with the upload request, as Flower's workflow does, the masked-input step does."""
+    engine = {"message": {"coef": {"const": 0.01, "stored": 0.05}}, "inline_limit_bytes": 300_000}
+    steps = ("advertise_keys", "share_keys", "masked_input", "unmasking")
+    first = simulate(tmp_path, free_profile(tmp_path, **engine), "model.params=100000")
+    assert [first[f"time_{s}"] for s in steps] == pytest.approx([0.2, 0.1, 0.1, 0.1], abs=1e-9)
+    late = simulate(tmp_path, free_profile(tmp_path, **engine, model_with_upload=True), "model.params=100000")
+    assert [late[f"time_{s}"] for s in steps] == pytest.approx([0.1, 0.1, 0.2, 0.1], abs=1e-9)
+    assert late["client_bytes_down_mean"] == first["client_bytes_down_mean"]
+    with pytest.raises(EngineCostsError, match="model_with_upload"):
+        engine_costs(model_with_upload="yes")
