@@ -9,9 +9,10 @@ under ``testbed: {emulation: engine}``, with the point's n, d and dropout. Flowe
 ``--repeats`` times (a fresh simulation each; the one of median round time counts: on this host
 back-to-back rounds differ by 10-30%, ``spread``). It prints per point the measured and simulated round
 times and their relative error (simulated - measured) / measured, the same per SecAgg+ stage (Flower's
-setup, share-keys, collect-masked-vectors and unmask stages against the simulator's advertise-keys (with
-the model's download), share-keys, masked-input and unmasking (with the aggregation) steps), and over
-the grid the median and worst absolute round-time error. The target is a median of at most 10%.
+setup, share-keys, collect-masked-vectors and unmask stages against the simulator's advertise-keys,
+share-keys, masked-input (with the model, as Flower sends it) and unmasking (with the aggregation)
+steps), and over the grid the median and worst absolute round-time error. The target is a median of at
+most 10%.
 
     python benchmarks/flower_validate.py                              # the grid: 12 points, ~10 minutes
     python benchmarks/flower_validate.py --clients 10 --dims 100000 --dropout 0
@@ -25,6 +26,7 @@ Needs the ``peer`` extra (``flwr[simulation]``) and ``unshare`` to measure.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -50,8 +52,10 @@ STAGES = {
 
 
 def overrides(n: int, d: int, dropout: float) -> list[str]:
-    """``--set`` overrides of ``scenarios/flower.yaml`` for one grid point."""
-    return [f"population={n}", f"sampling.clients_per_round={n}", f"model.params={d}", f"dropout.rate={dropout}"]
+    """``--set`` overrides of ``scenarios/flower.yaml`` for one grid point, on this host's cores (Flower's
+    round starts Ray with ``num_cpus=os.cpu_count()``: one actor a core)."""
+    point = [f"population={n}", f"sampling.clients_per_round={n}", f"model.params={d}", f"dropout.rate={dropout}"]
+    return [*point, f"testbed.cores={os.cpu_count() or 1}"]
 
 
 def measure(n: int, d: int, dropout: float, repeats: int, timeout: float) -> dict:

@@ -271,6 +271,11 @@ def test_pickled_sizes_are_those_pickle_writes(value):
 # -- Flower's functions ----------------------------------------------------------------------------------
 def test_the_flower_profile_times_flowers_own_functions(tmp_path):
     pytest.importorskip("flwr", reason="the peer extra: pip install -e '.[peer]'")
+    import shutil
+    import subprocess
+
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-n", "true"], check=False).returncode:
+        pytest.skip("the engine's probe runs Flower's rounds in a network namespace (unshare)")
     from sim.profiling.implementations import profile_implementation
 
     doc = profile_implementation("flower", tmp_path / "flower.json", quick=True)
@@ -282,7 +287,7 @@ def test_the_flower_profile_times_flowers_own_functions(tmp_path):
     assert (wire["vector"], wire["word"], wire["packed"]) == (128, 8, False)
     engine = CostModel.load(tmp_path / "flower.json").engine  # probed in one real round (quick)
     assert engine is not None and engine.message_const_s > 0 and engine.client_scale > 0
-    assert [(r["clients"], r["dim"]) for r in doc["engine"]["rounds"]] == [(15, 30_000)]
+    assert [(r["clients"], r["dim"]) for r in doc["engine"]["rounds"]] == [(15, 20_000)]
 
 
 def test_profile_impl_without_its_extra_says_what_to_install(tmp_path, monkeypatch, capsys):

@@ -49,6 +49,27 @@ from typing import Any
 
 from sim.errors import InputError
 
+KEYS = frozenset(
+    {
+        "name",
+        "description",
+        "measured_by",
+        "cpus_per_client",
+        "delivery_interval_s",
+        "pull_interval_s",
+        "inline_limit_bytes",
+        "model_with_upload",
+        "client_scale",
+        "server_scale",
+        "message",
+        # what the measurement saw, kept for the record
+        "delivery_wait_measured_s",
+        "rounds",
+        "scale_rounds",
+    }
+)
+"""The keys an ``engine`` section may have (any other is a misspelling: an error, not a default)."""
+
 
 class EngineCostsError(InputError):
     """A profile's ``engine`` section that cannot be used."""
@@ -111,7 +132,13 @@ class EngineCosts:
                 raise EngineCostsError(f"{where(key)} is {value!r}; it must be a string")
             return value
 
+        unknown = sorted(set(doc) - KEYS)
+        if unknown:
+            raise EngineCostsError(f"{where(unknown[0])} is not a key of an engine section (docs/profiles.md)")
+
         def number(value: Any, key: str, positive: bool) -> float:
+            if value is None:
+                raise EngineCostsError(f"{where(key)} is missing; it must be a number")
             ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
             if not ok or value < 0 or (positive and value == 0):
                 bound = "> 0" if positive else ">= 0"
@@ -126,7 +153,7 @@ class EngineCosts:
 
         message = doc.get("message")
         coef = message.get("coef") if isinstance(message, dict) else None
-        if not isinstance(coef, Mapping) or set(coef) - {"const", "bytes", "stored"}:
+        if not isinstance(coef, Mapping) or set(coef) - {"const", "bytes", "stored"} or "const" not in coef:
             raise EngineCostsError(
                 f"{where('message')} needs 'coef': {{'const': seconds, 'bytes': seconds per byte, 'stored': seconds "
                 "per message in the object store}"
@@ -141,7 +168,11 @@ class EngineCosts:
             message_const_s=number(coef.get("const", 0.0), "message.coef.const", False),
             message_s_per_byte=number(coef.get("bytes", 0.0), "message.coef.bytes", False),
             message_s_per_stored=number(coef.get("stored", 0.0), "message.coef.stored", False),
-            inline_limit_bytes=number(doc.get("inline_limit_bytes", math.inf), "inline_limit_bytes", True),
+            inline_limit_bytes=(
+                number(doc["inline_limit_bytes"], "inline_limit_bytes", True)
+                if "inline_limit_bytes" in doc
+                else math.inf
+            ),
             client_scale=number(doc.get("client_scale", 1.0), "client_scale", True),
             server_scale=number(doc.get("server_scale", 1.0), "server_scale", True),
             model_with_upload=flag("model_with_upload"),

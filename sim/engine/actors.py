@@ -49,8 +49,8 @@ class ActorEngine:
         interval = self.costs.pull_interval_s
         if interval <= 0 or at <= self.poll_origin:
             return max(at, self.poll_origin)
-        polls = math.ceil((at - self.poll_origin) / interval - 1e-9)
-        return self.poll_origin + polls * interval
+        polls = math.ceil((at - self.poll_origin) / interval - 1e-9)  # a reply stored on a poll counts then
+        return max(at, self.poll_origin + polls * interval)
 
     def received_seconds(self, nbytes: float) -> float:
         """Reference seconds of a worker for handing a client a message of ``nbytes`` bytes."""

@@ -411,7 +411,7 @@ class Round:
         """Client ``c`` fetches the model and trains; returns its update and weight, or None if it left
         before the download (a dropout after sampling). On an engine whose implementation sends the model
         with the upload request (:meth:`_model_with_upload`), this first message is the request to set up,
-        and the model's decoding and the training are charged with that request (:meth:`_late_model`)."""
+        and the model's bytes and decoding and the training are charged with the upload request."""
         env, rec, s = self.env, self.clients[c], self.s
         if self.departure(c).before_download:
             self.leave(c, AFTER_SAMPLING)
@@ -459,17 +459,13 @@ class Round:
 
     def _model_with_upload(self) -> bool:
         """Whether the model travels with the upload request, and clients train and encode then: on a
-        simulation engine whose implementation does so (Flower's workflow: ``model_with_upload``)."""
+        simulation engine whose implementation does so (Flower's workflow: ``model_with_upload``), for a
+        protocol whose server asks for the upload (not one whose clients upload first: FedAvg, plain)."""
         engine = self.s.engine
-        return engine is not None and engine.costs.model_with_upload and self.pipeline is None
-
-    def _take_model(self, c: int) -> Generator[simpy.Event, Any, None]:
-        """With the upload request (:meth:`_model_with_upload`), client ``c`` takes the model: the engine's
-        cost of its bytes and its decoding."""
-        engine, model = self.s.engine, self._model_message()
-        assert engine is not None
-        extra = engine.costs.payload_seconds(self.wire_bytes(model))
-        yield from self.client_compute(c, [Work("wire.decode", frame_size(model))], extra=extra)
+        if engine is None or not engine.costs.model_with_upload or self.pipeline is not None:
+            return False
+        upload = self.s.aggregation.dropout_stages().get("before_upload")
+        return upload is not None and upload != self.s.aggregation.spec.steps[0]
 
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
         rec = self.clients[c]
@@ -498,11 +494,16 @@ class Round:
             while True:
                 message = yield inbox.get()
                 yield from self._take_worker(c)
-                extra = self._engine_in(message)
-                yield from self.client_compute(c, [Work("wire.decode", frame_size(message))], extra=extra)
                 late = self._model_with_upload() and machine.stage_of(message) == upload_step
-                if late:  # the model comes with this request (a client leaving in fit has taken it)
-                    yield from self._take_model(c)
+                work = [Work("wire.decode", frame_size(message))]
+                if late:  # the model comes in this request, one message (a client leaving in fit has taken it)
+                    assert self.s.engine is not None
+                    model = self._model_message()
+                    extra = self.s.engine.received_seconds(self.wire_bytes(message) + self.wire_bytes(model))
+                    work.append(Work("wire.decode", frame_size(model)))
+                else:
+                    extra = self._engine_in(message)
+                yield from self.client_compute(c, work, extra=extra)
                 if departure.before(machine.stage_of(message)):
                     self.leave(c, departure.stage)
                     return
