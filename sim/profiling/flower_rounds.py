@@ -366,23 +366,21 @@ class EngineProbe:
                 probe.messages.append(probe._describe(message, out, context, start, end))
             return out, updated
 
-        def push_messages(grid: Any, messages: Any) -> Any:
-            start = time.perf_counter()
-            ids = list(push(grid, messages))
-            if probe.recording:
-                probe.pushes.append((start, time.perf_counter(), len(ids)))
-            return ids
+        def timed(call: Callable[[Any, Any], Any], log: list[tuple[float, float, int]]) -> Callable[[Any, Any], Any]:
+            """``call`` (a grid's push or pull), its start, end and count of messages logged to ``log``."""
 
-        def pull_messages(grid: Any, message_ids: Any) -> Any:
-            start = time.perf_counter()
-            replies = list(pull(grid, message_ids))
-            if probe.recording:
-                probe.pulls.append((start, time.perf_counter(), len(replies)))
-            return replies
+            def run(grid: Any, messages: Any) -> list[Any]:
+                start = time.perf_counter()
+                out = list(call(grid, messages))
+                if probe.recording:
+                    log.append((start, time.perf_counter(), len(out)))
+                return out
+
+            return run
 
         raybackend.RayBackend.process_message = process_message
-        InMemoryGrid.push_messages = push_messages
-        InMemoryGrid.pull_messages = pull_messages
+        InMemoryGrid.push_messages = timed(push, self.pushes)
+        InMemoryGrid.pull_messages = timed(pull, self.pulls)
 
     @staticmethod
     def _describe(message: Any, out: Any, context: Any, start: float, end: float) -> dict[str, Any]:
