@@ -8,6 +8,25 @@ play: plans, records, step decisions, stage gates, the privacy ledger), the driv
 round through a driver) and the ``sim.cli`` front end. Beside them: ``sim.scenario`` (scenario files),
 ``sim.clients`` (population, sampling, dropout, availability), ``sim.learning`` (data, models, training),
 ``sim.costs`` (the cost model; ``sim.profiling`` measures it), ``sim.results`` (tidy tables).
+
+The Python API (:mod:`sim.api`, docs/api.md) is re-exported here: ``sim.load_scenario``, ``sim.run``,
+``sim.sweep``, ``sim.privacy_table``, ``sim.RunResult``, ``sim.SweepResult`` (imported on first use, so
+that ``import sim`` stays light).
 """
 
+import importlib
+from typing import Any
+
 __version__ = "0.1.0"
+
+_API = ("load_scenario", "run", "sweep", "privacy_table", "RunResult", "SweepResult")
+__all__ = ["RunResult", "SweepResult", "__version__", "load_scenario", "privacy_table", "run", "sweep"]
+
+
+def __getattr__(name: str) -> Any:
+    """The API's names, from :mod:`sim.api` on first use."""
+    if name in _API:
+        # imported by name, on use: ``import sim`` (which every module's ``sim.__version__`` does) must not
+        # load the API, which sits above the runner
+        return getattr(importlib.import_module("sim.api"), name)
+    raise AttributeError(f"module 'sim' has no attribute {name!r}")

@@ -1,4 +1,4 @@
-"""One point of a sweep, run into its folder, and its status: the worker side that :mod:`sim.sweep` (local
+"""One point of a sweep, run into its folder, and its status: the worker side that :mod:`sim.sweeps` (local
 worker processes) and :mod:`sim.cluster` (Dask workers) share, so neither imports the other for it."""
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from sim.cli import main
 from sim.cluster import ClusterError, payload, rebuild, store
 from sim.runner import scenario_digest
 from sim.scenario import load
-from sim.sweep import run_sweep
+from sim.sweeps import run_sweep
 
 ROOT = Path(__file__).resolve().parent.parent
 SWEEP = """

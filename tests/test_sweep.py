@@ -15,7 +15,7 @@ import pytest
 
 from sim.results.read import read_run_table
 from sim.scenario import load
-from sim.sweep import run_sweep
+from sim.sweeps import run_sweep
 
 SCENARIO = """
 name: sw

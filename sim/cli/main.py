@@ -177,24 +177,20 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sim.preflight import check_all
-    from sim.runner import prepare_output, run_scenario, summarize
+    from sim import api
 
     grid = load(args.file, args.overrides, args.output)
     scenario = grid.base()
-    check_all([scenario])
     if grid.sweep:
         print(
             f"note: {args.file} defines a sweep of {grid.size} runs; this runs the scenario as written. "
             f"Use `dropsim sweep {args.file}` for the grid.",
             file=sys.stderr,
         )
-    out = Path(scenario.output)
-    if prepare_output(out, scenario, force=args.force):
-        summary = run_scenario(scenario, out, progress=not args.quiet)
-    else:
-        print(f"{out} already holds this scenario's complete run (--force runs it again)", file=sys.stderr)
-        summary = summarize(out)
+    result = api.run(grid, progress=not args.quiet, force=args.force)
+    if not result.ran:
+        print(f"{result.path} already holds this scenario's complete run (--force runs it again)", file=sys.stderr)
+    summary = result.summary
     print_table([summary.row()])
     if summary.stopped:
         print(f"stopped {summary.stopped}")
@@ -210,15 +206,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim.preflight import check_all
-    from sim.sweep import run_sweep
+    from sim import api
 
     if args.jobs < 1:
         print("dropsim: --jobs must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
-    grid = load(args.file, args.overrides, args.output)
-    check_all(grid.points())
-    statuses = run_sweep(grid, str(args.file), jobs=args.jobs, progress=not args.quiet, scheduler=args.scheduler)
+    result = api.sweep(
+        args.file, args.output, args.overrides, jobs=args.jobs, scheduler=args.scheduler, progress=not args.quiet
+    )
+    statuses = result.statuses
     rows = []
     for st in statuses:
         s = st.summary
@@ -234,8 +230,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             }
         )
     print_table(rows)
-    out = grid.base().output
-    failed = [st for st in statuses if st.status == "failed"]
+    out = result.path
+    failed = result.failed
     for st in failed:
         folder = Path(out) / "runs" / st.run_id
         where = f" (details in {folder}/)" if folder.is_dir() else ""
@@ -245,27 +241,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from sim.dp.strategies import STRATEGIES
+    from sim import api
     from sim.results.writer import csv_bytes, make_folder, write_atomic
-    from sim.runner.privacy_table import model_dimension, planned, privacy_table
+    from sim.runner.privacy_table import model_dimension
 
-    grid = load(args.file, args.overrides)
-    scenario = grid.base()
-    protocol = scenario.aggregation.protocol
-    supported = [s for s in planned() if scenario.aggregation.spec.supports(STRATEGIES[s])]
-    strategies = args.strategies or supported
-    unknown = [s for s in strategies if s not in supported]
-    bad_rates = [x for x in args.dropout if not 0 <= x < 1]
-    if unknown or bad_rates or (args.dim is not None and args.dim < 1):
-        what = (
-            f"strategies {unknown} are unknown or need another protocol than {protocol} "
-            f"(allowed here: {', '.join(supported) or 'none: set aggregation.protocol'})"
-            if unknown
-            else f"dropout rates {bad_rates} outside [0, 1)"
-            if bad_rates
-            else f"--dim {args.dim} is below 1"
-        )
-        print(f"dropsim: {what}", file=sys.stderr)
+    scenario = load(args.file, args.overrides).base()
+    try:
+        rows = api.privacy_rows(scenario, args.dropout, args.strategies or None, args.dim)
+    except ValueError as exc:
+        print(f"dropsim: {args.file}: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     dim = args.dim or model_dimension(scenario)
     p = scenario.privacy
@@ -273,11 +257,6 @@ def cmd_privacy(args: argparse.Namespace) -> int:
         f"{scenario.name}: {scenario.rounds} rounds, budget epsilon {p.epsilon:g} at delta {p.delta:g}, "
         f"{p.mechanism}, {dim} parameters, tolerance {p.tolerance:g}"
     )
-    try:
-        rows = privacy_table(scenario, args.dropout, dim, strategies)
-    except ValueError as exc:
-        print(f"dropsim: {args.file}: cannot plan the noise: {exc}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     print_table(rows)
     if args.csv:
         make_folder(args.csv.parent)

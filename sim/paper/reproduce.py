@@ -74,7 +74,7 @@ def results_folders(item: Item, out: Path) -> dict[Path, Path]:
 def run_item(item: Item, out: Path, reduced: bool, jobs: int, progress: bool) -> list[str]:
     """Run the item's scenarios (its reduced form if asked); the ids of runs that failed."""
     from sim.scenario import load
-    from sim.sweep import run_sweep
+    from sim.sweeps import run_sweep
 
     failed = []
     for path, folder in results_folders(item, out).items():
