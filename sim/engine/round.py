@@ -484,17 +484,18 @@ class Round:
                 return
             reaction = machine.start(update, weight)
             update_work: list[Work] = []
+            upload_step = None
             if self._model_with_upload():  # the update's work waits for the model, with the upload request
                 update_work = [w for w in reaction.work if w.op.startswith(UPDATE_WORK)]
                 reaction = replace(reaction, work=tuple(w for w in reaction.work if w not in update_work))
-            upload_step = self.s.aggregation.dropout_stages().get("before_upload")
+                upload_step = self.s.aggregation.dropout_stages().get("before_upload")
             yield from self._client_react(c, reaction)
             self._free_worker(c)
             inbox = self.client_inbox[(c, 0)]
             while True:
                 message = yield inbox.get()
                 yield from self._take_worker(c)
-                late = self._model_with_upload() and machine.stage_of(message) == upload_step
+                late = upload_step is not None and machine.stage_of(message) == upload_step
                 work = [Work("wire.decode", frame_size(message))]
                 if late:  # the model comes in this request, one message (a client leaving in fit has taken it)
                     assert self.s.engine is not None

@@ -1,0 +1,124 @@
+"""Plug-ins: a user's own objects, named by import path or by an installed entry point.
+
+A plug-in is named either by its import path, ``"pkg.module:function"`` (``"pkg.module:Class.attr"`` for an
+attribute of an attribute), or by the name an installed distribution gives it in one of the entry point
+groups of :data:`GROUPS` (``[project.entry-points."dropsim.models"] my-model = "pkg.module:build"``), so that
+``pip install my-plugin`` makes ``my-model`` a name to use. :func:`resolve` imports it and says where it
+came from (:class:`PluginRef`: the import path, and the distribution and version that provide it, for a
+run's manifest); what cannot be imported is a :class:`PluginError` that names where it was named, the path
+and why.
+
+Importing runs the plug-in's module: a plug-in is code its user chose to run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import keyword
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+from sim.errors import InputError
+
+GROUPS = {
+    "model": "dropsim.models",
+    "dataset": "dropsim.datasets",
+    "dropout": "dropsim.dropout",
+    "strategy": "dropsim.strategies",
+}
+"""Kind of plug-in -> the entry point group installed distributions name theirs in."""
+
+
+class PluginError(InputError):
+    """A plug-in that cannot be used: where it was named, its import path, and why."""
+
+
+@dataclass(frozen=True)
+class PluginRef:
+    """Where a plug-in came from."""
+
+    kind: str
+    """``model``, ``dataset``, ``dropout`` or ``strategy`` (:data:`GROUPS`)."""
+    name: str
+    """As the scenario names it: an import path, or an entry point's name."""
+    path: str
+    """Its import path, ``pkg.module:attr``."""
+    distribution: str | None
+    """The installed distribution that provides its module (None: a module on ``sys.path`` only)."""
+    version: str | None
+
+    def record(self) -> dict[str, str | None]:
+        """What the manifest records of it."""
+        return {
+            "kind": self.kind,
+            "name": self.name,
+            "path": self.path,
+            "distribution": self.distribution,
+            "version": self.version,
+        }
+
+
+def is_import_path(text: str) -> bool:
+    """Whether ``text`` names a plug-in by import path (``module:attr``) rather than by entry point name."""
+    return ":" in text
+
+
+def resolve(kind: str, name: str, where: str) -> tuple[Any, PluginRef]:
+    """The object plug-in ``name`` of ``kind`` stands for, and where it came from. ``where`` (file:line and
+    key) starts every error message."""
+    if kind not in GROUPS:
+        raise ValueError(f"unknown kind of plug-in {kind!r}; one of {', '.join(GROUPS)}")
+    if is_import_path(name):
+        return _load_path(name, where), _ref(kind, name, name)
+    found = [ep for ep in metadata.entry_points(group=GROUPS[kind]) if ep.name == name]
+    if not found:
+        installed = sorted({ep.name for ep in metadata.entry_points(group=GROUPS[kind])})
+        raise PluginError(
+            f"{where}: {name!r} is neither an import path (pkg.module:name) nor the name of an installed plug-in "
+            f"in entry point group {GROUPS[kind]} (installed: {', '.join(installed) or 'none'})"
+        )
+    entry = found[0]
+    obj = _load_path(entry.value, f"{where} (entry point {name!r} of {GROUPS[kind]})")
+    ref = _ref(kind, name, entry.value)
+    if entry.dist is not None:
+        ref = PluginRef(kind, name, entry.value, entry.dist.metadata["Name"], entry.dist.version)
+    return obj, ref
+
+
+def _load_path(path: str, where: str) -> Any:
+    module_name, _, attr = path.partition(":")
+    parts = [module_name.strip(), *attr.strip().split(".")]
+    dotted = module_name.strip().split(".")
+    if not all(p.isidentifier() and not keyword.iskeyword(p) for p in [*dotted, *parts[1:]]):
+        raise PluginError(f"{where}: {path!r} is not an import path: pkg.module:name is expected")
+    try:
+        module = importlib.import_module(module_name.strip())
+    except ModuleNotFoundError as exc:
+        raise PluginError(
+            f"{where}: cannot import {path!r}: no module named {exc.name!r} (is its package installed, or on "
+            "PYTHONPATH, in every process that runs the scenario?)"
+        ) from None
+    except Exception as exc:  # the module's own code failed: say what it raised
+        raise PluginError(f"{where}: cannot import {path!r}: importing {module_name} raised {exc!r}") from None
+    obj: Any = module
+    for k, part in enumerate(parts[1:], 1):
+        if not hasattr(obj, part):
+            owner = module_name + "".join(f".{p}" for p in parts[1:k])
+            raise PluginError(f"{where}: cannot import {path!r}: {owner} has no attribute {part!r}")
+        obj = getattr(obj, part)
+    return obj
+
+
+def _ref(kind: str, name: str, path: str) -> PluginRef:
+    """Where ``path``'s module comes from: the installed distribution whose files hold its top package."""
+    top = path.partition(":")[0].split(".")[0]
+    distributions = metadata.packages_distributions().get(top, [])
+    if not distributions:
+        return PluginRef(kind, name, path, None, None)
+    dist = distributions[0]
+    try:
+        version: str | None = metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        version = None
+    return PluginRef(kind, name, path, dist, version)

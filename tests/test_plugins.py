@@ -1,0 +1,76 @@
+"""Plug-ins named by import path or by entry point (sim.plugins): what they resolve to, where they came from,
+and the errors that name the path and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sim.plugins import PluginError, PluginRef, is_import_path, resolve
+
+MODULE = """
+def build(width=4):
+    return ("built", width)
+
+
+class Holder:
+    factory = staticmethod(build)
+"""
+
+
+@pytest.fixture
+def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A module ``plugmod`` on sys.path, installed as distribution ``myplug`` 1.2 with an entry point
+    ``my-model`` in ``dropsim.models``; and a module that fails on import."""
+    (tmp_path / "plugmod.py").write_text(MODULE)
+    (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('no GPU here')\n")
+    info = tmp_path / "myplug-1.2.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 1.2\n")
+    (info / "entry_points.txt").write_text("[dropsim.models]\nmy-model = plugmod:build\n")
+    (info / "top_level.txt").write_text("plugmod\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+def test_an_import_path_resolves_to_its_object_and_its_distribution(plugin_dir):
+    build, ref = resolve("model", "plugmod:build", "s.yaml:3: model.factory")
+    assert build(2) == ("built", 2)
+    assert ref == PluginRef("model", "plugmod:build", "plugmod:build", "myplug", "1.2")
+    assert ref.record()["version"] == "1.2"
+    factory, _ = resolve("model", "plugmod:Holder.factory", "here")
+    assert factory() == ("built", 4)
+    assert is_import_path("a.b:c") and not is_import_path("my-model")
+
+
+def test_an_installed_entry_point_is_a_name_a_scenario_can_use(plugin_dir):
+    build, ref = resolve("model", "my-model", "s.yaml:3: model.name")
+    assert build() == ("built", 4)
+    assert (ref.name, ref.path, ref.distribution, ref.version) == ("my-model", "plugmod:build", "myplug", "1.2")
+
+
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("nosuchpkg.models:build", r"cannot import 'nosuchpkg.models:build': no module named 'nosuchpkg'"),
+        ("broken_plugin:build", r"importing broken_plugin raised RuntimeError\('no GPU here'\)"),
+        ("plugmod:nothing", r"plugmod has no attribute 'nothing'"),
+        ("plugmod:Holder.missing", r"plugmod.Holder has no attribute 'missing'"),
+        ("plugmod:", r"is not an import path"),
+        ("plug mod:build", r"is not an import path"),
+        ("other-model", r"'other-model' is neither an import path .* dropsim.models \(installed: my-model\)"),
+    ],
+)
+def test_a_plugin_that_cannot_be_imported_says_which_and_why(plugin_dir, name, message):
+    with pytest.raises(PluginError, match=r"^s\.yaml:7: model\.factory: .*" + message):
+        resolve("model", name, "s.yaml:7: model.factory")
+
+
+def test_a_module_outside_any_distribution_has_no_version(tmp_path, monkeypatch):
+    (tmp_path / "loose_plugin.py").write_text("def f():\n    return 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    _, ref = resolve("dataset", "loose_plugin:f", "here")
+    assert (ref.distribution, ref.version) == (None, None)
+    with pytest.raises(ValueError, match="unknown kind"):
+        resolve("widget", "loose_plugin:f", "here")
