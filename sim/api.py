@@ -17,7 +17,7 @@ file:line (or the option, or ``<mapping>``), the key path, the value and what is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -33,55 +33,88 @@ MAPPING_NAME = "<mapping>"
 """The origin errors give for keys of a scenario passed as a mapping."""
 
 
-@dataclass
 class RunResult:
-    """One finished run: its folder and its tables, as pandas DataFrames with the CSV files' columns."""
+    """One finished run: its folder and its tables, as pandas DataFrames with the CSV files' columns (read
+    from the folder when first asked for: ``dropsim run`` prints the summary only)."""
 
-    path: Path
-    """The run's folder (``rounds.csv``, ``clients.csv``, ``stages.csv``, ``manifest.json``)."""
-    rounds: pd.DataFrame
-    clients: pd.DataFrame
-    stages: pd.DataFrame
-    manifest: dict[str, Any]
-    summary: RunSummary
-    """The one-line summary ``dropsim run`` prints (final accuracy, epsilon, mean round time, wall seconds)."""
-    ran: bool = True
-    """False when the folder already held this scenario's complete run and it was not run again."""
+    def __init__(self, path: Path, ran: bool = True, summary: RunSummary | None = None) -> None:
+        self.path = path
+        """The run's folder (``rounds.csv``, ``clients.csv``, ``stages.csv``, ``manifest.json``)."""
+        self.ran = ran
+        """False when the folder already held this scenario's complete run and it was not run again."""
+        self._summary = summary
 
-    @classmethod
-    def read(cls, path: Path, ran: bool = True) -> RunResult:
-        """The finished run in ``path`` (cut to the rounds its manifest committed)."""
-        from sim.results.read import read_manifest, read_run_table
-        from sim.runner.run import summarize
+    @cached_property
+    def rounds(self) -> pd.DataFrame:
+        return self._table("rounds")
 
-        return cls(
-            path=path,
-            rounds=read_run_table(path, "rounds"),
-            clients=read_run_table(path, "clients"),
-            stages=read_run_table(path, "stages"),
-            manifest=read_manifest(path),
-            summary=summarize(path),
-            ran=ran,
-        )
+    @cached_property
+    def clients(self) -> pd.DataFrame:
+        return self._table("clients")
+
+    @cached_property
+    def stages(self) -> pd.DataFrame:
+        return self._table("stages")
+
+    @cached_property
+    def manifest(self) -> dict[str, Any]:
+        from sim.results.read import read_manifest
+
+        return read_manifest(self.path)
+
+    @property
+    def summary(self) -> RunSummary:
+        """The one-line summary ``dropsim run`` prints (final accuracy, epsilon, mean round time, wall
+        seconds)."""
+        if self._summary is None:
+            from sim.runner.run import summarize
+
+            self._summary = summarize(self.path)
+        return self._summary
+
+    def _table(self, name: str) -> pd.DataFrame:
+        """One table, cut to the rounds the manifest committed."""
+        from sim.results.read import read_run_table
+
+        return read_run_table(self.path, name)
 
 
-@dataclass
 class SweepResult:
     """A finished sweep: every point's status and the points' tables together (a ``run_id`` column tells
-    them apart; the swept keys are columns of their own)."""
+    them apart; the swept keys are columns of their own), read when first asked for."""
 
-    path: Path
-    """The sweep's folder (``runs.csv``, ``rounds.csv``, ``runs/<run_id>/``)."""
-    statuses: list[RunStatus]
-    rounds: pd.DataFrame
-    clients: pd.DataFrame
-    stages: pd.DataFrame
-    runs: dict[str, RunResult] = field(default_factory=dict)
-    """The finished points by run id."""
+    def __init__(self, path: Path, statuses: list[RunStatus]) -> None:
+        self.path = path
+        """The sweep's folder (``runs.csv``, ``rounds.csv``, ``runs/<run_id>/``)."""
+        self.statuses = statuses
+        self.runs = {
+            s.run_id: RunResult(path / "runs" / s.run_id, ran=s.status == "complete", summary=s.summary)
+            for s in statuses
+            if s.status in ("complete", "skipped")
+        }
+        """The finished points by run id."""
 
     @property
     def failed(self) -> list[RunStatus]:
         return [s for s in self.statuses if s.status == "failed"]
+
+    @cached_property
+    def rounds(self) -> pd.DataFrame:
+        return self._together("rounds")
+
+    @cached_property
+    def clients(self) -> pd.DataFrame:
+        return self._together("clients")
+
+    @cached_property
+    def stages(self) -> pd.DataFrame:
+        return self._together("stages")
+
+    def _together(self, table: str) -> pd.DataFrame:
+        import pandas as pd
+
+        frames = [getattr(run, table) for run in self.runs.values()]
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
 def load_scenario(
@@ -154,10 +187,9 @@ def run(
     one = _one(scenario, overrides, output)
     check_all([one])
     out = Path(one.output)
-    ran = prepare_output(out, one, force=force)
-    if ran:
-        run_scenario(one, out, progress=progress)
-    return RunResult.read(out, ran)
+    if prepare_output(out, one, force=force):
+        return RunResult(out, True, run_scenario(one, out, progress=progress))
+    return RunResult(out, ran=False)
 
 
 def sweep(
@@ -172,8 +204,6 @@ def sweep(
     """Run every point of a scenario's sweep (``jobs`` worker processes, or the Dask cluster at
     ``scheduler``) into ``output``, as ``dropsim sweep``; points already finished there are kept. Returns
     every point's status and the finished points' tables together."""
-    import pandas as pd
-
     from sim.preflight import check_all
     from sim.sweeps import run_sweep
 
@@ -183,18 +213,7 @@ def sweep(
     check_all(grid.points())
     source = str(scenario) if isinstance(scenario, str | Path) else MAPPING_NAME
     statuses = run_sweep(grid, source, jobs=jobs, progress=progress, on_status=on_status, scheduler=scheduler)
-    out = Path(grid.base().output)
-    runs = {
-        s.run_id: RunResult.read(out / "runs" / s.run_id, ran=s.status == "complete")
-        for s in statuses
-        if s.status in ("complete", "skipped")
-    }
-
-    def together(table: str) -> pd.DataFrame:
-        frames = [getattr(r, table) for r in runs.values()]
-        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
-
-    return SweepResult(out, statuses, together("rounds"), together("clients"), together("stages"), runs)
+    return SweepResult(Path(grid.base().output), statuses)
 
 
 def privacy_table(
