@@ -236,11 +236,13 @@ def privacy_rows(
     scenario: Scenario, dropouts: Sequence[float], strategies: Sequence[str] | None, dim: int | None
 ) -> list[dict[str, Any]]:
     """The rows of :func:`privacy_table` as plain dicts (what ``dropsim privacy`` prints and writes)."""
-    from sim.dp.strategies import STRATEGIES
+    from sim.dp.strategies import STRATEGIES, strategy_named
     from sim.runner.privacy_table import model_dimension, planned
     from sim.runner.privacy_table import privacy_table as table
 
-    supported = [s for s in planned() if scenario.aggregation.spec.supports(STRATEGIES[s])]
+    own = scenario.privacy.strategy
+    named = (*planned(), *([own] if own not in STRATEGIES and strategy_named(own).enabled else []))
+    supported = [s for s in named if scenario.aggregation.spec.supports(strategy_named(s))]
     chosen = list(strategies) if strategies is not None else supported
     unknown = [s for s in chosen if s not in supported]
     if unknown:

@@ -52,7 +52,7 @@ def _budget(directory: Path) -> float:
     if not isinstance(privacy, dict):
         return float("nan")
     strategy = STRATEGIES.get(str(privacy.get("strategy", AggregationParams.strategy)))
-    if strategy is not None and not strategy.enabled:
+    if strategy is not None and not strategy.enabled:  # a plug-in's, not imported here, is taken to add noise
         return float("nan")
     return float(privacy.get("epsilon", float("nan")))
 

@@ -8,15 +8,27 @@ came from (:class:`PluginRef`: the import path, and the distribution and version
 run's manifest); what cannot be imported is a :class:`PluginError` that names where it was named, the path
 and why.
 
-Importing runs the plug-in's module: a plug-in is code its user chose to run.
+A module is looked for on ``sys.path`` and then in the working directory (as ``python -m`` would find it), so
+``factory: "my_models:build"`` finds ``my_models.py`` beside where ``dropsim run`` was started. Every process
+that runs a scenario (training workers, a sweep's workers, a Dask cluster's) imports its plug-ins again by
+their path: they must be importable there too.
+
+:func:`call` calls a plug-in with the scenario's ``args`` (keyword arguments), adding the values a run offers
+(``input_shape``, ``num_classes``, ``population``, ``seed``) that the plug-in names among its parameters.
+
+Importing runs the plug-in's module: a plug-in is code its user chose to run (docs/security.md).
 """
 
 from __future__ import annotations
 
 import importlib
+import inspect
 import keyword
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
@@ -64,9 +76,56 @@ def is_import_path(text: str) -> bool:
     return ":" in text
 
 
+_RESOLVED: dict[tuple[str, str], tuple[Any, PluginRef]] = {}
+"""Plug-ins this process has resolved, by ``(kind, name)``."""
+
+
 def resolve(kind: str, name: str, where: str) -> tuple[Any, PluginRef]:
     """The object plug-in ``name`` of ``kind`` stands for, and where it came from. ``where`` (file:line and
-    key) starts every error message."""
+    key) starts every error message. Resolved once per process."""
+    found = _RESOLVED.get((kind, name))
+    if found is None:
+        found = _RESOLVED[(kind, name)] = _resolve(kind, name, where)
+    return found
+
+
+def is_installed(kind: str, name: str) -> bool:
+    """Whether an installed distribution names a plug-in ``name`` of ``kind`` (an entry point of its group)."""
+    return any(ep.name == name for ep in metadata.entry_points(group=GROUPS[kind]))
+
+
+def call(fn: Any, args: Mapping[str, Any], offered: Mapping[str, Any], what: str, where: str) -> Any:
+    """``fn(**args, **those of offered that fn names as parameters)`` (``args`` win over ``offered``).
+
+    ``what`` names the plug-in in errors (its path); an ``args`` that does not fit ``fn``'s parameters, and
+    whatever ``fn`` raises, is a :class:`PluginError` starting with ``where``."""
+    if not callable(fn):
+        raise PluginError(f"{where}: {what} is a {type(fn).__name__}, not a function or class to call")
+    kwargs = dict(args)
+    try:
+        signature: inspect.Signature | None = inspect.signature(fn)
+    except (TypeError, ValueError):  # some built-ins have none: pass args alone
+        signature = None
+    if signature is not None:
+        named = {
+            p.name
+            for p in signature.parameters.values()
+            if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        }
+        kwargs.update({key: value for key, value in offered.items() if key in named and key not in args})
+        try:
+            signature.bind(**kwargs)
+        except TypeError as exc:
+            raise PluginError(f"{where}: {what}{signature} cannot take args {dict(args)!r}: {exc}") from None
+    try:
+        return fn(**kwargs)
+    except PluginError:
+        raise
+    except Exception as exc:  # the plug-in's own code failed: say what it raised
+        raise PluginError(f"{where}: {what} raised {type(exc).__name__}: {exc}") from exc
+
+
+def _resolve(kind: str, name: str, where: str) -> tuple[Any, PluginRef]:
     if kind not in GROUPS:
         raise ValueError(f"unknown kind of plug-in {kind!r}; one of {', '.join(GROUPS)}")
     if is_import_path(name):
@@ -93,7 +152,7 @@ def _load_path(path: str, where: str) -> Any:
     if not all(p.isidentifier() and not keyword.iskeyword(p) for p in [*dotted, *parts[1:]]):
         raise PluginError(f"{where}: {path!r} is not an import path: pkg.module:name is expected")
     try:
-        module = importlib.import_module(module_name.strip())
+        module = _import(module_name.strip())
     except ModuleNotFoundError as exc:
         raise PluginError(
             f"{where}: cannot import {path!r}: no module named {exc.name!r} (is its package installed, or on "
@@ -108,6 +167,25 @@ def _load_path(path: str, where: str) -> Any:
             raise PluginError(f"{where}: cannot import {path!r}: {owner} has no attribute {part!r}")
         obj = getattr(obj, part)
     return obj
+
+
+def _import(module_name: str) -> Any:
+    """Import ``module_name`` from ``sys.path``, else from the working directory (appended to ``sys.path``, after
+    everything installed, when it holds the module's top package)."""
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        top = module_name.split(".", maxsplit=1)[0]
+        here = str(Path.cwd())
+        if exc.name != top or here in sys.path or not _holds(Path(here), top):
+            raise
+    sys.path.append(here)
+    importlib.invalidate_caches()
+    return importlib.import_module(module_name)
+
+
+def _holds(folder: Path, top: str) -> bool:
+    return (folder / f"{top}.py").is_file() or (folder / top / "__init__.py").is_file()
 
 
 def _ref(kind: str, name: str, path: str) -> PluginRef:

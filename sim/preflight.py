@@ -13,7 +13,7 @@ from pathlib import Path
 from sim.costs.model import CostModel, CostModelError
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
-from sim.learning.models import train_op, update_dimension
+from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
 from sim.round.privacy import padded
@@ -43,12 +43,16 @@ def preflight(scenario: Scenario) -> list[Problem]:
         problems += _trace(scenario)
     if scenario.privacy.enabled:
         problems += _privacy(scenario)
+    plugins, shaped = _plugins(scenario)
+    problems += plugins
     try:
         costs = CostModel.load(cost_profile(scenario))
     except CostModelError as exc:
         problems.append(Problem(scenario.origin("costs", "profile"), "costs.profile", str(exc)))
         return problems
-    shape, classes = data_shape(data)
+    if shaped is None:  # the data or model failed: nothing to size
+        return problems
+    shape, classes = shaped
     pipeline = scenario.pipeline
     if pipeline is not None and pipeline.chunks is not None:
         dim = update_dimension(scenario.model, shape, classes)
@@ -62,8 +66,19 @@ def preflight(scenario: Scenario) -> list[Problem]:
                     f"is {pipeline.chunks}, more chunks than the update has values ({dim}); use at most {dim}",
                 )
             )
-    # an abstract model (model.params) trains at its own rate: no profiled train op
-    training = () if scenario.model.name is None else (train_op(scenario.model.name, shape, classes),)
+    # an abstract model (model.params), or a factory's with train_seconds_per_sample, trains at its own rate
+    training = () if trains_at_rate(scenario.model) else (model_train_op(scenario.model, shape, classes),)
+    if training and not costs.has(training[0]) and scenario.model.factory is not None:
+        problems.append(
+            Problem(
+                scenario.origin("model", "factory"),
+                "model.factory",
+                f"has no training time: {costs.source} does not measure {training[0]}; measure it with "
+                "`dropsim profile --model SCENARIO --out PROFILE` (then costs.profile: PROFILE), or give "
+                "model.train_seconds_per_sample",
+            )
+        )
+        training = ()
     needed = (*training, *DRIVER_OPERATIONS, *scenario.aggregation.spec.operations)
     missing = [op for op in needed if not costs.has(op)]
     if missing:
@@ -75,6 +90,110 @@ def preflight(scenario: Scenario) -> list[Problem]:
             )
         )
     return problems
+
+
+def _plugins(scenario: Scenario) -> tuple[list[Problem], tuple[tuple[int, ...], int] | None]:
+    """The checks of a scenario's plug-ins that need them run (:mod:`sim.plugins`): its data loader's data, its
+    model on those data, its dropout model's draws. Returns the problems and the data's (input shape,
+    classes), or None where the data or model cannot be had."""
+    from sim.errors import InputError
+    from sim.learning.federated import load_federated
+
+    sc = scenario
+    data = sc.data
+    if data.loader is None:
+        shaped: tuple[tuple[int, ...], int] | None = data_shape(data)
+        federated = None
+    else:
+        key = "loader" if "loader" in sc.resolved.get("data", {}) else "dataset"
+        try:
+            federated = load_federated(data, sc.population, sc.seed)
+        except InputError as exc:
+            return [_problem(sc, ("data", key), exc)], None
+        shaped = (federated.input_shape, federated.num_classes)
+    problems = []
+    if sc.dropout.model is not None:
+        problems += _dropout_plugin(sc)
+    if sc.model.params is not None or (federated is None and sc.model.factory is None):
+        return problems, shaped
+    model_key = ("model", "factory" if "factory" in sc.resolved.get("model", {}) else "name")
+    try:
+        problems += _model_plugin(sc, federated, shaped, model_key)
+    except InputError as exc:
+        return [*problems, _problem(sc, model_key, exc)], None
+    return problems, shaped
+
+
+def _problem(scenario: Scenario, key: tuple[str, ...], exc: Exception) -> Problem:
+    """``exc``, raised about ``key``, as the problem there (its message without a ``key: `` it starts with)."""
+    dotted = ".".join(key)
+    text = str(exc)
+    for head in (f"{dotted}: ", f"{scenario.origin(*key)}: {dotted}: "):
+        if text.startswith(head):
+            text = text[len(head) :]
+    return Problem(scenario.origin(*key), dotted, text)
+
+
+def _model_plugin(
+    scenario: Scenario, federated: object, shaped: tuple[tuple[int, ...], int] | None, key: tuple[str, ...]
+) -> list[Problem]:
+    """The scenario's model builds on its data's shape and gives one logit per class on a few test inputs."""
+    import torch
+
+    from sim.learning.federated import FederatedData, load_federated
+    from sim.learning.models import make_model
+    from sim.learning.plugin_model import check_model
+
+    assert shaped is not None
+    data = (
+        federated
+        if isinstance(federated, FederatedData)
+        else load_federated(scenario.data, scenario.population, scenario.seed)
+    )
+    model = scenario.model
+    what = model.factory or f"model {model.name}"
+    with torch.random.fork_rng(devices=[]):
+        try:
+            built = make_model(model, *shaped)
+        except ValueError as exc:  # a built-in model on inputs it cannot take
+            return [Problem(scenario.origin(*key), ".".join(key), str(exc))]
+        check_model(built, data.test_data()[0][:2], shaped[1], what, ".".join(key))
+    return []
+
+
+def _dropout_plugin(scenario: Scenario) -> list[Problem]:
+    """The plug-in dropout model prepares for the population and draws, for two rounds, a subset of the sampled
+    clients (each client at most once, in the sample's order)."""
+    import numpy as np
+
+    from sim.errors import InputError
+    from sim.scenario.dropout_modes import dropout_mode
+
+    sc = scenario
+    config = sc.dropout
+    where = sc.origin("dropout", "model")
+    try:
+        mode = dropout_mode(config)
+        state = mode.prepare(config, sc.population, sc.seed)
+        k = sc.sampling.clients_per_round or max(1, round((sc.sampling.rate or 0) * sc.population))
+        sampled = np.arange(min(k, sc.population))
+        for round_ in (1, 2):
+            dropped = np.asarray(mode.drops(config, state, np.random.default_rng(round_), sampled))
+            inside = np.isin(dropped, sampled).all() and np.unique(dropped).size == dropped.size
+            if dropped.ndim != 1 or not np.issubdtype(dropped.dtype, np.integer) or not inside:
+                return [
+                    Problem(
+                        where,
+                        "dropout.model",
+                        f"{config.model}.drops returned {dropped!r} for sampled clients {sampled!r}: a subset of the "
+                        "sampled clients (an integer array) is expected (docs/plugins.md)",
+                    )
+                ]
+    except InputError as exc:
+        return [_problem(sc, ("dropout", "model"), exc)]
+    except Exception as exc:
+        return [Problem(where, "dropout.model", f"{config.model} raised {type(exc).__name__}: {exc} (docs/plugins.md)")]
+    return []
 
 
 def _trace(scenario: Scenario) -> list[Problem]:

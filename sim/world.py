@@ -16,7 +16,7 @@ from sim.clients.dropout import DropoutModel
 from sim.clients.population import Population
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, LinearCost
 from sim.learning.federated import FederatedData, load_federated
-from sim.learning.models import model_train_op, update_dimension
+from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.learning.trainer import Learner
 from sim.scenario.types import Scenario
 from sim.testbed import cost_profile, is_engine, is_kernel, run_dilation
@@ -74,12 +74,12 @@ def build(scenario: Scenario) -> World:
     data = load_federated(sc.data, sc.population, sc.seed)
     learner: Learner | None = None
     if sc.fidelity == "full":
-        assert sc.model.name is not None  # the parser allows model.params only with fidelity timing
-        learner = Learner(sc.model.name, data, sc.training, sc.seed, (sc.data, sc.population, sc.seed))
+        assert sc.model.params is None  # the parser allows model.params only with fidelity timing
+        learner = Learner(sc.model, data, sc.training, sc.seed, (sc.data, sc.population, sc.seed))
     shape, classes = data.input_shape, data.num_classes
     dim = learner.dim if learner is not None else update_dimension(sc.model, shape, classes)
     op = model_train_op(sc.model, shape, classes)
-    if sc.model.params is not None:  # an abstract model trains at the scenario's rate, not a profiled one
+    if trains_at_rate(sc.model):  # an abstract model (or a factory's given one) trains at the scenario's rate
         rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
         costs = CostModel(
             {**costs.operations, op: rate},

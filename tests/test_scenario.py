@@ -56,7 +56,7 @@ def test_misspelt_key_names_line_path_and_closest_key(tmp_path):
     (message,) = problems(tmp_path, text)
     assert message.startswith(f"{tmp_path / 's.yaml'}:7: dropout.rat: is not a known key")
     assert "did you mean 'dropout.rate'?" in message
-    assert "allowed keys here: high, high_fraction, low, mode, rate, silent, stage" in message
+    assert "allowed keys here: high, high_fraction, low, mode, model, rate, silent, stage" in message
 
 
 def test_misspelt_top_level_key(tmp_path):

@@ -125,12 +125,18 @@ def build_parser() -> argparse.ArgumentParser:
         "implementation does alike from (default: the shipped one)",
     )
     p.add_argument(
+        "--model",
+        metavar="SCENARIO",
+        help="time local training of this scenario's model (its own, model.factory, or a built-in) on its data's "
+        "shape and add it to the --out profile (a copy of the scenario's profile if --out does not exist yet)",
+    )
+    p.add_argument(
         "--pipeline",
         metavar="SCENARIO",
         help="fit Dordis eq. 3 per stage from short simulated runs of this scenario (secagg or secagg+) and "
         "predict the completion time of every chunk count (Hyades appendix F)",
     )
-    _set_option(p, "with --pipeline: override a scenario key (repeatable)")
+    _set_option(p, "with --pipeline or --model: override a scenario key (repeatable)")
     p.add_argument(
         "--check",
         action="store_true",
@@ -301,8 +307,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.pipeline is not None and args.only:
         print("dropsim: --only re-measures operations of a profile; it does not go with --pipeline", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.model is not None and (args.pipeline is not None or args.only or args.impl != "dropsim"):
+        print(
+            "dropsim: --model adds one model's training to a profile; not with --pipeline, --only or --impl",
+            file=sys.stderr,
+        )
+        return EXIT_BAD_INPUT
     if args.pipeline is not None:
         return cmd_profile_pipeline(args)
+    if args.model is not None:
+        return cmd_profile_model(args)
     if args.overrides or args.check or args.csv:
         print("dropsim: --set, --check and --csv go with --pipeline SCENARIO", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -362,6 +376,31 @@ def cmd_profile(args: argparse.Namespace) -> int:
             "a factor of two. Measure without --quick for results.",
             file=sys.stderr,
         )
+    return 0
+
+
+def cmd_profile_model(args: argparse.Namespace) -> int:
+    """``dropsim profile --model SCENARIO --out PROFILE``: the scenario's model's training added to a profile."""
+    from sim.api import load_scenario
+    from sim.costs.model import CostModelError
+    from sim.profiling.profiler import profile_model
+
+    if args.check or args.csv:
+        print("dropsim: --check and --csv go with --pipeline SCENARIO", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
+    try:
+        grid = load_scenario(args.model, args.overrides)
+        points = grid.points()
+        if len(points) != 1:
+            print(f"dropsim: {args.model}: --model times one scenario's model, not a sweep's", file=sys.stderr)
+            return EXIT_BAD_INPUT
+        op, doc = profile_model(points[0], args.out, quick=args.quick, progress=say)
+    except (InputError, CostModelError) as exc:
+        print(f"dropsim: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print_table([{"operation": op, **doc["operations"][op]["coef"], "r2": doc["operations"][op]["r2"]}])
+    print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
     return 0
 
 

@@ -90,7 +90,7 @@ def check_deployable(scenario: Scenario) -> None:
     problems = []
     if scenario.fidelity != "full":
         problems.append("fidelity is 'timing': the deployment runs the real protocol, set fidelity: full")
-    if scenario.model.name is None:
+    if scenario.model.params is not None:
         problems.append("model.params names no real model: the deployment trains one (model.name)")
     if scenario.trace is not None:
         problems.append("trace replay runs in virtual time only: remove the trace section to deploy")

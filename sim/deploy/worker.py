@@ -138,8 +138,8 @@ class Shared:
         data = load_federated(sc.data, sc.population, sc.seed)
         size = sum(data.num_samples(c) for c in range(sc.population)) * 4 * int(np.prod(data.input_shape))
         self.data = LocalData(data, sc.population) if size <= LOCAL_DATA_BYTES else data
-        assert sc.model.name is not None  # the deployment needs a real model (checked by the server)
-        self.learner = Learner(sc.model.name, self.data, sc.training, sc.seed)
+        assert sc.model.params is None  # the deployment needs a real model (checked by the server)
+        self.learner = Learner(sc.model, self.data, sc.training, sc.seed)
         self.train_op = model_train_op(sc.model, data.input_shape, data.num_classes)
         self.privacy: PrivacyLedger | None = None
         if sc.privacy.enabled:

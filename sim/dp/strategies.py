@@ -27,10 +27,12 @@ the server (each expanded from its own seed). The strategies:
   residual m sigma*^2.
 - ``none``: no noise.
 
-Each is one :class:`Strategy` object in :data:`STRATEGIES` (its behaviour as attributes and methods; a
-plug-in registers its own with :func:`register_strategy`); a :class:`RoundNoise` names its strategy and
-dispatches to it. What a strategy needs of the aggregation protocol (``requires``) is decided on the
-protocol's side (:meth:`sim.protocol.spec.ProtocolSpec.supports`): this module knows no protocol.
+Each is one :class:`Strategy` object in :data:`STRATEGIES` (its behaviour as attributes and methods); a
+scenario may name its own, a plug-in (``privacy.strategy: "pkg.module:Name"``, :func:`plugin_strategy`),
+checked against the interface before it is used (:func:`check_strategy`). A :class:`RoundNoise` names its
+strategy and dispatches to it (:func:`strategy_named`). What a strategy needs of the aggregation protocol
+(``requires``) is decided on the protocol's side (:meth:`sim.protocol.spec.ProtocolSpec.supports`): this module
+knows no protocol.
 
 The privacy a round really gives is accounted at :meth:`RoundNoise.accounted`: the residual, less the
 share the T_C colluders know of it (their own noise, the residual being spread evenly over survivors).
@@ -41,9 +43,11 @@ is an exact statement.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 from functools import cached_property
+from typing import Any
 
 NOTHING = "nothing"
 """What a strategy that adds no noise requires of the aggregation protocol."""
@@ -196,6 +200,117 @@ for _strategy in (
     register_strategy(_strategy)
 
 
+_PLUGINS: dict[str, Strategy] = {}
+"""Plug-in strategies this process has built, by the name a scenario gives them."""
+
+
+def strategy_named(name: str, where: str = "privacy.strategy") -> Strategy:
+    """The strategy ``name`` stands for: one of :data:`STRATEGIES`, else a plug-in (:func:`plugin_strategy`)."""
+    found = STRATEGIES.get(name) or _PLUGINS.get(name)
+    if found is not None:
+        return found
+    from sim.plugins import is_import_path, is_installed
+
+    if not (is_import_path(name) or is_installed("strategy", name)):
+        raise ValueError(
+            f"unknown strategy {name!r}; one of {', '.join(STRATEGIES)}, an import path pkg.module:Name or an "
+            "installed dropsim.strategies plug-in's name"
+        )
+    return plugin_strategy(name, where)
+
+
+def plugin_strategy(name: str, where: str) -> Strategy:
+    """The plug-in strategy ``name`` (an import path ``pkg.module:Name`` or a ``dropsim.strategies`` entry point,
+    :mod:`sim.plugins`): a :class:`Strategy` subclass, built with ``name``, or a :class:`Strategy` object,
+    renamed ``name``; checked against the interface (:func:`check_strategy`) once per process. Errors
+    (:class:`sim.plugins.PluginError`) start with ``where``."""
+    built = _PLUGINS.get(name)
+    if built is not None:
+        return built
+    import dataclasses
+
+    from sim.plugins import PluginError, call, resolve
+
+    obj, ref = resolve("strategy", name, where)
+    if isinstance(obj, type) and issubclass(obj, Strategy):
+        strategy = call(obj, {"name": name}, {}, ref.path, where)
+    elif isinstance(obj, Strategy):
+        strategy = dataclasses.replace(obj, name=name)
+    else:
+        raise PluginError(
+            f"{where}: {ref.path} is {_kind(obj)}, not a strategy: a subclass of sim.dp.strategies.Strategy (or "
+            "one of its objects) is expected (docs/plugins.md)"
+        )
+    check_strategy(strategy, f"{where}: {ref.path}")
+    _PLUGINS[name] = strategy
+    return strategy
+
+
+def _kind(obj: object) -> str:
+    return f"class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+
+
+_PROBES = ((10, 0), (10, 5), (10, 9), (3, 1), (1, 0))
+"""``(sampled, tolerance)`` of the rounds :func:`check_strategy` plans."""
+
+
+def check_strategy(strategy: Strategy, where: str) -> None:
+    """Raise :class:`sim.plugins.PluginError` unless ``strategy`` keeps the interface a round relies on: its
+    flags are booleans and ``requires`` one of :data:`NOTHING`, :data:`ENCODED`, :data:`SECURE`; and, planned
+    for a few round sizes and every dropout count, each method returns what it must (exact variances, as
+    :class:`fractions.Fraction` or int, >= 0; removed indices among the removable components)."""
+    from sim.plugins import PluginError
+
+    def fail(message: str) -> PluginError:
+        return PluginError(f"{where}: breaks the strategy interface: {message} (docs/plugins.md)")
+
+    if strategy.requires not in (NOTHING, ENCODED, SECURE):
+        raise fail(f"requires is {strategy.requires!r}; one of {NOTHING!r}, {ENCODED!r}, {SECURE!r} is expected")
+    for flag in ("enabled", "distributed", "removes", "rebasing", "central", "early"):
+        if not isinstance(getattr(strategy, flag), bool):
+            raise fail(f"{flag} is {getattr(strategy, flag)!r}, not True or False")
+    _PLUGINS[strategy.name] = strategy  # the probe plans look it up by name
+    try:
+        for sampled, tolerance in _PROBES:
+            plan = RoundNoise(strategy.name, 1.0, sampled, tolerance)
+            _probe(plan, strategy, fail)
+    finally:
+        del _PLUGINS[strategy.name]
+
+
+def _probe(plan: RoundNoise, strategy: Strategy, fail: Callable[[str], Exception]) -> None:
+    at = f"(planned for {plan.sampled} clients, tolerance {plan.tolerance})"
+
+    def exact(value: object, what: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int | Fraction) or value < 0:
+            raise fail(f"{what} returned {value!r} {at}: an exact variance >= 0 (a fractions.Fraction) is expected")
+
+    def run(method: str, *args: int) -> Any:
+        try:
+            return getattr(strategy, method)(plan, *args)
+        except Exception as exc:
+            raise fail(f"{method} raised {type(exc).__name__}: {exc} {at}") from exc
+
+    components = run("components")
+    if not isinstance(components, tuple) or not components:
+        raise fail(f"components returned {components!r} {at}: a non-empty tuple of variances is expected")
+    for value in components:
+        exact(value, "components")
+    exact(run("server"), "server")
+    for dropped in range(plan.sampled):
+        if dropped <= plan.tolerance:
+            removed = run("removed", dropped)
+            if not isinstance(removed, tuple) or not all(
+                isinstance(k, int) and 1 <= k < len(components) for k in removed
+            ):
+                raise fail(
+                    f"removed({dropped}) returned {removed!r} {at}: a tuple of indices of removable components "
+                    f"(1 to {len(components) - 1}) is expected"
+                )
+        exact(run("residual", dropped), f"residual({dropped})")
+        exact(run("accounted", dropped), f"accounted({dropped})")
+
+
 @dataclass(frozen=True)
 class RoundNoise:
     """The noise plan of one round for ``sampled`` clients."""
@@ -215,8 +330,8 @@ class RoundNoise:
 
     def __post_init__(self) -> None:
         n, t = self.sampled, self.tolerance
-        if self.strategy not in STRATEGIES:
-            raise ValueError(f"unknown strategy {self.strategy!r}; one of {', '.join(STRATEGIES)}")
+        if self.strategy not in STRATEGIES and self.strategy not in _PLUGINS:
+            strategy_named(self.strategy)  # a plug-in not yet built here, or an error naming the unknown name
         if n < 1 or not 0 <= t < n:
             raise ValueError(f"need 0 <= tolerance < sampled, got tolerance {t} of {n}")
         if self.collusion and not 0 <= self.collusion < self.threshold:
@@ -224,8 +339,8 @@ class RoundNoise:
 
     @property
     def spec(self) -> Strategy:
-        """The strategy's behaviour (:data:`STRATEGIES`)."""
-        return STRATEGIES[self.strategy]
+        """The strategy's behaviour (:data:`STRATEGIES`, or a plug-in's)."""
+        return strategy_named(self.strategy)
 
     @property
     def guessed_survivors(self) -> int:

@@ -41,10 +41,15 @@ SHAPES: dict[str, tuple[tuple[int, int, int], int]] = {
 default; see :func:`data_shape`)."""
 
 
-def data_shape(config: Data) -> tuple[tuple[int, int, int], int]:
-    """Input shape ``(C, H, W)`` and number of classes of the scenario's data, without reading it."""
+def data_shape(config: Data, population: int = 1, seed: int = 0) -> tuple[tuple[int, ...], int]:
+    """Input shape (``(C, H, W)`` for images) and number of classes of the scenario's data: without reading it,
+    but for a loader's (:mod:`sim.learning.plugin_data`), which is loaded for the scenario's ``population``
+    and ``seed``."""
     if config.dataset == "synthetic":
         return config.input_shape, config.classes
+    if config.loader is not None:
+        data = load_federated(config, population, seed)
+        return data.input_shape, data.num_classes
     return SHAPES[config.dataset]
 
 
@@ -55,14 +60,15 @@ _SYNTHETIC_TEST = 1000
 class FederatedData:
     """Clients' local data and the test set; ``client`` indices are population indices."""
 
-    input_shape: tuple[int, int, int]
+    input_shape: tuple[int, ...]
+    """The shape of one input: ``(C, H, W)`` for images."""
     num_classes: int
 
     def num_samples(self, client: int) -> int:
         raise NotImplementedError
 
     def client_data(self, client: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(x, y)``: float32 images (n, C, H, W) and int64 labels of one client."""
+        """``(x, y)``: float32 inputs (n, *input_shape), e.g. images (n, C, H, W), and int64 labels of one client."""
         raise NotImplementedError
 
     def test_data(self) -> tuple[np.ndarray, np.ndarray]:
@@ -133,7 +139,12 @@ class SyntheticData(FederatedData):
 
 
 def load_federated(config: Data, population: int, seed: int) -> FederatedData:
-    """Read (or generate) the scenario's data set and partition it among ``population`` clients."""
+    """Read (or generate, or have its loader give) the scenario's data set and partition it among
+    ``population`` clients."""
+    if config.loader is not None:
+        from sim.learning.plugin_data import load_plugin_data
+
+        return load_plugin_data(config, population, seed)
     if config.dataset == "synthetic":
         return SyntheticData(population, config, seed)
     rng = generator(seed, Stream.PARTITION, 0)

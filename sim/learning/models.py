@@ -48,8 +48,9 @@ from sim.scenario.types import Model
 MODELS = ("cnn", "mlp", "resnet18", "vgg19", "linear")
 
 PARAMS_TRAIN_OP = "train.params"
-"""Cost-model operation of an abstract model's local training (``model: {params: N}``): the engine
-charges ``model.train_seconds_per_sample`` per sample pass under this name, not a profiled cost."""
+"""Cost-model operation of an abstract model's local training (``model: {params: N}``), and of a factory
+model's that gives ``train_seconds_per_sample``: the engine charges ``model.train_seconds_per_sample`` per
+sample pass under this name, not a profiled cost."""
 
 _GROUPS = 32
 """GroupNorm groups (Wu & He 2018's default); divides every channel count used here."""
@@ -143,6 +144,22 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
 
 
+def make_model(model: Model | str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """A fresh model of a scenario's ``model`` section (or a named model): built here, or by its factory
+    plug-in (:mod:`sim.learning.plugin_model`); initialised from torch's global generator (seed it first)."""
+    if isinstance(model, Model) and model.factory is not None:
+        from sim.learning.plugin_model import build_plugin_model
+
+        return build_plugin_model(model, input_shape, num_classes)
+    name = model if isinstance(model, str) else model.name
+    if name is None:
+        raise ValueError("an abstract model (model.params) has no weights to build")
+    if len(input_shape) != 3:
+        raise ValueError(f"model {name} takes images (C, H, W), not inputs of shape {tuple(input_shape)}")
+    c, h, w = input_shape
+    return build_model(name, (c, h, w), num_classes)
+
+
 def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: int) -> int:
     """Number of parameters, counted on torch's meta device (no memory, no initialisation)."""
     with torch.device("meta"):
@@ -150,22 +167,46 @@ def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: 
     return sum(p.numel() for p in model.parameters())
 
 
-def train_op(name: str, input_shape: tuple[int, int, int], num_classes: int) -> str:
-    """Cost-model operation name of local training, e.g. ``train.cnn.1x8x8.10``."""
+def train_op(name: str, input_shape: tuple[int, ...], num_classes: int) -> str:
+    """Cost-model operation name of local training, e.g. ``train.cnn.1x8x8.10``; a factory model's is named
+    by :func:`model_name`, e.g. ``train.my_models:small_cnn+1a2b3c4d.1x8x8.10``."""
     return f"train.{name}.{'x'.join(str(s) for s in input_shape)}.{num_classes}"
 
 
-def update_dimension(model: Model, input_shape: tuple[int, int, int], num_classes: int) -> int:
-    """Length of an update: ``model.params`` for an abstract model, else the named model's parameters."""
-    if model.name is None:
-        assert model.params is not None  # Model checks that exactly one is given
+def model_name(model: Model) -> str:
+    """The name a model's training operation has: the built-in's name, or a factory's name (import path or
+    entry point) with ``+`` and :func:`~sim.learning.plugin_model.args_key` of its args when it has any."""
+    if model.factory is None:
+        assert model.name is not None
+        return model.name
+    from sim.learning.plugin_model import args_key
+
+    key = args_key(model.args)
+    return f"{model.factory}+{key}" if key else model.factory
+
+
+def update_dimension(model: Model, input_shape: tuple[int, ...], num_classes: int) -> int:
+    """Length of an update: ``model.params`` for an abstract model, else the model's parameters."""
+    if model.params is not None:
         return model.params
-    return count_parameters(model.name, input_shape, num_classes)
+    if model.factory is not None:
+        from sim.learning.plugin_model import plugin_parameters
+
+        return plugin_parameters(model, input_shape, num_classes)
+    assert model.name is not None and len(input_shape) == 3
+    c, h, w = input_shape
+    return count_parameters(model.name, (c, h, w), num_classes)
 
 
-def model_train_op(model: Model, input_shape: tuple[int, int, int], num_classes: int) -> str:
-    """The cost-model operation charged for local training: the named model's profiled
-    :func:`train_op`, or :data:`PARAMS_TRAIN_OP` for an abstract model."""
-    if model.name is None:
+def model_train_op(model: Model, input_shape: tuple[int, ...], num_classes: int) -> str:
+    """The cost-model operation charged for local training: the model's profiled :func:`train_op`, or
+    :data:`PARAMS_TRAIN_OP` for a model that trains at its ``train_seconds_per_sample`` (an abstract model,
+    or a factory's that gives one)."""
+    if model.params is not None or model.train_seconds_per_sample > 0:
         return PARAMS_TRAIN_OP
-    return train_op(model.name, input_shape, num_classes)
+    return train_op(model_name(model), input_shape, num_classes)
+
+
+def trains_at_rate(model: Model) -> bool:
+    """Whether local training is charged at ``model.train_seconds_per_sample``, not a profiled operation."""
+    return model.params is not None or model.train_seconds_per_sample > 0

@@ -20,9 +20,9 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from sim.errors import InputError
 from sim.learning.federated import FederatedData, load_federated
-from sim.learning.models import build_model
+from sim.learning.models import make_model
 from sim.learning.pool import DataSource, TrainingPool
-from sim.scenario.types import Training
+from sim.scenario.types import Model, Training
 from sim.seeds import Stream, int_seed
 
 _EVAL_BATCH = 1024
@@ -32,19 +32,25 @@ class Learner:
     """The global model and the means to train it locally and test it."""
 
     def __init__(
-        self, model_name: str, data: FederatedData, training: Training, seed: int, source: DataSource | None = None
+        self,
+        model: Model | str,
+        data: FederatedData,
+        training: Training,
+        seed: int,
+        source: DataSource | None = None,
     ) -> None:
-        """``source`` (the data set's configuration, population and seed) lets ``training.workers`` > 1
-        processes build the same data set themselves."""
+        """``model``: the scenario's model section (a built-in's name or a factory plug-in), or a built-in's
+        name. ``source`` (the data set's configuration, population and seed) lets ``training.workers`` > 1
+        processes build the same data set (and model) themselves."""
         torch.set_num_threads(training.threads)
         torch.manual_seed(int_seed(seed, Stream.MODEL_INIT))
-        self.model: nn.Module = build_model(model_name, data.input_shape, data.num_classes)
+        self.model: nn.Module = make_model(model, data.input_shape, data.num_classes)
         self.data = data
         self.training = training
         self.seed = seed
         self.params = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
         self._loss = nn.CrossEntropyLoss()
-        self._model_name = model_name
+        self._model_spec = model
         self._source = source
         self._pool: TrainingPool | None = None
         if training.workers > 1:
@@ -53,7 +59,7 @@ class Learner:
             if next(self.model.buffers(), None) is not None:
                 raise InputError(
                     f"training.workers: {training.workers} needs a model whose state is its parameters; "
-                    f"{model_name} has buffers (e.g. batch-norm statistics) that would differ between processes"
+                    f"{_described(model)} has buffers (e.g. batch-norm statistics) that would differ between processes"
                 )
 
     def prefetch(self, round: int, clients: list[int]) -> None:
@@ -63,7 +69,7 @@ class Learner:
             return
         if self._pool is None:
             assert self._source is not None
-            build = partial(_worker_learner, self._model_name, self._source, self.training, self.seed)
+            build = partial(_worker_learner, self._model_spec, self._source, self.training, self.seed)
             self._pool = TrainingPool(build, self.training.workers)
         self._pool.start(self.params, round, clients, [self.data.num_samples(c) for c in clients])
 
@@ -131,10 +137,16 @@ class Learner:
         return hashlib.sha256(self.params.astype("<f4").tobytes()).hexdigest()
 
 
-def _worker_learner(model_name: str, source: DataSource, training: Training, seed: int) -> Learner:
+def _worker_learner(model: Model | str, source: DataSource, training: Training, seed: int) -> Learner:
     """A training worker's own learner (:class:`~sim.learning.pool.TrainingPool`): the same model, seed and
-    settings, the data set loaded there from its source."""
-    return Learner(model_name, load_federated(*source), training, seed, source)
+    settings, the data set loaded there from its source (plug-ins imported there by their paths)."""
+    return Learner(model, load_federated(*source), training, seed, source)
+
+
+def _described(model: Model | str) -> str:
+    if isinstance(model, str):
+        return model
+    return model.factory or model.name or "the model"
 
 
 def local_batches(samples: int, batch_size: int, epochs: int) -> int:

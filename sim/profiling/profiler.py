@@ -47,13 +47,13 @@ from sim.profiling.transport import TRANSPORT
 from sim.protocol.fedavg import ClientUpdate, FedAvgServer
 from sim.results.manifest import host, versions
 from sim.results.writer import write_json
-from sim.scenario.types import Training
+from sim.scenario.types import Model, Scenario, Training
 
 
 class _RandomData(FederatedData):
     """Random images of a given shape, as many as asked, for timing training."""
 
-    def __init__(self, shape: tuple[int, int, int], classes: int, samples: int) -> None:
+    def __init__(self, shape: tuple[int, ...], classes: int, samples: int) -> None:
         self.input_shape, self.num_classes, self.samples = shape, classes, samples
         rng = np.random.default_rng(0)
         self.x = rng.random((samples, *shape), dtype=np.float32)
@@ -91,8 +91,8 @@ def training_grid(model: str, quick: bool) -> tuple[tuple[int, ...], tuple[int, 
 
 
 def profile_training(
-    model: str,
-    shape: tuple[int, int, int],
+    model: str | Model,
+    shape: tuple[int, ...],
     classes: int,
     sizes: Sequence[int],
     batch_sizes: Sequence[int],
@@ -182,6 +182,46 @@ def run_profile(
     torch.set_num_threads(1)
     with threadpool_limits(limits=1):  # BLAS (the clipping norm) on one core too, as a deployed party's
         return _run_profile(out, quick, progress, shapes)
+
+
+def profile_model(
+    scenario: Scenario, out: Path, quick: bool = False, progress: Callable[[str], None] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """Time local training of ``scenario``'s model (a factory plug-in's, or a built-in's) on its data's input
+    shape and classes, and add the operation (:func:`sim.learning.models.train_op`) to the profile at ``out``:
+    the existing file, else a copy of the scenario's cost profile. Returns the operation and the profile.
+
+    The model is timed as ``dropsim profile`` times the built-in ones (random inputs of the data's shape, one
+    thread), on the larger grid when it has more than 5 million parameters."""
+    from sim.costs.model import CostModel, CostModelError, read_profile, resolve_profile
+    from sim.learning.federated import data_shape
+    from sim.learning.models import model_name, update_dimension
+    from sim.testbed import cost_profile
+
+    sc = scenario
+    if sc.model.params is not None:
+        raise CostModelError(
+            f"{sc.origin('model', 'params')}: model.params is an abstract model: it trains at "
+            "model.train_seconds_per_sample, there is nothing to time"
+        )
+    shape, classes = data_shape(sc.data, sc.population, sc.seed)
+    op = train_op(model_name(sc.model), shape, classes)
+    base = out if out.is_file() else resolve_profile(cost_profile(sc))
+    doc = read_profile(base)
+    CostModel.from_dict(doc, str(base))  # a dropsim profile, or a clear error
+    large = update_dimension(sc.model, shape, classes) > 5_000_000
+    say = progress or (lambda _msg: None)
+    say(f"{op} (from {base})")
+    torch.set_num_threads(1)
+    with threadpool_limits(limits=1):
+        entry = profile_training(sc.model, shape, classes, *training_grid("vgg19" if large else "cnn", quick))
+    entry["measured_at"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    entry["quick"] = quick
+    entry["host"] = host()
+    entry["model"] = {"factory": sc.model.factory, "name": sc.model.name, "args": dict(sc.model.args)}
+    doc["operations"][op] = entry
+    write_json(out, doc)
+    return op, dict(doc)
 
 
 def _measure(bench: Any, quick: bool, repeats: int) -> dict[str, Any]:

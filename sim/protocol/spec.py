@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from sim.dp.strategies import ENCODED, SECURE, STRATEGIES, Strategy
+from sim.dp.strategies import ENCODED, SECURE, STRATEGIES, Strategy, strategy_named
 from sim.protocol import graph
 from sim.protocol.encoding import FixedPoint
 from sim.protocol.params import AFTER_SAMPLING, AggregationParams
@@ -154,8 +154,7 @@ class _RemovesNoise(Condition):
     purpose = "noise is removed"
 
     def holds(self, params: AggregationParams) -> bool:
-        strategy = STRATEGIES.get(params.strategy)
-        return strategy is not None and strategy.removes
+        return strategy_named(params.strategy).removes
 
     def needs(self) -> str:
         return "privacy.strategy " + either([name for name, s in STRATEGIES.items() if s.removes])

@@ -31,7 +31,7 @@ def model_dimension(scenario: Scenario) -> int:
     from sim.learning.federated import data_shape
     from sim.learning.models import update_dimension
 
-    return update_dimension(scenario.model, *data_shape(scenario.data))
+    return update_dimension(scenario.model, *data_shape(scenario.data, scenario.population, scenario.seed))
 
 
 def minimum_survivors(aggregation: AggregationParams, n: int) -> int:

@@ -23,6 +23,7 @@ from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.tables import round_rows, step_columns
 from sim.results.writer import MANIFEST, ResultsError, RunWriter
 from sim.runner.experiment import Experiment, Simulation
+from sim.scenario.plugins import plugin_refs
 from sim.scenario.types import Scenario, scenario_digest
 
 
@@ -137,6 +138,9 @@ def run_scenario(
         "versions": versions(),
         "host": host(),
     }
+    plugins = plugin_refs(scenario)
+    if plugins:  # each plug-in's import path and its distribution's version
+        manifest["plugins"] = [ref.record() for ref in plugins]
     writer = RunWriter(
         directory,
         manifest,

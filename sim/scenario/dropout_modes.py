@@ -7,6 +7,10 @@
   ``high_fraction``, otherwise uniform in ``low`` (DReS-FL section 6: 0.99 with probability 1/2, else
   U[0, 0.1]); each round each sampled client drops with its p_i.
 
+A scenario may name its own mode, a plug-in (``dropout: {model: "pkg.module:Name", args: {...}}``, or an
+installed ``dropsim.dropout`` entry point's name as ``model`` or ``mode``): a :class:`DropoutMode` subclass built
+with ``args`` as keyword arguments (:func:`dropout_mode`), whose methods see ``args`` as ``config.options``.
+
 A mode declares the keys of the ``dropout:`` section it reads (the parser reads and checks them) and draws:
 :meth:`DropoutMode.prepare` once per run (its per-run state), :meth:`DropoutMode.drops` each round from that
 round's ``DROPOUT`` stream (:class:`sim.clients.dropout.DropoutModel` runs them). The modes live here, beside
@@ -17,6 +21,7 @@ first draws, so the scenario's types stay light.
 
 from __future__ import annotations
 
+import json
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -123,3 +128,41 @@ for _mode in (Fixed(), Bernoulli(), PerClient()):
 
 DEFAULT_MODE = Fixed.name
 """The ``dropout.mode`` of a scenario that names none."""
+
+
+_PLUGINS: dict[tuple[str, str], DropoutMode] = {}
+"""Plug-in modes this process has built, by name and args."""
+
+
+def dropout_mode(config: Dropout, where: str = "dropout.model") -> DropoutMode:
+    """The mode ``config`` names: one of :data:`MODES`, else its plug-in (``config.model``) built with its args
+    (``config.options``), once per process. A plug-in that cannot be built, or is no :class:`DropoutMode`, is a
+    :class:`sim.plugins.PluginError` starting with ``where``."""
+    if config.model is None:
+        return MODES[config.mode]
+    key = (config.model, json.dumps(config.options, sort_keys=True, default=repr))
+    built = _PLUGINS.get(key)
+    if built is not None:
+        return built
+    from sim.plugins import PluginError, call, resolve
+
+    obj, ref = resolve("dropout", config.model, where)
+    if isinstance(obj, DropoutMode):
+        if config.options:
+            raise PluginError(f"{where}: {ref.path} is a dropout mode object, which takes no args; name its class")
+        mode = obj
+    else:
+        mode = call(obj, config.options, {}, ref.path, where)
+    if not isinstance(mode, DropoutMode):
+        raise PluginError(
+            f"{where}: {ref.path} gave {_described(mode)}, not a dropout mode: a subclass of "
+            "sim.scenario.dropout_modes.DropoutMode is expected (docs/plugins.md)"
+        )
+    if type(mode).drops is DropoutMode.drops:
+        raise PluginError(f"{where}: {ref.path} does not implement drops(config, state, rng, sampled)")
+    _PLUGINS[key] = mode
+    return mode
+
+
+def _described(obj: object) -> str:
+    return f"class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"

@@ -10,17 +10,19 @@ import math
 from pathlib import Path
 from typing import Any
 
-from sim.dp.strategies import STRATEGIES
+from sim.dp.strategies import STRATEGIES, plugin_strategy, strategy_named
+from sim.plugins import PluginError, is_import_path, is_installed, resolve
 from sim.protocol.registry import PROTOCOLS, AggregationParams, either, optional_stages
-from sim.scenario.dropout_modes import DEFAULT_MODE, MODES
+from sim.scenario.dropout_modes import DEFAULT_MODE, MODES, dropout_mode
 from sim.scenario.errors import ScenarioError
-from sim.scenario.reader import Reader
+from sim.scenario.reader import Reader, shown
 from sim.scenario.source import Document
 from sim.scenario.types import (
     DATASETS,
     EMULATIONS,
     FIDELITIES,
     LINK_MODELS,
+    LOADER,
     MAX_CHUNKS,
     MECHANISMS,
     MODELS,
@@ -103,7 +105,10 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
             "is engine: a simulation engine's workers run one client message at a time, whole, so a round on it "
             "is not pipelined; drop the pipeline section or choose another emulation",
         )
-    can_drop = MODES[dropout.mode].can_drop(dropout)
+    try:
+        can_drop = dropout_mode(dropout).can_drop(dropout)
+    except PluginError:  # a plug-in that failed to build: reported above
+        can_drop = False
     if dropout.silent and trace is not None:
         # A client whose session ends leaves silently at whatever step the round is in.
         untimed = [step for step in steps if step not in timeouts]
@@ -203,7 +208,16 @@ def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
 
 def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, population: int | None) -> Privacy:
     d = Privacy()
-    strategy = r.choice("strategy", tuple(STRATEGIES), d.strategy)
+    raw = r.raw("strategy")
+    if isinstance(raw, str) and raw not in STRATEGIES and (is_import_path(raw) or is_installed("strategy", raw)):
+        strategy = r.string("strategy")
+        try:
+            plugin_strategy(strategy, r.where("strategy"))  # imported and checked against the interface now
+        except PluginError as exc:
+            r.failed("strategy", exc)
+            strategy = d.strategy
+    else:
+        strategy = r.choice("strategy", tuple(STRATEGIES), d.strategy)
     p = Privacy(
         strategy=_or(strategy, d.strategy),
         mechanism=_or(r.choice("mechanism", MECHANISMS, d.mechanism), d.mechanism),
@@ -218,7 +232,7 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, popu
         headroom=_or(r.number("headroom", d.headroom, lo=0, lo_open=True), d.headroom),
     )
     spec = aggregation.spec
-    spec.check_privacy(aggregation, STRATEGIES[p.strategy], p.collusion, r.fail)
+    spec.check_privacy(aggregation, strategy_named(p.strategy), p.collusion, r.fail)
     if not r.has("strategy") and any(r.has(key) for key in ("epsilon", "delta", "mechanism", "tolerance")):
         r.fail(
             "strategy",
@@ -298,15 +312,12 @@ def _neighbours(value: Any) -> tuple[int | None, Any]:
 
 
 def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
+    raw = r.raw("mode")
+    if r.has("model") or (isinstance(raw, str) and raw not in MODES and is_installed("dropout", raw)):
+        return _dropout_plugin(r, aggregation)
     mode = r.choice("mode", tuple(MODES), DEFAULT_MODE)
     rate = r.number("rate", 0.0, lo=0, hi=1)
-    conditional = optional_stages()
-    if r.has("stage") and r.raw("stage") in tuple(conditional) and r.raw("stage") not in aggregation.dropout_stages():
-        condition = conditional[r.raw("stage")]
-        r.fail("stage", f"is {r.raw('stage')!r}: {condition.purpose} only with {condition.needs()}")
-        stage = "before_upload"
-    else:
-        stage = r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
+    stage = _dropout_stage(r, aggregation)
     silent = r.boolean("silent", False)
     # Keys only some modes read: the mode declares and reads its own (per_client's high, high_fraction, low).
     own = MODES[mode].keys
@@ -322,8 +333,49 @@ def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
             r.raw(key)
             users = [name for name, m in MODES.items() if key in m.keys]
             r.fail(key, f"only applies to mode {either(users)}, not {mode!r}")
-    r.finish(extra_allowed=keys)
+    if r.has("args"):
+        r.raw("args")
+        r.fail("args", "are a plug-in dropout model's arguments: they need dropout.model")
+    r.finish(extra_allowed=(*keys, "model"))
     return Dropout(mode, rate, stage, silent, options)
+
+
+def _dropout_stage(r: Reader, aggregation: AggregationParams) -> str:
+    conditional = optional_stages()
+    if r.has("stage") and r.raw("stage") in tuple(conditional) and r.raw("stage") not in aggregation.dropout_stages():
+        condition = conditional[r.raw("stage")]
+        r.fail("stage", f"is {r.raw('stage')!r}: {condition.purpose} only with {condition.needs()}")
+        return "before_upload"
+    return r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
+
+
+def _dropout_plugin(r: Reader, aggregation: AggregationParams) -> Dropout:
+    """A plug-in dropout model: ``model`` (or ``mode``, an installed entry point's name) and its ``args``."""
+    key = "model" if r.has("model") else "mode"
+    if key == "model" and r.has("mode"):
+        r.fail(
+            "mode",
+            f"is {r.raw('mode')!r}, given with model; give one: mode (a built-in: {', '.join(MODES)}) or model "
+            "(a plug-in)",
+        )
+    name = r.string(key)
+    args = r.mapping("args")
+    stage = _dropout_stage(r, aggregation)
+    silent = r.boolean("silent", False)
+    mode = None
+    if name:
+        try:
+            mode = dropout_mode(Dropout(name, 0.0, stage, bool(silent), args, model=name), r.where(key))
+        except PluginError as exc:
+            r.failed(key, exc)
+    rate = 0.0
+    if mode is not None and mode.uses_rate:
+        rate = r.number("rate", 0.0, lo=0, hi=1)
+    elif r.has("rate"):
+        r.raw("rate")
+        r.fail("rate", f"is not used by dropout model {name} (its uses_rate is False); remove it")
+    r.finish()
+    return Dropout(name or "", _or(rate, 0.0), stage, bool(silent), args, model=name or "")
 
 
 def _partition(value: Any) -> tuple[Partition, Any]:
@@ -338,6 +390,12 @@ def _partition(value: Any) -> tuple[Partition, Any]:
 
 
 def _data(r: Reader, population: int | None) -> Data:
+    raw = r.raw("dataset")
+    if r.has("loader") or (isinstance(raw, str) and raw not in DATASETS and is_installed("dataset", raw)):
+        return _data_plugin(r)
+    if r.has("args"):
+        r.raw("args")
+        r.fail("args", "are a data loader's arguments: they need data.loader")
     dataset = r.choice("dataset", DATASETS, "digits")
     partition = r.custom("partition", Partition("iid"), _partition)
     if "partition" not in r.resolved:
@@ -378,21 +436,57 @@ def _data(r: Reader, population: int | None) -> Data:
         writers_per_client = r.integer("writers_per_client", 1, lo=1)
     if partition.kind == "natural" and dataset != "femnist":
         r.fail("partition", f"is 'natural', which needs writer ids: only femnist has them, not {dataset}")
-    r.finish(extra_allowed=tuple(own))
+    r.finish(extra_allowed=(*own, "loader"))
     return Data(dataset, partition, path, test_fraction, samples_per_client, writers_per_client, input_shape, classes)
 
 
+_BUILT_IN_DATA_KEYS = ("path", "test_fraction", "samples_per_client", "input_shape", "classes", "writers_per_client")
+
+
+def _data_plugin(r: Reader) -> Data:
+    """A user's data: ``loader`` (or ``dataset``, an installed entry point's name) and its ``args``; ``partition``
+    cuts a loader's ``train`` set among the clients (a loader's ``clients`` are taken as given)."""
+    key = "loader" if r.has("loader") else "dataset"
+    if key == "loader" and r.has("dataset"):
+        r.fail(
+            "dataset",
+            f"is {shown(r.raw('dataset'))}, given with loader; give one: dataset (a built-in: {', '.join(DATASETS)}) "
+            "or loader (a plug-in)",
+        )
+    loader = r.string(key) or ""
+    args = r.mapping("args")
+    partition = Partition("iid")
+    if r.has("partition"):  # resolved only when given: a loader's clients need none
+        partition = r.custom("partition", Partition("iid"), _partition)
+    for other in _BUILT_IN_DATA_KEYS:
+        if r.has(other):
+            r.raw(other)
+            r.fail(other, f"is a built-in data set's key, not used with a {key} plug-in (its args are)")
+    try:
+        resolve("dataset", loader, r.where(key))
+    except PluginError as exc:
+        r.failed(key, exc)
+    r.finish(extra_allowed=_BUILT_IN_DATA_KEYS)
+    return Data(LOADER, partition, None, 0.2, 50, 1, loader=loader, args=args)
+
+
 def _model(r: Reader) -> Model:
+    raw = r.raw("name")
+    if r.has("factory") or (isinstance(raw, str) and raw not in MODELS and is_installed("model", raw)):
+        return _model_plugin(r)
+    if r.has("args"):
+        r.raw("args")
+        r.fail("args", "are a model factory's arguments: they need model.factory")
     if not r.has("params"):
         name = r.choice("name", MODELS, "cnn")
         if r.has("train_seconds_per_sample"):
             r.raw("train_seconds_per_sample")
             r.fail(
                 "train_seconds_per_sample",
-                f"applies only to an abstract model (model.params); model {name!r}'s training time comes from "
-                f"the cost profile's train.{name}.* operation",
+                f"applies only to an abstract model (model.params) or a factory; model {name!r}'s training time "
+                f"comes from the cost profile's train.{name}.* operation",
             )
-        r.finish(extra_allowed=("params", "train_seconds_per_sample"))
+        r.finish(extra_allowed=("params", "train_seconds_per_sample", "factory"))
         return Model(name)
     if r.has("name"):
         r.fail(
@@ -402,8 +496,32 @@ def _model(r: Reader) -> Model:
         )
     params = r.integer("params", lo=1)
     rate = r.number("train_seconds_per_sample", 0.0, lo=0)
-    r.finish()
+    r.finish(extra_allowed=("factory",))
     return Model(None, _or(params, 1), _or(rate, 0.0))
+
+
+def _model_plugin(r: Reader) -> Model:
+    """A user's model: ``factory`` (or ``name``, an installed entry point's name) and its ``args``; its training
+    time from the cost profile or ``train_seconds_per_sample``."""
+    key = "factory" if r.has("factory") else "name"
+    for other in ("name", "params"):
+        if other != key and r.has(other):
+            r.fail(
+                other,
+                f"is {shown(r.raw(other))}, given with {key}; give one: name (a built-in model), params (an "
+                "abstract model) or factory (a plug-in)",
+            )
+    factory = r.string(key) or ""
+    args = r.mapping("args")
+    rate = 0.0
+    if r.has("train_seconds_per_sample"):
+        rate = _or(r.number("train_seconds_per_sample", 0.0, lo=0), 0.0)
+    try:
+        resolve("model", factory, r.where(key))
+    except PluginError as exc:
+        r.failed(key, exc)
+    r.finish()
+    return Model(None, None, rate, factory=factory, args=args)
 
 
 def _image_shape(value: Any) -> tuple[tuple[int, int, int], Any]:

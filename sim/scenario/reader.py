@@ -54,6 +54,16 @@ class Reader:
         full = self.path + rel
         self.problems.append(Problem(self.doc.origin(full), format_path(full), message))
 
+    def where(self, key: str) -> str:
+        """``file:line: key.path`` of ``key``: how an error about it that is raised, not recorded, starts."""
+        full = (*self.path, key)
+        return f"{self.doc.origin(full)}: {format_path(full)}"
+
+    def failed(self, key: str, exc: Exception) -> None:
+        """Record ``exc`` (whose message starts with :meth:`where` of ``key``, or does not) as a problem at ``key``."""
+        text, head = str(exc), self.where(key) + ": "
+        self.fail(key, text[len(head) :] if text.startswith(head) else text)
+
     def has(self, key: str) -> bool:
         return key in self.data and self.data[key] is not None
 
@@ -198,6 +208,17 @@ class Reader:
             self.fail(key, f"is {shown(value)}; a mapping of keys to values is expected here")
             value = {}
         return Reader(self.doc, value, (*self.path, key), self.problems, sub_resolved)
+
+    def mapping(self, key: str) -> dict[str, Any]:
+        """A mapping of names to values, taken as it is (a plug-in's ``args``); ``{}`` when absent."""
+        value = self._take(key, {})
+        if value is None or value is _MISSING:
+            return {}
+        if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
+            self.fail(key, f"is {shown(value)}; a mapping of argument names to values is expected")
+            return {}
+        self._put(key, value)
+        return dict(value)
 
     def custom(self, key: str, default: T, parse: Callable[[Any], tuple[T, Any]]) -> T:
         """A value parsed by ``parse(value) -> (parsed, resolved_form)``; ``parse`` raises ValueError

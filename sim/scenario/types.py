@@ -15,11 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.dp.strategies import STRATEGIES
+from sim.dp.strategies import strategy_named
 from sim.protocol.params import AggregationParams
 from sim.scenario.source import Document
 
 DATASETS = ("digits", "synthetic", "femnist", "cifar10")
+LOADER = "loader"
+"""``Data.dataset`` of data a plug-in gives (``data.loader``)."""
 MODELS = ("cnn", "mlp", "resnet18", "vgg19", "linear")
 """Named models (built by :func:`sim.learning.models.build_model`)."""
 SYNTHETIC_SHAPE = (1, 8, 8)
@@ -96,9 +98,13 @@ class Dropout:
     silent: bool
     """A silent dropout is only noticed by the server at the step's timeout (else at once, as a closed
     connection)."""
-    options: Mapping[str, Any] = field(default_factory=dict)
+    options: Mapping[str, Any] = field(default_factory=dict, hash=False)
     """The keys only the mode reads (:meth:`sim.scenario.dropout_modes.DropoutMode.read_options`; per_client's
-    ``high``, ``high_fraction``, ``low``), also readable as attributes (``dropout.high``)."""
+    ``high``, ``high_fraction``, ``low``), also readable as attributes (``dropout.high``); a plug-in's ``args``."""
+    model: str | None = None
+    """A plug-in dropout model (:mod:`sim.plugins`), the name ``mode`` then holds too: an import path
+    ``pkg.module:Name`` or an installed ``dropsim.dropout`` entry point's name; built with ``options`` as
+    keyword arguments (:func:`sim.scenario.dropout_modes.dropout_mode`)."""
 
     def __getattr__(self, name: str) -> Any:
         options = self.__dict__.get("options", {})
@@ -115,7 +121,7 @@ class Privacy:
     """Distributed DP (the ``privacy:`` section): what noise, how much, and how it copes with dropout."""
 
     strategy: str = "none"
-    """One of :data:`sim.dp.strategies.STRATEGIES`."""
+    """One of :data:`sim.dp.strategies.STRATEGIES`, or a plug-in's name (an import path or an entry point)."""
     mechanism: str = "skellam"
     epsilon: float = 6.0
     """Budget of the whole training."""
@@ -133,9 +139,8 @@ class Privacy:
 
     @property
     def enabled(self) -> bool:
-        """Whether the strategy adds noise (an unknown name counts as one that does)."""
-        strategy = STRATEGIES.get(self.strategy)
-        return strategy is None or strategy.enabled
+        """Whether the strategy adds noise (a built-in's or a plug-in's: :func:`sim.dp.strategies.strategy_named`)."""
+        return strategy_named(self.strategy).enabled
 
 
 @dataclass(frozen=True)
@@ -177,28 +182,44 @@ class Data:
     shapes are fixed: :data:`sim.learning.federated.SHAPES`)."""
     classes: int = SYNTHETIC_CLASSES
     """Number of labels of ``synthetic`` data."""
+    loader: str | None = None
+    """The plug-in that gives the data (:mod:`sim.plugins`; ``dataset`` is then :data:`LOADER`): an import path
+    ``pkg.module:function`` or an installed ``dropsim.datasets`` entry point's name, called with ``args``
+    (:mod:`sim.learning.plugin_data`)."""
+    args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Keyword arguments of ``loader``."""
 
 
 @dataclass(frozen=True)
 class Model:
-    """A named torch model (``name``), or an abstract model of ``params`` parameters for timing studies.
+    """A named torch model (``name``), a user's own (``factory``: a plug-in), or an abstract model of
+    ``params`` parameters for timing studies.
 
     An abstract model has no weights: its update is a vector of ``params`` float32 values that is never
     computed (``fidelity: timing`` only), and its local training takes, on the profiled reference device,
     ``train_seconds_per_sample`` seconds per sample and epoch (times the client's slow-down factor);
     0 means training is not modelled (it takes no time). A named model's training time comes from the
-    cost profile's ``train.<name>.<CxHxW>.<classes>`` operation instead.
+    cost profile's ``train.<name>.<CxHxW>.<classes>`` operation instead. A factory model's comes from the
+    profile's operation for it (``dropsim profile --model``: :func:`sim.learning.models.train_op`) or, when
+    ``train_seconds_per_sample`` is given, from that rate.
     """
 
     name: str | None
     params: int | None = None
     train_seconds_per_sample: float = 0.0
-    """Reference-device seconds per training sample per local epoch (abstract model only)."""
+    """Reference-device seconds per training sample per local epoch (abstract or factory model)."""
+    factory: str | None = None
+    """The plug-in that builds the model (:mod:`sim.plugins`): an import path ``pkg.module:function`` or an
+    installed ``dropsim.models`` entry point's name; called with ``args`` (:mod:`sim.learning.plugin_model`)."""
+    args: Mapping[str, Any] = field(default_factory=dict, hash=False)
+    """Keyword arguments of ``factory``."""
 
     def __post_init__(self) -> None:
-        if (self.name is None) == (self.params is None):
+        given = [key for key in ("name", "params", "factory") if getattr(self, key) is not None]
+        if len(given) != 1:
             raise ValueError(
-                f"a model has a name or params, not both or neither (name {self.name!r}, params {self.params!r})"
+                f"a model has one of name, params or factory (name {self.name!r}, params {self.params!r}, "
+                f"factory {self.factory!r})"
             )
         if self.params is not None and self.params < 1:
             raise ValueError(f"model params is {self.params}; a whole number >= 1 is expected")
@@ -207,7 +228,9 @@ class Model:
                 f"model train_seconds_per_sample is {self.train_seconds_per_sample}; a number >= 0 is expected"
             )
         if self.name is not None and self.train_seconds_per_sample:
-            raise ValueError("train_seconds_per_sample applies only to an abstract model (params)")
+            raise ValueError("train_seconds_per_sample applies only to an abstract model (params) or a factory")
+        if self.args and self.factory is None:
+            raise ValueError("model args are the factory's: they need model.factory")
 
 
 LINK_MODELS = ("shared", "duplex")
