@@ -41,10 +41,10 @@ def preflight(scenario: Scenario) -> list[Problem]:
         )
     if scenario.trace is not None:
         problems += _trace(scenario)
-    if scenario.privacy.enabled:
-        problems += _privacy(scenario)
     plugins, shaped = _plugins(scenario)
     problems += plugins
+    if scenario.privacy.enabled and shaped is not None:  # the noise is planned for the model's size
+        problems += _privacy(scenario)
     try:
         costs = CostModel.load(cost_profile(scenario))
     except CostModelError as exc:
@@ -118,10 +118,10 @@ def _plugins(scenario: Scenario) -> tuple[list[Problem], tuple[tuple[int, ...], 
         return problems, shaped
     model_key = ("model", "factory" if "factory" in sc.resolved.get("model", {}) else "name")
     try:
-        problems += _model_plugin(sc, federated, shaped, model_key)
+        wrong = _model_plugin(sc, federated, shaped, model_key)
     except InputError as exc:
-        return [*problems, _problem(sc, model_key, exc)], None
-    return problems, shaped
+        wrong = [_problem(sc, model_key, exc)]
+    return [*problems, *wrong], None if wrong else shaped
 
 
 def _problem(scenario: Scenario, key: tuple[str, ...], exc: Exception) -> Problem:
@@ -140,6 +140,7 @@ def _model_plugin(
     """The scenario's model builds on its data's shape and gives one logit per class on a few test inputs."""
     import torch
 
+    from sim.errors import InputError
     from sim.learning.federated import FederatedData, load_federated
     from sim.learning.models import make_model
     from sim.learning.plugin_model import check_model
@@ -155,6 +156,8 @@ def _model_plugin(
     with torch.random.fork_rng(devices=[]):
         try:
             built = make_model(model, *shaped)
+        except InputError:
+            raise
         except ValueError as exc:  # a built-in model on inputs it cannot take
             return [Problem(scenario.origin(*key), ".".join(key), str(exc))]
         check_model(built, data.test_data()[0][:2], shaped[1], what, ".".join(key))

@@ -67,6 +67,13 @@ def pooled(seed: int, samples: int = 400) -> dict[str, Any]:
     return {"train": _blobs(rng, centres, samples), "test": _blobs(rng, centres, 100)}
 
 
+def tabular(population: int) -> dict[str, Any]:
+    """Rows of 16 features, not images."""
+    rng = np.random.default_rng(0)
+    clients = [(rng.random((10, 16)), rng.integers(0, 3, 10)) for _ in range(population)]
+    return {"clients": clients, "test": (rng.random((30, 16)), rng.integers(0, 3, 30)), "classes": 3}
+
+
 def too_few_clients(population: int) -> dict[str, Any]:
     data = blobs(population - 1, 0)
     return {"clients": data["clients"], "test": data["test"]}

@@ -1,0 +1,243 @@
+"""Plug-ins in scenarios (docs/plugins.md): tests/plugin_package holds a model factory, a data loader, a dropout
+model and a strategy, used from YAML, from Python, by their entry point names, in a two-worker sweep, by
+training workers and by a Dask cluster's workers; and every kind of bad plug-in is refused, naming what and
+where, before a run starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+
+import sim
+from sim.errors import InputError
+from sim.learning.federated import load_federated
+from sim.scenario.errors import ScenarioError
+
+PACKAGE = Path(__file__).resolve().parent / "plugin_package"
+ROOT = Path(__file__).resolve().parent.parent
+TABLES = ("rounds.csv", "clients.csv", "stages.csv")
+P = "dropsim_example_plugins"
+SCENARIO = {
+    "name": "plug",
+    "seed": 3,
+    "rounds": 2,
+    "population": 12,
+    "sampling": {"clients_per_round": 8},
+    "dropout": {"model": f"{P}:Battery", "args": {"low_fraction": 0.5}},
+    "data": {"loader": f"{P}:blobs", "args": {"samples": 20}},
+    "model": {"factory": f"{P}:small_cnn", "args": {"width": 4}, "train_seconds_per_sample": 0.001},
+    "privacy": {"strategy": f"{P}:Doubled", "epsilon": 6},
+    "aggregation": {"protocol": "secagg+"},
+    "training": {"local_epochs": 1, "batch_size": 10},
+}
+BY_NAME = {
+    "dropout": {"mode": "example-battery", "args": {"low_fraction": 0.5}},
+    "data": {"dataset": "example-blobs", "args": {"samples": 20}},
+    "model": {"name": "example-cnn", "args": {"width": 4}, "train_seconds_per_sample": 0.001},
+    "privacy": {"strategy": "example-doubled", "epsilon": 6},
+}
+
+
+@pytest.fixture
+def on_path(monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The plug-in package importable here, and in child processes (PYTHONPATH)."""
+    monkeypatch.syspath_prepend(str(PACKAGE))
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(PACKAGE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    return PACKAGE
+
+
+def tables(folder: Path) -> dict[str, bytes]:
+    return {name: (folder / name).read_bytes() for name in TABLES}
+
+
+def dropsim(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *args], capture_output=True, text=True, timeout=600, cwd=cwd, check=False
+    )
+
+
+def test_yaml_through_dropsim_run_and_sim_run_gives_identical_tables(on_path, tmp_path):
+    file = tmp_path / "plug.yaml"
+    file.write_text(yaml.safe_dump(SCENARIO))
+    done = dropsim("run", str(file), "--output", str(tmp_path / "cli"))
+    assert done.returncode == 0, done.stderr
+    result = sim.run(file, output=tmp_path / "api", progress=False)
+    assert tables(tmp_path / "cli") == tables(tmp_path / "api")
+    rounds = result.rounds
+    assert list(rounds["round"]) == [1, 2] and rounds["epsilon"].iloc[-1] > 0
+    assert set(result.clients["client"]) <= set(range(12))
+    records = {r["kind"]: r for r in result.manifest["plugins"]}
+    assert records["model"] == {
+        "kind": "model",
+        "name": f"{P}:small_cnn",
+        "path": f"{P}:small_cnn",
+        "distribution": "dropsim-example-plugins",
+        "version": "0.1",
+    }
+    assert {r["path"] for r in records.values()} == {f"{P}:small_cnn", f"{P}:blobs", f"{P}:Battery", f"{P}:Doubled"}
+
+
+def test_entry_point_names_are_the_same_plugins_as_their_import_paths(on_path, tmp_path):
+    by_path = sim.run(SCENARIO, output=tmp_path / "path", progress=False)
+    by_name = sim.run({**SCENARIO, **BY_NAME}, output=tmp_path / "name", progress=False)
+    assert tables(tmp_path / "path") == tables(tmp_path / "name")
+    named = {r["kind"]: (r["name"], r["path"], r["version"]) for r in by_name.manifest["plugins"]}
+    assert named == {
+        "model": ("example-cnn", f"{P}:small_cnn", "0.1"),
+        "dataset": ("example-blobs", f"{P}:blobs", "0.1"),
+        "dropout": ("example-battery", f"{P}:Battery", "0.1"),
+        "strategy": ("example-doubled", f"{P}:Doubled", "0.1"),
+    }
+    assert by_path.manifest["scenario"]["model"]["factory"] == f"{P}:small_cnn"
+    assert by_name.manifest["scenario"]["model"]["name"] == "example-cnn"
+
+
+def test_the_plugins_do_what_they_say(on_path):
+    scenario = sim.load_scenario(SCENARIO).points()[0]
+    data = load_federated(scenario.data, scenario.population, scenario.seed)
+    assert (data.input_shape, data.num_classes) == ((1, 8, 8), 4)
+    assert [data.num_samples(c) for c in range(12)] == [20] * 12
+    from sim.learning.models import update_dimension
+
+    # conv 1->4 (3x3, bias) and dense 4*4*4 -> 4 (bias)
+    assert update_dimension(scenario.model, (1, 8, 8), 4) == (9 * 4 + 4) + (64 * 4 + 4)
+    from sim.dp.strategies import RoundNoise
+
+    plan = RoundNoise(f"{P}:Doubled", 1.0, 10, 0)
+    assert plan.residual(3) == 7 * plan.components[0] and plan.components[0] * 10 == 2
+    from sim.clients.dropout import DropoutModel
+
+    model = DropoutModel(scenario.dropout, 12, 3)
+    assert sorted(set(np.round(model.probability, 2))) == [0.05, 0.8]
+
+
+def test_a_train_set_is_cut_by_the_partition(on_path):
+    mapping = {**SCENARIO, "data": {"loader": f"{P}:pooled", "partition": {"dirichlet": 0.3}}}
+    scenario = sim.load_scenario(mapping).points()[0]
+    data = load_federated(scenario.data, 12, 3)
+    sizes = [data.num_samples(c) for c in range(12)]
+    assert sum(sizes) == 400 and min(sizes) >= 1 and max(sizes) > 2 * min(sizes)
+    assert data.test_data()[0].shape == (100, 1, 8, 8)
+
+
+def test_a_two_worker_sweep_and_training_workers_carry_the_plugins(on_path, tmp_path):
+    file = tmp_path / "plug.yaml"
+    file.write_text(yaml.safe_dump({**SCENARIO, "training": {**SCENARIO["training"], "workers": 2}}))
+    out = tmp_path / "sweep"
+    done = dropsim("sweep", str(file), "--jobs", "2", "--output", str(out), "--set", "sweep={seed: [3, 4]}")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((out / "sweep.json").read_text())["run_ids"] == ["seed=3", "seed=4"]
+    runs = pd.read_csv(out / "runs.csv")
+    assert list(runs["status"]) == ["complete", "complete"]
+    alone = sim.run(SCENARIO, output=tmp_path / "alone", progress=False)  # one process, seed 3
+    swept = pd.read_csv(out / "rounds.csv")
+    mine = swept[swept["seed"] == 3].reset_index(drop=True)
+    assert mine["accuracy"].tolist() == alone.rounds["accuracy"].tolist()
+    assert mine["model_sha256"].tolist() == alone.rounds["model_sha256"].tolist()
+
+
+def test_a_dask_cluster_runs_plugins_and_a_worker_that_cannot_import_one_names_it(on_path, tmp_path):
+    distributed = pytest.importorskip("distributed")
+    file = tmp_path / "plug.yaml"
+    file.write_text(yaml.safe_dump({**SCENARIO, "sweep": {"seed": [3, 4]}}))
+    with distributed.LocalCluster(
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as cluster:
+        result = sim.sweep(file, output=tmp_path / "dask", scheduler=cluster.scheduler_address, progress=False)
+    assert [s.status for s in result.statuses] == ["complete", "complete"]
+    # a worker without the package: the point's error names the import path and why
+    code = (
+        "import json, sys; from sim.cluster import run_remote\n"
+        f"sent = {{'source': 'plug.yaml', 'document': {json.dumps(json.dumps(SCENARIO))}, 'swept': {{}}, "
+        "'run_id': 'x'}\n"
+        "try:\n    run_remote(sent)\nexcept Exception as exc:\n    print(exc)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120)
+    assert f"cannot import '{P}:small_cnn': no module named '{P}'" in done.stdout, done.stdout + done.stderr
+    assert "plug.yaml (sent to a worker)" in done.stdout and "model.factory" in done.stdout
+
+
+def test_profile_model_adds_the_factory_model_s_training_to_a_profile(on_path, tmp_path):
+    mapping = {**SCENARIO, "model": {"factory": f"{P}:small_cnn", "args": {"width": 4}}}
+    with pytest.raises(ScenarioError, match=r"model\.factory: has no training time: .* does not measure train\."):
+        sim.run(mapping, output=tmp_path / "no", progress=False)
+    assert not (tmp_path / "no").exists()
+    file = tmp_path / "plug.yaml"
+    file.write_text(yaml.safe_dump(mapping))
+    profile = tmp_path / "mine.json"
+    done = dropsim("profile", "--model", str(file), "--out", str(profile), "--quick")
+    assert done.returncode == 0, done.stderr
+    doc = json.loads(profile.read_text())
+    (op,) = [op for op in doc["operations"] if op.startswith(f"train.{P}:small_cnn+")]
+    assert op.endswith(".1x8x8.4") and doc["operations"][op]["model"]["args"] == {"width": 4}
+    assert "train.cnn.1x8x8.10" in doc["operations"]  # the rest of the scenario's profile, copied
+    result = sim.run({**mapping, "costs": {"profile": str(profile)}}, output=tmp_path / "yes", progress=False)
+    assert result.rounds["round_time"].gt(0).all()
+
+
+BAD = [
+    ({"model": {"factory": "nosuch.models:build"}}, "model.factory", "cannot import 'nosuch.models:build': no module"),
+    ({"model": {"factory": f"{P}:not_a_model"}}, "model.factory", "returned a str, not a torch.nn.Module"),
+    (
+        {"model": {"factory": f"{P}:too_many_outputs"}},
+        "model.factory",
+        r"gives outputs of shape \(2, 5\) for inputs of shape \(2, 1, 8, 8\); one logit per class, shape \(2, 4\)",
+    ),
+    ({"model": {"factory": f"{P}:small_cnn", "args": {"depth": 3}}}, "model.factory", "cannot take args"),
+    ({"data": {"loader": f"{P}:too_few_clients"}}, "data.loader", "returned 11 clients; population is 12"),
+    ({"data": {"loader": f"{P}:ragged"}}, "data.loader", r"clients\[2\] has inputs of shape \(1, 4, 8\), test"),
+    ({"data": {"loader": f"{P}:bad_labels"}}, "data.loader", r"clients\[1\] labels are not whole numbers"),
+    (
+        {"data": {"loader": f"{P}:blobs", "partition": {"dirichlet": 1.0}}},
+        "data.loader",
+        "data.partition dirichlet has nothing to cut",
+    ),
+    (
+        {"model": {"name": "cnn"}, "data": {"loader": f"{P}:tabular"}},
+        "model.name",
+        r"model cnn takes images \(C, H, W\), not inputs of shape \(16,\)",
+    ),
+    (
+        {"data": {"loader": f"{P}:tabular"}},
+        "model.factory",
+        "small_cnn raised ValueError: not enough values to unpack",
+    ),
+    ({"dropout": {"model": f"{P}:Outsider"}}, "dropout.model", "drops returned .* a subset of the sampled clients"),
+    ({"dropout": {"model": f"{P}:Battery", "args": {"level": 1}}}, "dropout.model", "cannot take args"),
+    (
+        {"dropout": {"model": "fractions:Fraction"}},
+        "dropout.model",
+        "fractions:Fraction gave a Fraction, not a dropout",
+    ),
+    (
+        {"privacy": {"strategy": f"{P}:Inexact"}},
+        "privacy.strategy",
+        r"breaks the strategy interface: components returned 0\.1 .* an exact variance",
+    ),
+    ({"privacy": {"strategy": f"{P}:Battery"}}, "privacy.strategy", "is class Battery, not a strategy"),
+    ({"privacy": {"strategy": "not-installed"}}, "privacy.strategy", "is not one of|allowed"),
+]
+
+
+@pytest.mark.parametrize(("change", "key", "message"), BAD, ids=[f"{k}-{i}" for i, (_, k, _) in enumerate(BAD)])
+def test_a_bad_plugin_is_refused_before_the_run_starts_naming_key_and_why(on_path, tmp_path, change, key, message):
+    file = tmp_path / "plug.yaml"
+    file.write_text(yaml.safe_dump({**SCENARIO, **change}))
+    with pytest.raises(InputError) as caught:
+        sim.run(file, output=tmp_path / "out", progress=False)
+    text = str(caught.value)
+    assert f"{file}:" in text and f"{key}: " in text, text
+    if message is not None:
+        import re
+
+        assert re.search(message, text), text
+    assert not (tmp_path / "out").exists()
