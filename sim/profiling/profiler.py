@@ -189,7 +189,8 @@ def profile_model(
 ) -> tuple[str, dict[str, Any]]:
     """Time local training of ``scenario``'s model (a factory plug-in's, or a built-in's) on its data's input
     shape and classes, and add the operation (:func:`sim.learning.models.train_op`) to the profile at ``out``:
-    the existing file, else a copy of the scenario's cost profile. Returns the operation and the profile.
+    the existing file, else a copy of the scenario's cost profile (the shipped default where that file does not
+    exist yet, as when the scenario names ``out`` itself). Returns the operation and the profile.
 
     The model is timed as ``dropsim profile`` times the built-in ones (random inputs of the data's shape, one
     thread), on the larger grid when it has more than 5 million parameters."""
@@ -207,6 +208,8 @@ def profile_model(
     shape, classes = data_shape(sc.data, sc.population, sc.seed)
     op = train_op(model_name(sc.model), shape, classes)
     base = out if out.is_file() else resolve_profile(cost_profile(sc))
+    if not base.is_file():  # the scenario names the profile this makes (costs.profile: out): start from the default
+        base = resolve_profile(None)
     doc = read_profile(base)
     CostModel.from_dict(doc, str(base))  # a dropsim profile, or a clear error
     large = update_dimension(sc.model, shape, classes) > 5_000_000
