@@ -4,6 +4,7 @@ of the results holds."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shlex
@@ -72,6 +73,9 @@ def test_the_worked_example_runs_as_the_page_says(tmp_path):
         sys.path.remove(str(tmp_path))
         sys.modules.pop("my_plugins", None)
     assert f"their count, {count:,} here" in PAGE.read_text(encoding="utf-8")
+    (documented,) = set(re.findall(r"train\.tiny_cnn-[0-9a-f]{8}\.1x12x12\.4", PAGE.read_text(encoding="utf-8")))
+    profile = json.loads((tmp_path / "my-profile.json").read_text(encoding="utf-8"))
+    assert documented in profile["operations"]  # the operation the page names is the one measured
     # OneShot: the target with nobody dropped; (n - d) / (n - T) of it with d of 10 dropped, T = 5
     oneshot = pd.read_csv(tmp_path / "results" / "oneshot" / "rounds.csv")
     for _, row in oneshot.iterrows():

@@ -177,7 +177,7 @@ def test_profile_model_adds_the_factory_model_s_training_to_a_profile(on_path, t
     done = dropsim("profile", "--model", str(file), "--out", str(profile), "--quick")
     assert done.returncode == 0, done.stderr
     doc = json.loads(profile.read_text())
-    (op,) = [op for op in doc["operations"] if op.startswith(f"train.{P}:small_cnn+")]
+    (op,) = [op for op in doc["operations"] if op.startswith("train.small_cnn-")]
     assert op.endswith(".1x8x8.4") and doc["operations"][op]["model"]["args"] == {"width": 4}
     assert "train.cnn.1x8x8.10" in doc["operations"]  # the rest of the scenario's profile, copied
     result = sim.run({**mapping, "costs": {"profile": str(profile)}}, output=tmp_path / "yes", progress=False)

@@ -74,3 +74,34 @@ def test_a_module_outside_any_distribution_has_no_version(tmp_path, monkeypatch)
     assert (ref.distribution, ref.version) == (None, None)
     with pytest.raises(ValueError, match="unknown kind"):
         resolve("widget", "loose_plugin:f", "here")
+
+
+def test_call_passes_args_and_only_the_offered_values_a_plugin_names():
+    from sim.plugins import call
+
+    def loader(population, samples=3):
+        return (population, samples)
+
+    def greedy(**kwargs):
+        return kwargs
+
+    assert call(loader, {"samples": 5}, {"population": 7, "seed": 1}, "m:loader", "here") == (7, 5)
+    assert call(loader, {"population": 2}, {"population": 7}, "m:loader", "here") == (2, 3)  # args win
+    assert call(greedy, {"a": 1}, {"seed": 1}, "m:greedy", "here") == {"a": 1}  # **kwargs is not asked for seed
+    with pytest.raises(PluginError, match=r"^here: m:loader\(population, samples=3\) cannot take args \{'size': 1\}"):
+        call(loader, {"size": 1}, {"population": 7}, "m:loader", "here")
+    with pytest.raises(PluginError, match=r"^here: m:boom raised ZeroDivisionError: division by zero"):
+        call(lambda: 1 / 0, {}, {}, "m:boom", "here")
+    with pytest.raises(PluginError, match="is a int, not a function or class to call"):
+        call(3, {}, {}, "m:three", "here")
+
+
+def test_a_module_in_the_working_directory_is_found_after_everything_installed(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "cwd_only_plugin.py").write_text("def f():\n    return 'here'\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    f, ref = resolve("model", "cwd_only_plugin:f", "here")
+    assert f() == "here" and ref.path == "cwd_only_plugin:f"
+    assert sys.path[-1] == str(tmp_path)  # appended: installed modules of the same name win

@@ -169,20 +169,19 @@ def count_parameters(name: str, input_shape: tuple[int, int, int], num_classes: 
 
 def train_op(name: str, input_shape: tuple[int, ...], num_classes: int) -> str:
     """Cost-model operation name of local training, e.g. ``train.cnn.1x8x8.10``; a factory model's is named
-    by :func:`model_name`, e.g. ``train.my_models:small_cnn+1a2b3c4d.1x8x8.10``."""
+    by :func:`model_name`, e.g. ``train.tiny_cnn-faaa46a2.1x12x12.4``."""
     return f"train.{name}.{'x'.join(str(s) for s in input_shape)}.{num_classes}"
 
 
 def model_name(model: Model) -> str:
-    """The name a model's training operation has: the built-in's name, or a factory's name (import path or
-    entry point) with ``+`` and :func:`~sim.learning.plugin_model.args_key` of its args when it has any."""
+    """The name a model's training operation has: the built-in's name, or a factory's
+    :func:`~sim.learning.plugin_model.factory_label`."""
     if model.factory is None:
         assert model.name is not None
         return model.name
-    from sim.learning.plugin_model import args_key
+    from sim.learning.plugin_model import factory_label
 
-    key = args_key(model.args)
-    return f"{model.factory}+{key}" if key else model.factory
+    return factory_label(model)
 
 
 def update_dimension(model: Model, input_shape: tuple[int, ...], num_classes: int) -> int:

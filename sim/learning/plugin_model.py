@@ -15,8 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Mapping
-from typing import Any
+import re
 
 import numpy as np
 import torch
@@ -26,13 +25,18 @@ from sim.plugins import PluginError, call, resolve
 from sim.scenario.types import Model
 
 
-def args_key(args: Mapping[str, Any]) -> str:
-    """The first 8 hex digits of SHA-256 of ``args`` as canonical JSON ('' without args): what tells two
-    models of one factory apart in a cost profile's operation names."""
-    if not args:
-        return ""
-    text = json.dumps(args, sort_keys=True, separators=(",", ":"), default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()[:8]
+def factory_label(model: Model) -> str:
+    """How a cost profile's operation names the factory's model: its function's name (up to 24 letters, digits
+    and ``_``), ``-``, and the first 8 hex digits of SHA-256 of its import path and ``args`` as canonical JSON,
+    e.g. ``tiny_cnn-faaa46a2``. Models of one factory with other args are other models; an entry point's name
+    and the import path it stands for are the same one. Plain characters, so that the name travels in a
+    deployment's operation reports (:mod:`sim.deploy.operations`)."""
+    assert model.factory is not None
+    _, ref = resolve("model", model.factory, "model.factory")
+    text = json.dumps([ref.path, model.args], sort_keys=True, separators=(",", ":"), default=repr)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:8]
+    name = re.sub(r"[^A-Za-z0-9_]", "_", ref.path.rpartition(":")[2].rpartition(".")[2])[:24]
+    return f"{name}-{digest}"
 
 
 def build_plugin_model(
@@ -58,7 +62,7 @@ _COUNTS: dict[tuple[str, str, tuple[int, ...], int], int] = {}
 def plugin_parameters(model: Model, input_shape: tuple[int, ...], num_classes: int) -> int:
     """Parameters of the factory's model (built once per process, torch's generator left as it was)."""
     assert model.factory is not None
-    key = (model.factory, args_key(model.args), tuple(input_shape), num_classes)
+    key = (factory_label(model), "", tuple(input_shape), num_classes)
     if key not in _COUNTS:
         with torch.random.fork_rng(devices=[]):
             built = build_plugin_model(model, input_shape, num_classes)
