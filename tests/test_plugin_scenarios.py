@@ -15,6 +15,8 @@ import numpy as np
 import pandas as pd
 import pytest
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import sim
 from sim.errors import InputError
@@ -241,3 +243,43 @@ def test_a_bad_plugin_is_refused_before_the_run_starts_naming_key_and_why(on_pat
 
         assert re.search(message, text), text
     assert not (tmp_path / "out").exists()
+
+
+@st.composite
+def loader_results(draw: st.DrawFn) -> tuple[dict[str, object], int]:
+    """A loader's mapping, well-formed or not: client counts, shapes, label values and dtypes drawn."""
+    population = draw(st.integers(1, 4))
+    clients = []
+    for _ in range(draw(st.one_of(st.just(population), st.integers(0, 5)))):  # mostly the right count
+        n = draw(st.integers(0, 3))
+        shape = draw(st.sampled_from([(1, 2, 2)] * 8 + [(1, 2, 3), (4,)]))
+        labels = draw(st.lists(st.sampled_from([0, 1, 2] * 8 + [-1, 0.5, np.nan]), min_size=n, max_size=n))
+        dtype = draw(st.sampled_from([np.int64, np.int64, np.float64, np.int8]))
+        with np.errstate(invalid="ignore"):
+            y = np.asarray(labels, dtype=np.float64).astype(dtype)
+        clients.append((np.zeros((n, *shape)), y))
+    mapping: dict[str, object] = {"clients": clients, "test": (np.zeros((2, 1, 2, 2)), np.array([0, 1]))}
+    if draw(st.booleans()):
+        mapping["classes"] = draw(st.sampled_from([1, 2, 3, 0, "2", True]))
+    return mapping, population
+
+
+@settings(max_examples=200, deadline=None)
+@given(loader_results())
+def test_a_loader_s_data_is_used_as_given_or_refused_with_a_loader_error(drawn):
+    from sim.learning.plugin_data import LoaderError, check
+    from sim.scenario.types import LOADER, Data, Partition
+
+    mapping, population = drawn
+    config = Data(LOADER, Partition("iid"), None, 0.2, 50, 1, loader="x:y")
+    try:
+        data = check(mapping, config, population, 0, "here")
+    except LoaderError as exc:
+        assert str(exc).startswith("here: ")
+        return
+    classes = data.num_classes
+    assert [data.num_samples(c) for c in range(population)] == [len(c[1]) for c in mapping["clients"]]
+    for c in range(population):
+        x, y = data.client_data(c)
+        assert x.dtype == np.float32 and y.dtype == np.int64 and len(y) >= 1
+        assert x.shape[1:] == data.input_shape == (1, 2, 2) and ((y >= 0) & (y < classes)).all()
