@@ -237,9 +237,14 @@ def privacy_rows(
 ) -> list[dict[str, Any]]:
     """The rows of :func:`privacy_table` as plain dicts (what ``dropsim privacy`` prints and writes)."""
     from sim.dp.strategies import STRATEGIES, strategy_named
+    from sim.preflight import plugin_problems
     from sim.runner.privacy_table import model_dimension, planned
     from sim.runner.privacy_table import privacy_table as table
+    from sim.scenario.errors import ScenarioError
 
+    problems = plugin_problems(scenario)  # the model's size, if a plug-in's, needs them
+    if problems:
+        raise ScenarioError(problems)
     own = scenario.privacy.strategy
     named = (*planned(), *([own] if own not in STRATEGIES and strategy_named(own).enabled else []))
     supported = [s for s in named if scenario.aggregation.spec.supports(strategy_named(s))]

@@ -21,12 +21,13 @@ Importing runs the plug-in's module: a plug-in is code its user chose to run (do
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import inspect
 import keyword
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -59,6 +60,9 @@ class PluginRef:
     distribution: str | None
     """The installed distribution that provides its module (None: a module on ``sys.path`` only)."""
     version: str | None
+    module_sha256: str | None = field(default=None, compare=False)
+    """SHA-256 of its module's file when it was resolved (None: a module without a file): a run made with
+    other code is not the same run (:func:`sim.runner.run.prepare_output`)."""
 
     def record(self) -> dict[str, str | None]:
         """What the manifest records of it."""
@@ -68,6 +72,7 @@ class PluginRef:
             "path": self.path,
             "distribution": self.distribution,
             "version": self.version,
+            "module_sha256": self.module_sha256,
         }
 
 
@@ -85,8 +90,20 @@ def resolve(kind: str, name: str, where: str) -> tuple[Any, PluginRef]:
     key) starts every error message. Resolved once per process."""
     found = _RESOLVED.get((kind, name))
     if found is None:
-        found = _RESOLVED[(kind, name)] = _resolve(kind, name, where)
+        obj, ref = _resolve(kind, name, where)
+        found = _RESOLVED[(kind, name)] = obj, replace(ref, module_sha256=_module_digest(ref.path))
     return found
+
+
+def _module_digest(path: str) -> str | None:
+    module = sys.modules.get(path.partition(":")[0].strip())
+    file = getattr(module, "__file__", None)
+    if not file:
+        return None
+    try:
+        return hashlib.sha256(Path(file).read_bytes()).hexdigest()
+    except OSError:
+        return None
 
 
 def is_installed(kind: str, name: str) -> bool:

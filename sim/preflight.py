@@ -92,6 +92,12 @@ def preflight(scenario: Scenario) -> list[Problem]:
     return problems
 
 
+def plugin_problems(scenario: Scenario) -> list[Problem]:
+    """The problems of the scenario's plug-ins alone (:func:`preflight` checks them too): for commands that use
+    the scenario's model or data without running it (``dropsim privacy``, ``profile --model``)."""
+    return _plugins(scenario)[0]
+
+
 def _plugins(scenario: Scenario) -> tuple[list[Problem], tuple[tuple[int, ...], int] | None]:
     """The checks of a scenario's plug-ins that need them run (:mod:`sim.plugins`): its data loader's data, its
     model on those data, its dropout model's draws. Returns the problems and the data's (input shape,
@@ -137,20 +143,21 @@ def _problem(scenario: Scenario, key: tuple[str, ...], exc: Exception) -> Proble
 def _model_plugin(
     scenario: Scenario, federated: object, shaped: tuple[tuple[int, ...], int] | None, key: tuple[str, ...]
 ) -> list[Problem]:
-    """The scenario's model builds on its data's shape and gives one logit per class on a few test inputs."""
+    """The scenario's model builds on its data's shape and gives one logit per class on a few test inputs (a
+    loader's), or random inputs of the data's shape (a built-in data set's, which is not read for this)."""
+    import numpy as np
     import torch
 
     from sim.errors import InputError
-    from sim.learning.federated import FederatedData, load_federated
+    from sim.learning.federated import FederatedData
     from sim.learning.models import make_model
     from sim.learning.plugin_model import check_model
 
     assert shaped is not None
-    data = (
-        federated
-        if isinstance(federated, FederatedData)
-        else load_federated(scenario.data, scenario.population, scenario.seed)
-    )
+    if isinstance(federated, FederatedData):
+        inputs = federated.test_data()[0][:2]
+    else:
+        inputs = np.random.default_rng(0).random((2, *shaped[0]), dtype=np.float32)
     model = scenario.model
     what = model.factory or f"model {model.name}"
     with torch.random.fork_rng(devices=[]):
@@ -160,7 +167,7 @@ def _model_plugin(
             raise
         except ValueError as exc:  # a built-in model on inputs it cannot take
             return [Problem(scenario.origin(*key), ".".join(key), str(exc))]
-        check_model(built, data.test_data()[0][:2], shaped[1], what, ".".join(key))
+        check_model(built, inputs, shaped[1], what, ".".join(key))
     return []
 
 
@@ -182,8 +189,9 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
         sampled = np.arange(min(k, sc.population))
         for round_ in (1, 2):
             dropped = np.asarray(mode.drops(config, state, np.random.default_rng(round_), sampled))
-            inside = np.isin(dropped, sampled).all() and np.unique(dropped).size == dropped.size
-            if dropped.ndim != 1 or not np.issubdtype(dropped.dtype, np.integer) or not inside:
+            whole = dropped.size == 0 or np.issubdtype(dropped.dtype, np.integer)  # none dropping is an empty list
+            inside = whole and np.isin(dropped, sampled).all() and np.unique(dropped).size == dropped.size
+            if dropped.ndim != 1 or not inside:
                 return [
                     Problem(
                         where,

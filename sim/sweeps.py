@@ -27,6 +27,7 @@ from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.writer import MANIFEST, ResultsError, csv_bytes, make_folder, write_atomic, write_json
 from sim.runner import scenario_digest, summarize
 from sim.scenario.grid import Grid
+from sim.scenario.plugins import plugin_records
 from sim.scenario.types import Scenario
 from sim.sweep_point import RunStatus, run_point
 
@@ -39,7 +40,12 @@ def is_finished(directory: Path, scenario: Scenario) -> bool:
         manifest = read_manifest(directory)
     except ResultsError:
         return False
-    return manifest.get("status") == "complete" and manifest.get("scenario_sha256") == scenario_digest(scenario)
+    same_code = manifest.get("plugins", []) == plugin_records(scenario)  # its plug-ins' modules unchanged
+    return (
+        manifest.get("status") == "complete"
+        and manifest.get("scenario_sha256") == scenario_digest(scenario)
+        and same_code
+    )
 
 
 def run_sweep(

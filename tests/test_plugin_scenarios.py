@@ -5,6 +5,7 @@ where, before a run starts."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -83,6 +84,7 @@ def test_yaml_through_dropsim_run_and_sim_run_gives_identical_tables(on_path, tm
         "path": f"{P}:small_cnn",
         "distribution": "dropsim-example-plugins",
         "version": "0.1",
+        "module_sha256": hashlib.sha256((PACKAGE / P / "__init__.py").read_bytes()).hexdigest(),
     }
     assert {r["path"] for r in records.values()} == {f"{P}:small_cnn", f"{P}:blobs", f"{P}:Battery", f"{P}:Doubled"}
 
@@ -226,7 +228,12 @@ BAD = [
         r"breaks the strategy interface: components returned 0\.1 .* an exact variance",
     ),
     ({"privacy": {"strategy": f"{P}:Battery"}}, "privacy.strategy", "is class Battery, not a strategy"),
-    ({"privacy": {"strategy": "not-installed"}}, "privacy.strategy", "is not one of|allowed"),
+    (
+        {"privacy": {"strategy": "not-installed"}},
+        "privacy.strategy",
+        "is 'not-installed'; allowed: none .* local; or a plug-in: an import path module:Name or an installed "
+        "dropsim.strategies entry point's name",
+    ),
 ]
 
 
@@ -283,3 +290,124 @@ def test_a_loader_s_data_is_used_as_given_or_refused_with_a_loader_error(drawn):
         x, y = data.client_data(c)
         assert x.dtype == np.float32 and y.dtype == np.int64 and len(y) >= 1
         assert x.shape[1:] == data.input_shape == (1, 2, 2) and ((y >= 0) & (y < classes)).all()
+
+
+def test_a_deployment_worker_refuses_a_scenario_naming_code_unless_allowed(on_path):
+    from sim.deploy.worker import config_message, read_config
+
+    scenario = sim.load_scenario(SCENARIO).base()
+    config = config_message(scenario, b"\0" * 16)
+    with pytest.raises(
+        ValueError,
+        match=r"names plug-ins \(.*model.factory: 'dropsim_example_plugins:small_cnn';.*"
+        "--allow-plugins",
+    ):
+        read_config(config)
+    assert read_config(config, allow_plugins=True) == scenario
+    plain = sim.load_scenario({k: v for k, v in SCENARIO.items() if k in ("name", "rounds", "population")}).base()
+    assert read_config(config_message(plain, b"\0" * 16)) == plain
+
+
+def test_strategy_flags_set_as_class_attributes_are_honoured_and_removal_needs_removes():
+    from fractions import Fraction
+
+    from sim.dp.strategies import RoundNoise, Strategy, check_strategy, plugin_strategy
+    from sim.plugins import PluginError
+
+    class Drops(Strategy):
+        removes = True
+
+        def components(self, plan: RoundNoise) -> tuple[Fraction, ...]:
+            return (plan.sigma / plan.sampled, plan.sigma / plan.sampled)
+
+        def removed(self, plan: RoundNoise, dropped: int) -> tuple[int, ...]:
+            return (1,) if dropped == 0 else ()
+
+    module = type(sys)("flag_plugins")
+    module.Drops = Drops  # type: ignore[attr-defined]
+    sys.modules["flag_plugins"] = module
+    try:
+        built = plugin_strategy("flag_plugins:Drops", "here")
+        assert built.removes and RoundNoise("flag_plugins:Drops", 1.0, 10, 5).residual(0) == 1
+    finally:
+        del sys.modules["flag_plugins"]
+    with pytest.raises(PluginError, match=r"removed\(0\) returned \(1,\) .* but removes is False"):
+        check_strategy(Drops("plain", removes=False), "here")
+
+
+def test_a_dropout_plugin_without_a_rate_may_drop_so_silent_needs_a_timeout(on_path):
+    with pytest.raises(ScenarioError, match=r"dropout\.silent: is true: .* set timeouts\.masked_input"):
+        sim.load_scenario({**SCENARIO, "dropout": {"model": f"{P}:Battery", "silent": True}}).base()
+
+
+@pytest.mark.parametrize(
+    ("args", "where"),
+    [
+        ({"levels": {1, 2}}, r"dropout\.args\.levels: is \{1, 2\}: arguments are plain data"),
+        ({"m": {1: 2}}, r"args\.m\.1"),
+    ],
+)
+def test_args_must_be_plain_data(on_path, args, where):
+    with pytest.raises(ScenarioError, match=where):
+        sim.load_scenario({**SCENARIO, "dropout": {"model": f"{P}:Battery", "args": args}}).base()
+
+
+def test_an_empty_test_set_is_refused(on_path, tmp_path):
+    (tmp_path / "empty_test_plugin.py").write_text(
+        "import numpy as np\n"
+        "def load(population):\n"
+        "    x = np.zeros((3, 1, 8, 8))\n"
+        "    return {'clients': [(x, np.array([0, 1, 0]))] * population, 'test': (x[:0], np.array([], int))}\n"
+    )
+    sys.path.insert(0, str(tmp_path))
+    try:
+        with pytest.raises(ScenarioError, match="data.loader: .* returned an empty test set"):
+            sim.run({**SCENARIO, "data": {"loader": "empty_test_plugin:load"}}, output=tmp_path / "o", progress=False)
+    finally:
+        sys.path.remove(str(tmp_path))
+
+
+def test_a_training_worker_that_cannot_import_the_model_names_it(on_path, tmp_path):
+    """A module that exists only in this process (as one defined in a notebook): the workers cannot import it."""
+    from sim.plugins import _RESOLVED
+
+    module = type(sys)("ghost_plugin")
+    module.build = lambda input_shape, num_classes: __import__("torch").nn.Sequential(  # type: ignore[attr-defined]
+        __import__("torch").nn.Flatten(), __import__("torch").nn.Linear(64, num_classes)
+    )
+    sys.modules["ghost_plugin"] = module
+    mapping = {**SCENARIO, "model": {"factory": "ghost_plugin:build", "train_seconds_per_sample": 0.001}}
+    mapping["training"] = {**SCENARIO["training"], "workers": 2}
+    try:
+        with pytest.raises(InputError, match=r"training worker .* cannot import 'ghost_plugin:build': no module named"):
+            sim.run(mapping, output=tmp_path / "o", progress=False)
+    finally:
+        del sys.modules["ghost_plugin"]
+        _RESOLVED.pop(("model", "ghost_plugin:build"), None)
+
+
+def test_a_run_whose_plugin_module_changed_runs_again(tmp_path):
+    (tmp_path / "edited_plugin.py").write_text((PACKAGE / P / "__init__.py").read_text())
+    mapping = {
+        **SCENARIO,
+        "model": {"factory": "edited_plugin:small_cnn", "args": {"width": 4}, "train_seconds_per_sample": 0.001},
+    }
+    code = (
+        "import sim, sys, json\n"
+        f"r = sim.run(json.loads(sys.argv[1]), output={str(tmp_path / 'out')!r}, progress=False)\n"
+        "print('ran' if r.ran else 'kept')\n"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(PACKAGE), str(ROOT)])}
+
+    def run() -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", code, json.dumps(mapping)], capture_output=True, text=True, env=env, timeout=300
+        )
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
+
+    assert run() == "ran"
+    assert run() == "kept"
+    with (tmp_path / "edited_plugin.py").open("a") as f:
+        f.write("\n# edited\n")
+    assert run() == "ran"

@@ -102,6 +102,12 @@ def test_a_module_in_the_working_directory_is_found_after_everything_installed(t
     (tmp_path / "cwd_only_plugin.py").write_text("def f():\n    return 'here'\n")
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
-    f, ref = resolve("model", "cwd_only_plugin:f", "here")
-    assert f() == "here" and ref.path == "cwd_only_plugin:f"
-    assert sys.path[-1] == str(tmp_path)  # appended: installed modules of the same name win
+    from sim.plugins import _RESOLVED
+
+    try:
+        f, ref = resolve("model", "cwd_only_plugin:f", "here")
+        assert f() == "here" and ref.path == "cwd_only_plugin:f"
+        assert sys.path[-1] == str(tmp_path)  # appended: installed modules of the same name win
+    finally:
+        _RESOLVED.pop(("model", "cwd_only_plugin:f"), None)
+        sys.modules.pop("cwd_only_plugin", None)

@@ -140,6 +140,12 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         help="agree to derive this worker's secrets from the scenario seed when the server asks "
         "(validate --seeded-secrets): NO SECRECY",
     )
+    p.add_argument(
+        "--allow-plugins",
+        action="store_true",
+        help="agree to run a scenario that names plug-ins (model.factory, data.loader, dropout.model, a strategy "
+        "by import path: code this worker imports; docs/plugins.md); refused otherwise",
+    )
     p.add_argument("--secret-file", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--max-frame-mb", type=float, default=64.0, metavar="MB", help="largest frame accepted")
 
@@ -342,7 +348,17 @@ def cmd_worker(args: argparse.Namespace) -> int:
         directory = _read(lambda: known_workers(args.keys))
     max_frame = int(args.max_frame_mb * 2**20)
     worker_main(
-        host, int(port), args.index, identity, server_key, max_frame, args.seeded_secrets, sessions, directory, bind
+        host,
+        int(port),
+        args.index,
+        identity,
+        server_key,
+        max_frame,
+        args.seeded_secrets,
+        sessions,
+        directory,
+        bind,
+        args.allow_plugins,
     )
     return 0
 

@@ -307,22 +307,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if args.pipeline is not None and args.only:
         print("dropsim: --only re-measures operations of a profile; it does not go with --pipeline", file=sys.stderr)
         return EXIT_BAD_INPUT
-    if args.model is not None and (args.pipeline is not None or args.only or args.impl != "dropsim"):
+    if args.model is not None and (
+        args.pipeline is not None or args.only or args.impl != "dropsim" or args.base is not None
+    ):
         print(
-            "dropsim: --model adds one model's training to a profile; not with --pipeline, --only or --impl",
+            "dropsim: --model adds one model's training to a profile; not with --pipeline, --only, --impl or --base",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
     if args.pipeline is not None:
         return cmd_profile_pipeline(args)
+    folder = args.out.parent if str(args.out.parent) else Path()
+    if not folder.is_dir():
+        print(f"dropsim: {args.out}: the folder {folder} does not exist; create it first", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.model is not None:
         return cmd_profile_model(args)
     if args.overrides or args.check or args.csv:
         print("dropsim: --set, --check and --csv go with --pipeline SCENARIO", file=sys.stderr)
-        return EXIT_BAD_INPUT
-    folder = args.out.parent if str(args.out.parent) else Path()
-    if not folder.is_dir():
-        print(f"dropsim: {args.out}: the folder {folder} does not exist; create it first", file=sys.stderr)
         return EXIT_BAD_INPUT
     if args.impl != "dropsim" and args.only:
         print("dropsim: --only re-measures operations of a dropsim profile; not with --impl", file=sys.stderr)
@@ -383,7 +385,9 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     """``dropsim profile --model SCENARIO --out PROFILE``: the scenario's model's training added to a profile."""
     from sim.api import load_scenario
     from sim.costs.model import CostModelError
+    from sim.preflight import plugin_problems
     from sim.profiling.profiler import profile_model
+    from sim.scenario.errors import ScenarioError
 
     if args.check or args.csv:
         print("dropsim: --check and --csv go with --pipeline SCENARIO", file=sys.stderr)
@@ -395,6 +399,9 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
         if len(points) != 1:
             print(f"dropsim: {args.model}: --model times one scenario's model, not a sweep's", file=sys.stderr)
             return EXIT_BAD_INPUT
+        problems = plugin_problems(points[0])
+        if problems:
+            raise ScenarioError(problems)
         op, doc = profile_model(points[0], args.out, quick=args.quick, progress=say)
     except (InputError, CostModelError) as exc:
         print(f"dropsim: {exc}", file=sys.stderr)

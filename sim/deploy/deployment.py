@@ -252,6 +252,7 @@ class Deployment:
                     "--announce-fd",
                     str(write_end),
                     *(["--seeded-secrets"] if self.options.seeded_secrets else []),
+                    "--allow-plugins",  # this host's user chose the scenario and its code
                     *(["--bind", self.kernel.address(j)] if self.kernel is not None else []),
                 ]
                 try:

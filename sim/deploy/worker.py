@@ -58,6 +58,7 @@ from sim.round.gates import StageGate
 from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.round.stages import DECODE, MASK, SHARED, UPLOAD, gated
 from sim.scenario.grid import Grid
+from sim.scenario.plugins import written_plugins
 from sim.scenario.source import as_plain, parse_text
 from sim.scenario.types import Scenario, scenario_digest
 from sim.testbed import is_kernel
@@ -220,11 +221,15 @@ class Worker:
         sessions: Path | None = None,
         directory: frozenset[bytes] = frozenset(),
         bind: str | None = None,
+        allow_plugins: bool = False,
     ) -> None:
         self.host, self.port, self.index = host, port, index
         self.bind = bind
         """The local address its connections come from (a kernel testbed gives each worker its own, whose
         traffic it shapes); None: the system's choice."""
+        self.allow_plugins = allow_plugins
+        """Whether this worker runs a scenario that names plug-ins, which are code (``dropsim worker
+        --allow-plugins``); otherwise such a configuration is refused before it is read."""
         self.allow_seeded = allow_seeded
         """Whether this worker agrees to derive its secrets from the scenario seed when the server asks
         (``dropsim worker --seeded-secrets``: no secrecy); otherwise such a server is refused."""
@@ -336,7 +341,7 @@ class Worker:
         self.seeded = bool(config.seeded)
         if self.shared is not None and config.digest == self.digest:
             return
-        scenario = read_config(config)
+        scenario = read_config(config, self.allow_plugins)
         torch.set_num_threads(1)
         shared = Shared(scenario)
         shared.warm_up()
@@ -670,6 +675,7 @@ def worker_main(
     sessions: Path | None = None,
     directory: frozenset[bytes] = frozenset(),
     bind: str | None = None,
+    allow_plugins: bool = False,
 ) -> None:
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -687,6 +693,7 @@ def worker_main(
             sessions=sessions,
             directory=directory,
             bind=bind,
+            allow_plugins=allow_plugins,
         ).run()
     )
 
@@ -700,13 +707,21 @@ def config_message(scenario: Scenario, deployment: bytes, seeded: bool = False) 
     return control.Config(text.encode(), scenario_digest(scenario).encode(), deployment, int(seeded))
 
 
-def read_config(config: control.Config) -> Scenario:
-    """The scenario of a :class:`~sim.deploy.control.Config`; it must resolve to the server's digest."""
+def read_config(config: control.Config, allow_plugins: bool = False) -> Scenario:
+    """The scenario of a :class:`~sim.deploy.control.Config`; it must resolve to the server's digest. A scenario
+    that names plug-ins (code: docs/plugins.md) is refused before it is read, unless ``allow_plugins``
+    (``dropsim worker --allow-plugins``; the workers a deployment spawns on its own host agree)."""
     try:
         sent = json.loads(config.scenario)
         name, data = str(sent["file"]), sent["scenario"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"the server's configuration is not a scenario: {exc}") from None
+    named = written_plugins(data)
+    if named and not allow_plugins:
+        raise ValueError(
+            f"the server's scenario names plug-ins ({'; '.join(named)}): code this worker would import and run; "
+            "only a worker started with --allow-plugins agrees"
+        )
     scenario = Grid.from_document(parse_text(json.dumps(data), name)).base()
     if scenario_digest(scenario).encode() != config.digest:
         raise ValueError("the scenario read from the server's configuration differs from the server's (versions?)")

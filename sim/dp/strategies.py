@@ -43,6 +43,7 @@ is an exact statement.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
@@ -224,16 +225,25 @@ def plugin_strategy(name: str, where: str) -> Strategy:
     :mod:`sim.plugins`): a :class:`Strategy` subclass, built with ``name``, or a :class:`Strategy` object,
     renamed ``name``; checked against the interface (:func:`check_strategy`) once per process. Errors
     (:class:`sim.plugins.PluginError`) start with ``where``."""
-    built = _PLUGINS.get(name)
-    if built is not None:
-        return built
+    with _BUILDING:
+        built = _PLUGINS.get(name)
+        if built is None:
+            built = _PLUGINS[name] = _build_strategy(name, where)
+    return built
+
+
+_BUILDING = threading.RLock()
+"""Held while a plug-in strategy is built and checked (a Dask worker runs points in threads)."""
+
+
+def _build_strategy(name: str, where: str) -> Strategy:
     import dataclasses
 
     from sim.plugins import PluginError, call, resolve
 
     obj, ref = resolve("strategy", name, where)
     if isinstance(obj, type) and issubclass(obj, Strategy):
-        strategy = call(obj, {"name": name}, {}, ref.path, where)
+        strategy = call(obj, {"name": name, **_class_flags(obj)}, {}, ref.path, where)
     elif isinstance(obj, Strategy):
         strategy = dataclasses.replace(obj, name=name)
     else:
@@ -242,8 +252,19 @@ def plugin_strategy(name: str, where: str) -> Strategy:
             "one of its objects) is expected (docs/plugins.md)"
         )
     check_strategy(strategy, f"{where}: {ref.path}")
-    _PLUGINS[name] = strategy
     return strategy
+
+
+def _class_flags(cls: type) -> dict[str, Any]:
+    """The flags (``removes = True``, ...) a subclass sets as plain class attributes, which the dataclass
+    constructor would otherwise set back to Orig's: passed to it as arguments."""
+    import dataclasses
+
+    names = {f.name for f in dataclasses.fields(Strategy)} - {"name"}
+    flags: dict[str, Any] = {}
+    for klass in reversed(cls.__mro__[: cls.__mro__.index(Strategy)]):
+        flags.update({k: v for k, v in vars(klass).items() if k in names and not isinstance(v, dataclasses.Field)})
+    return flags
 
 
 def _kind(obj: object) -> str:
@@ -269,13 +290,8 @@ def check_strategy(strategy: Strategy, where: str) -> None:
     for flag in ("enabled", "distributed", "removes", "rebasing", "central", "early"):
         if not isinstance(getattr(strategy, flag), bool):
             raise fail(f"{flag} is {getattr(strategy, flag)!r}, not True or False")
-    _PLUGINS[strategy.name] = strategy  # the probe plans look it up by name
-    try:
-        for sampled, tolerance in _PROBES:
-            plan = RoundNoise(strategy.name, 1.0, sampled, tolerance)
-            _probe(plan, strategy, fail)
-    finally:
-        del _PLUGINS[strategy.name]
+    for sampled, tolerance in _PROBES:
+        _probe(_Probe(strategy.name, 1.0, sampled, tolerance, bound=strategy), strategy, fail)
 
 
 def _probe(plan: RoundNoise, strategy: Strategy, fail: Callable[[str], Exception]) -> None:
@@ -307,6 +323,11 @@ def _probe(plan: RoundNoise, strategy: Strategy, fail: Callable[[str], Exception
                     f"removed({dropped}) returned {removed!r} {at}: a tuple of indices of removable components "
                     f"(1 to {len(components) - 1}) is expected"
                 )
+            if removed and not strategy.removes:
+                raise fail(
+                    f"removed({dropped}) returned {removed!r} {at}, but removes is False, so nothing would be "
+                    "removed: set removes = True"
+                )
         exact(run("residual", dropped), f"residual({dropped})")
         exact(run("accounted", dropped), f"accounted({dropped})")
 
@@ -330,8 +351,7 @@ class RoundNoise:
 
     def __post_init__(self) -> None:
         n, t = self.sampled, self.tolerance
-        if self.strategy not in STRATEGIES and self.strategy not in _PLUGINS:
-            strategy_named(self.strategy)  # a plug-in not yet built here, or an error naming the unknown name
+        self.spec  # noqa: B018 (a plug-in not yet built here is built now; an unknown name is an error)
         if n < 1 or not 0 <= t < n:
             raise ValueError(f"need 0 <= tolerance < sampled, got tolerance {t} of {n}")
         if self.collusion and not 0 <= self.collusion < self.threshold:
@@ -417,3 +437,15 @@ class RoundNoise:
     def added(self) -> Fraction:
         """Variance each client adds before any removal (sum of its components)."""
         return sum(self.components, Fraction(0))
+
+
+@dataclass(frozen=True)
+class _Probe(RoundNoise):
+    """A plan of a strategy being checked (:func:`check_strategy`), which is nobody's to look up by name yet."""
+
+    bound: Any = None
+
+    @property
+    def spec(self) -> Strategy:
+        assert isinstance(self.bound, Strategy)
+        return self.bound

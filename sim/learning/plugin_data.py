@@ -111,6 +111,8 @@ def check(result: Mapping[str, Any], config: Data, population: int, seed: int, w
     if "writers" in result and "train" not in result:
         raise fail("returned writers without train: writer ids cut a train set (partition natural)")
     test = _pair(result["test"], "test", fail)
+    if test[1].shape[0] == 0:
+        raise fail("returned an empty test set: the global model is evaluated on it, so it needs a sample")
     if "clients" in result:
         clients = result["clients"]
         if not isinstance(clients, Sequence) or isinstance(clients, str | bytes):

@@ -72,7 +72,8 @@ def plugin_parameters(model: Model, input_shape: tuple[int, ...], num_classes: i
 
 def check_model(module: nn.Module, inputs: np.ndarray, num_classes: int, what: str, where: str) -> None:
     """Raise :class:`PluginError` unless ``module`` maps ``inputs`` (a few of the data's, float32) to one
-    logit per class: output of shape ``(len(inputs), num_classes)``."""
+    logit per class, output of shape ``(len(inputs), num_classes)``, and takes a training step on them (a
+    backward pass, in training mode)."""
     x = torch.from_numpy(np.ascontiguousarray(inputs, dtype=np.float32))
     module.eval()
     try:
@@ -89,3 +90,13 @@ def check_model(module: nn.Module, inputs: np.ndarray, num_classes: int, what: s
             f"{where}: {what} gives outputs of shape {shape} for inputs of shape {tuple(x.shape)}; one logit per "
             f"class, shape {expected}, is expected (the data have {num_classes} classes)"
         )
+    module.train()
+    try:
+        with torch.random.fork_rng(devices=[]):
+            loss = nn.functional.cross_entropy(module(x), torch.zeros(int(x.shape[0]), dtype=torch.int64))
+            loss.backward()
+    except Exception as exc:
+        raise PluginError(
+            f"{where}: {what} fails to train on the data's inputs of shape {tuple(x.shape)}: "
+            f"{type(exc).__name__}: {exc}"
+        ) from exc

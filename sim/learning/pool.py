@@ -29,6 +29,7 @@ from typing import Protocol
 
 import numpy as np
 
+from sim.errors import InputError
 from sim.scenario.types import Data
 
 Update = tuple[np.ndarray, float]
@@ -62,10 +63,19 @@ def _start_worker(build: bytes) -> None:
     Ctrl-C is ignored: unpickling imports the trainer (and torch), building it loads the data set."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle: it stops the workers
     threading.Thread(target=_exit_with_parent, daemon=True).start()
-    _worker.append(pickle.loads(build)())
+    try:
+        _worker.append(pickle.loads(build)())
+    except Exception as exc:  # e.g. a plug-in this process cannot import: said by the first work asked of it
+        _failed.append(f"{type(exc).__name__}: {exc}")
+
+
+_failed: list[str] = []
+"""Why the worker process's learner could not be built (empty once it is)."""
 
 
 def _train(params: np.ndarray, round: int, clients: list[int]) -> list[Update]:
+    if _failed:
+        raise InputError(f"a training worker (training.workers) could not start: {_failed[0]}")
     learner = _worker[0]
     learner.params = params
     return [learner.local_update(c, round) for c in clients]

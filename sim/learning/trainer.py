@@ -22,6 +22,7 @@ from sim.errors import InputError
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import make_model
 from sim.learning.pool import DataSource, TrainingPool
+from sim.plugins import PluginError
 from sim.scenario.types import Model, Training
 from sim.seeds import Stream, int_seed
 
@@ -100,14 +101,22 @@ class Learner:
         optimizer = torch.optim.SGD(self.model.parameters(), lr=t.lr, momentum=t.momentum, weight_decay=t.weight_decay)
         order = torch.Generator().manual_seed(int_seed(self.seed, Stream.TRAINING, round, client))
         n = int(y.shape[0])
-        for _ in range(t.local_epochs):
-            perm = torch.randperm(n, generator=order)
-            for start in range(0, n, t.batch_size):
-                batch = perm[start : start + t.batch_size]
-                optimizer.zero_grad(set_to_none=True)
-                loss = self._loss(self.model(x[batch]), y[batch])
-                loss.backward()
-                optimizer.step()
+        try:
+            for _ in range(t.local_epochs):
+                perm = torch.randperm(n, generator=order)
+                for start in range(0, n, t.batch_size):
+                    batch = perm[start : start + t.batch_size]
+                    optimizer.zero_grad(set_to_none=True)
+                    loss = self._loss(self.model(x[batch]), y[batch])
+                    loss.backward()
+                    optimizer.step()
+        except Exception as exc:
+            if isinstance(self._model_spec, str) or self._model_spec.factory is None:
+                raise
+            raise PluginError(
+                f"model.factory: {self._model_spec.factory}: training client {client} in round {round} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
         local = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
         return local - self.params, float(n)
 

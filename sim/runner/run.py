@@ -23,7 +23,7 @@ from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.tables import round_rows, step_columns
 from sim.results.writer import MANIFEST, ResultsError, RunWriter
 from sim.runner.experiment import Experiment, Simulation
-from sim.scenario.plugins import plugin_refs
+from sim.scenario.plugins import plugin_records
 from sim.scenario.types import Scenario, scenario_digest
 
 
@@ -63,8 +63,9 @@ class RunSummary:
 
 def prepare_output(directory: Path, scenario: Scenario, force: bool = False, driver: str = "simulate") -> bool:
     """Whether ``scenario`` should run into ``directory``; False when it already holds this scenario's
-    complete run by the same ``driver`` (``simulate`` or ``deploy``). A folder holding anything else is
-    refused unless ``force``; a sweep folder always."""
+    complete run by the same ``driver`` (``simulate`` or ``deploy``) with the same plug-in code (a run whose
+    plug-ins' modules changed runs again). A folder holding anything else is refused unless ``force``; a sweep
+    folder always."""
     if (directory / SWEEP).exists():
         raise ResultsError(f"{directory}: is a sweep folder; give the run another --output")
     if directory.is_file():
@@ -76,7 +77,8 @@ def prepare_output(directory: Path, scenario: Scenario, force: bool = False, dri
             manifest = {}
         same = manifest.get("scenario_sha256") == scenario_digest(scenario)
         same = same and manifest.get("driver", "simulate") == driver
-        if same and manifest.get("status") == "complete" and not force:
+        same_code = manifest.get("plugins", []) == plugin_records(scenario)  # its plug-ins' modules unchanged
+        if same and same_code and manifest.get("status") == "complete" and not force:
             return False
         if not same and not force:
             raise ResultsError(
@@ -138,9 +140,9 @@ def run_scenario(
         "versions": versions(),
         "host": host(),
     }
-    plugins = plugin_refs(scenario)
-    if plugins:  # each plug-in's import path and its distribution's version
-        manifest["plugins"] = [ref.record() for ref in plugins]
+    plugins = plugin_records(scenario)
+    if plugins:  # each plug-in's import path, its distribution's version and its module's digest
+        manifest["plugins"] = plugins
     writer = RunWriter(
         directory,
         manifest,

@@ -166,3 +166,11 @@ def dropout_mode(config: Dropout, where: str = "dropout.model") -> DropoutMode:
 
 def _described(obj: object) -> str:
     return f"class {obj.__name__}" if isinstance(obj, type) else f"a {type(obj).__name__}"
+
+
+def may_drop(mode: DropoutMode, config: Dropout) -> bool:
+    """Whether any client may drop under ``config``: the mode's :meth:`DropoutMode.can_drop`, except that a
+    plug-in without a rate that keeps the base's (which reads the rate) may."""
+    if config.model is not None and not mode.uses_rate and type(mode).can_drop is DropoutMode.can_drop:
+        return True
+    return mode.can_drop(config)

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from sim.dp.strategies import STRATEGIES, plugin_strategy, strategy_named
-from sim.plugins import PluginError, is_import_path, is_installed, resolve
+from sim.plugins import GROUPS, PluginError, is_import_path, is_installed, resolve
 from sim.protocol.registry import PROTOCOLS, AggregationParams, either, optional_stages
-from sim.scenario.dropout_modes import DEFAULT_MODE, MODES, dropout_mode
+from sim.scenario.dropout_modes import DEFAULT_MODE, MODES, dropout_mode, may_drop
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import Reader, shown
 from sim.scenario.source import Document
@@ -106,8 +106,11 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
             "is not pipelined; drop the pipeline section or choose another emulation",
         )
     try:
-        can_drop = dropout_mode(dropout).can_drop(dropout)
+        can_drop = may_drop(dropout_mode(dropout), dropout)
     except PluginError:  # a plug-in that failed to build: reported above
+        can_drop = False
+    except Exception as exc:  # a plug-in's can_drop that fails
+        r.fail(("dropout", "model"), f"{dropout.model}.can_drop raised {type(exc).__name__}: {exc}")
         can_drop = False
     if dropout.silent and trace is not None:
         # A client whose session ends leaves silently at whatever step the round is in.
@@ -217,7 +220,7 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, popu
             r.failed("strategy", exc)
             strategy = d.strategy
     else:
-        strategy = r.choice("strategy", tuple(STRATEGIES), d.strategy)
+        strategy = _built_in(r, "strategy", tuple(STRATEGIES), d.strategy, "strategy")
     p = Privacy(
         strategy=_or(strategy, d.strategy),
         mechanism=_or(r.choice("mechanism", MECHANISMS, d.mechanism), d.mechanism),
@@ -298,6 +301,19 @@ def _testbed(r: Reader) -> Testbed:
     return Testbed(int(_or(cores, 1)), float(_or(cpu_scale, 1.0)), str(_or(emulation, "process")))
 
 
+def _built_in(r: Reader, key: str, names: tuple[str, ...], default: str, kind: str) -> str:
+    """``r.choice`` of a key that also takes a plug-in's name: its problem says so."""
+    before = len(r.problems)
+    value = r.choice(key, names, default)
+    if len(r.problems) > before:
+        last = r.problems[-1]
+        path = "an import path module:Name or " if kind == "strategy" else ""
+        hint = f"; or a plug-in: {path}an installed {GROUPS[kind]} entry point's name (docs/plugins.md)"
+        head, mean, rest = last.message.partition("; did you mean")
+        r.problems[-1] = dataclasses.replace(last, message=head + hint + mean + rest)
+    return value
+
+
 def _or(value: Any, default: Any) -> Any:
     """A reader's value, or the default where the reader failed (returned None)."""
     return default if value is None else value
@@ -315,7 +331,7 @@ def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
     raw = r.raw("mode")
     if r.has("model") or (isinstance(raw, str) and raw not in MODES and is_installed("dropout", raw)):
         return _dropout_plugin(r, aggregation)
-    mode = r.choice("mode", tuple(MODES), DEFAULT_MODE)
+    mode = _built_in(r, "mode", tuple(MODES), DEFAULT_MODE, "dropout")
     rate = r.number("rate", 0.0, lo=0, hi=1)
     stage = _dropout_stage(r, aggregation)
     silent = r.boolean("silent", False)
@@ -373,7 +389,8 @@ def _dropout_plugin(r: Reader, aggregation: AggregationParams) -> Dropout:
         rate = r.number("rate", 0.0, lo=0, hi=1)
     elif r.has("rate"):
         r.raw("rate")
-        r.fail("rate", f"is not used by dropout model {name} (its uses_rate is False); remove it")
+        if mode is not None:  # else the model's problem is reported
+            r.fail("rate", f"is not used by dropout model {name} (its uses_rate is False); remove it")
     r.finish()
     return Dropout(name or "", _or(rate, 0.0), stage, bool(silent), args, model=name or "")
 
@@ -396,7 +413,7 @@ def _data(r: Reader, population: int | None) -> Data:
     if r.has("args"):
         r.raw("args")
         r.fail("args", "are a data loader's arguments: they need data.loader")
-    dataset = r.choice("dataset", DATASETS, "digits")
+    dataset = _built_in(r, "dataset", DATASETS, "digits", "dataset")
     partition = r.custom("partition", Partition("iid"), _partition)
     if "partition" not in r.resolved:
         r.resolved["partition"] = "iid"
@@ -462,10 +479,11 @@ def _data_plugin(r: Reader) -> Data:
         if r.has(other):
             r.raw(other)
             r.fail(other, f"is a built-in data set's key, not used with a {key} plug-in (its args are)")
-    try:
-        resolve("dataset", loader, r.where(key))
-    except PluginError as exc:
-        r.failed(key, exc)
+    if loader:  # else its problem is reported
+        try:
+            resolve("dataset", loader, r.where(key))
+        except PluginError as exc:
+            r.failed(key, exc)
     r.finish(extra_allowed=_BUILT_IN_DATA_KEYS)
     return Data(LOADER, partition, None, 0.2, 50, 1, loader=loader, args=args)
 
@@ -478,7 +496,7 @@ def _model(r: Reader) -> Model:
         r.raw("args")
         r.fail("args", "are a model factory's arguments: they need model.factory")
     if not r.has("params"):
-        name = r.choice("name", MODELS, "cnn")
+        name = _built_in(r, "name", MODELS, "cnn", "model")
         if r.has("train_seconds_per_sample"):
             r.raw("train_seconds_per_sample")
             r.fail(
@@ -516,10 +534,11 @@ def _model_plugin(r: Reader) -> Model:
     rate = 0.0
     if r.has("train_seconds_per_sample"):
         rate = _or(r.number("train_seconds_per_sample", 0.0, lo=0), 0.0)
-    try:
-        resolve("model", factory, r.where(key))
-    except PluginError as exc:
-        r.failed(key, exc)
+    if factory:  # else its problem is reported
+        try:
+            resolve("model", factory, r.where(key))
+        except PluginError as exc:
+            r.failed(key, exc)
     r.finish()
     return Model(None, None, rate, factory=factory, args=args)
 

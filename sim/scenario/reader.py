@@ -217,6 +217,14 @@ class Reader:
         if not isinstance(value, dict) or not all(isinstance(k, str) and k.isidentifier() for k in value):
             self.fail(key, f"is {shown(value)}; a mapping of argument names to values is expected")
             return {}
+        odd = _not_plain(value)
+        if odd is not None:
+            self.fail(
+                (key, *odd[0]),
+                f"is {shown(odd[1])}: arguments are plain data (numbers, strings, booleans, null, lists, and "
+                "mappings with string keys), which every process reads alike",
+            )
+            return {}
         self._put(key, value)
         return dict(value)
 
@@ -245,6 +253,27 @@ class Reader:
                 continue
             hint = _suggest(key, known, prefix=format_path(self.path) + "." if self.path else "")
             self.fail((key,), f"is not a known key{hint}; allowed keys here: {', '.join(known)}")
+
+
+def _not_plain(value: Any, path: tuple[str, ...] = ()) -> tuple[tuple[str, ...], Any] | None:
+    """The key path and value of the first part of ``value`` that is not plain (JSON-like) data, or None."""
+    if value is None or isinstance(value, bool | int | str) or (isinstance(value, float) and math.isfinite(value)):
+        return None
+    if isinstance(value, list):
+        for i, item in enumerate(value):
+            found = _not_plain(item, (*path, str(i)))
+            if found is not None:
+                return found
+        return None
+    if isinstance(value, dict):
+        for k, item in value.items():
+            if not isinstance(k, str):
+                return (*path, str(k)), k
+            found = _not_plain(item, (*path, k))
+            if found is not None:
+                return found
+        return None
+    return path, value
 
 
 def shown(value: Any, limit: int = 80) -> str:
