@@ -183,12 +183,16 @@ def test_bad_model_values_name_the_key(tmp_path, model, expected):
 
 
 def test_model_checks_itself():
-    with pytest.raises(ValueError, match="not both or neither"):
+    with pytest.raises(ValueError, match="one of name, params or factory"):
         Model("cnn", 10)
-    with pytest.raises(ValueError, match="not both or neither"):
+    with pytest.raises(ValueError, match="one of name, params or factory"):
         Model(None)
+    with pytest.raises(ValueError, match="one of name, params or factory"):
+        Model(None, 10, factory="m:f")
     with pytest.raises(ValueError, match="only to an abstract model"):
         Model("cnn", None, 1.0)
+    with pytest.raises(ValueError, match="args are the factory's"):
+        Model("cnn", args={"width": 2})
 
 
 def test_synthetic_default_shape_is_unchanged(tmp_path):
