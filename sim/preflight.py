@@ -181,9 +181,10 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
 
     sc = scenario
     config = sc.dropout
-    where = sc.origin("dropout", "model")
+    key = ("dropout", "model" if "model" in sc.resolved.get("dropout", {}) else "mode")
+    where, dotted = sc.origin(*key), ".".join(key)
     try:
-        mode = dropout_mode(config)
+        mode = dropout_mode(config, dotted)
         state = mode.prepare(config, sc.population, sc.seed)
         k = sc.sampling.clients_per_round or max(1, round((sc.sampling.rate or 0) * sc.population))
         sampled = np.arange(min(k, sc.population))
@@ -195,15 +196,15 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
                 return [
                     Problem(
                         where,
-                        "dropout.model",
+                        dotted,
                         f"{config.model}.drops returned {dropped!r} for sampled clients {sampled!r}: a subset of the "
                         "sampled clients (an integer array) is expected (docs/plugins.md)",
                     )
                 ]
     except InputError as exc:
-        return [_problem(sc, ("dropout", "model"), exc)]
+        return [_problem(sc, key, exc)]
     except Exception as exc:
-        return [Problem(where, "dropout.model", f"{config.model} raised {type(exc).__name__}: {exc} (docs/plugins.md)")]
+        return [Problem(where, dotted, f"{config.model} raised {type(exc).__name__}: {exc} (docs/plugins.md)")]
     return []
 
 
