@@ -21,11 +21,13 @@ Importing runs the plug-in's module: a plug-in is code its user chose to run (do
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import importlib
 import inspect
 import keyword
 import sys
+import traceback
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
@@ -138,8 +140,8 @@ def call(fn: Any, args: Mapping[str, Any], offered: Mapping[str, Any], what: str
         return fn(**kwargs)
     except PluginError:
         raise
-    except Exception as exc:  # the plug-in's own code failed: say what it raised
-        raise PluginError(f"{where}: {what} raised {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:  # the plug-in's own code failed: say what it raised, and where
+        raise PluginError(f"{where}: {what} raised {type(exc).__name__}: {exc}{where_raised(exc)}") from exc
 
 
 def _resolve(kind: str, name: str, where: str) -> tuple[Any, PluginRef]:
@@ -168,22 +170,39 @@ def _load_path(path: str, where: str) -> Any:
     dotted = module_name.strip().split(".")
     if not all(p.isidentifier() and not keyword.iskeyword(p) for p in [*dotted, *parts[1:]]):
         raise PluginError(f"{where}: {path!r} is not an import path: pkg.module:name is expected")
+    name = module_name.strip()
     try:
-        module = _import(module_name.strip())
+        module = _import(name)
     except ModuleNotFoundError as exc:
+        if exc.name is None or not (name == exc.name or name.startswith(exc.name + ".")):  # one the module imports
+            raise PluginError(
+                f"{where}: cannot import {path!r}: importing {name} raised {type(exc).__name__}: {exc}"
+                f"{where_raised(exc)}"
+            ) from None
         raise PluginError(
             f"{where}: cannot import {path!r}: no module named {exc.name!r} (is its package installed, or on "
             "PYTHONPATH, in every process that runs the scenario?)"
         ) from None
-    except Exception as exc:  # the module's own code failed: say what it raised
-        raise PluginError(f"{where}: cannot import {path!r}: importing {module_name} raised {exc!r}") from None
+    except Exception as exc:  # the module's own code failed: say what it raised, and where
+        raise PluginError(
+            f"{where}: cannot import {path!r}: importing {name} raised {type(exc).__name__}: {exc}{where_raised(exc)}"
+        ) from None
     obj: Any = module
     for k, part in enumerate(parts[1:], 1):
         if not hasattr(obj, part):
-            owner = module_name + "".join(f".{p}" for p in parts[1:k])
-            raise PluginError(f"{where}: cannot import {path!r}: {owner} has no attribute {part!r}")
+            owner = name + "".join(f".{p}" for p in parts[1:k])
+            close = difflib.get_close_matches(part, [n for n in dir(obj) if not n.startswith("__")], n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else ""
+            raise PluginError(f"{where}: cannot import {path!r}: {owner} has no attribute {part!r}{hint}")
         obj = getattr(obj, part)
     return obj
+
+
+def where_raised(exc: BaseException) -> str:
+    """`` (at FILE:LINE)``: where in the plug-in's code ``exc`` was raised (its traceback's last frame outside
+    Python's import machinery), or ''."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if "<frozen" not in f.filename]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
 def _import(module_name: str) -> Any:

@@ -14,6 +14,7 @@ from sim.costs.model import CostModel, CostModelError
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
 from sim.learning.models import model_train_op, trains_at_rate, update_dimension
+from sim.plugins import where_raised
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
 from sim.round.privacy import padded
@@ -162,12 +163,22 @@ def _model_plugin(
     what = model.factory or f"model {model.name}"
     with torch.random.fork_rng(devices=[]):
         try:
-            built = make_model(model, *shaped)
+            built = make_model(model, *shaped, ".".join(key))
         except InputError:
             raise
         except ValueError as exc:  # a built-in model on inputs it cannot take
             return [Problem(scenario.origin(*key), ".".join(key), str(exc))]
         check_model(built, inputs, shaped[1], what, ".".join(key))
+    workers = scenario.training.workers
+    if workers > 1 and scenario.fidelity == "full" and next(built.buffers(), None) is not None:
+        return [
+            Problem(
+                scenario.origin("training", "workers"),
+                "training.workers",
+                f"is {workers}, which needs a model whose state is its parameters; {what} has buffers (e.g. "
+                "batch-norm statistics) that would differ between processes: use 1, or a model without buffers",
+            )
+        ]
     return []
 
 
@@ -183,9 +194,11 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
     config = sc.dropout
     key = ("dropout", "model" if "model" in sc.resolved.get("dropout", {}) else "mode")
     where, dotted = sc.origin(*key), ".".join(key)
+    method = "prepare"
     try:
         mode = dropout_mode(config, dotted)
         state = mode.prepare(config, sc.population, sc.seed)
+        method = "drops"
         k = sc.sampling.clients_per_round or max(1, round((sc.sampling.rate or 0) * sc.population))
         sampled = np.arange(min(k, sc.population))
         for round_ in (1, 2):
@@ -204,7 +217,13 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
     except InputError as exc:
         return [_problem(sc, key, exc)]
     except Exception as exc:
-        return [Problem(where, dotted, f"{config.model} raised {type(exc).__name__}: {exc} (docs/plugins.md)")]
+        return [
+            Problem(
+                where,
+                dotted,
+                f"{config.model}.{method} raised {type(exc).__name__}: {exc}{where_raised(exc)} (docs/plugins.md)",
+            )
+        ]
     return []
 
 

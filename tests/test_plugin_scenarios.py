@@ -132,6 +132,20 @@ def test_a_train_set_is_cut_by_the_partition(on_path):
     assert data.test_data()[0].shape == (100, 1, 8, 8)
 
 
+def test_a_train_set_of_rows_trains_a_model_for_rows(on_path, tmp_path):
+    mapping = {
+        **SCENARIO,
+        "data": {"loader": f"{P}:pooled", "args": {"flat": True}, "partition": {"dirichlet": 0.3}},
+        "model": {"factory": f"{P}:mlp", "train_seconds_per_sample": 0.001},
+    }
+    result = sim.run(mapping, output=tmp_path / "rows", progress=False)
+    assert len(result.rounds) == 2 and result.rounds["accuracy"].notna().all()
+    from sim.learning.models import update_dimension
+
+    scenario = sim.load_scenario(mapping).base()
+    assert update_dimension(scenario.model, (64,), 4) == 64 * 16 + 16 + 16 * 4 + 4
+
+
 def test_a_two_worker_sweep_and_training_workers_carry_the_plugins(on_path, tmp_path):
     file = tmp_path / "plug.yaml"
     file.write_text(yaml.safe_dump({**SCENARIO, "training": {**SCENARIO["training"], "workers": 2}}))
@@ -176,13 +190,14 @@ def test_profile_model_adds_the_factory_model_s_training_to_a_profile(on_path, t
         sim.run(mapping, output=tmp_path / "no", progress=False)
     assert not (tmp_path / "no").exists()
     file = tmp_path / "plug.yaml"
-    file.write_text(yaml.safe_dump(mapping))
+    file.write_text(yaml.safe_dump({**mapping, "sweep": {"seed": [3, 4], "model.args.width": [2, 4]}}))
     profile = tmp_path / "mine.json"
     done = dropsim("profile", "--model", str(file), "--out", str(profile), "--quick")
     assert done.returncode == 0, done.stderr
     doc = json.loads(profile.read_text())
-    (op,) = [op for op in doc["operations"] if op.startswith("train.small_cnn-")]
-    assert op.endswith(".1x8x8.4") and doc["operations"][op]["model"]["args"] == {"width": 4}
+    ops = [op for op in doc["operations"] if op.startswith("train.small_cnn-")]  # one per width, not per seed
+    assert len(ops) == 2 and all(op.endswith(".1x8x8.4") for op in ops)
+    assert sorted(doc["operations"][op]["model"]["args"]["width"] for op in ops) == [2, 4]
     assert "train.cnn.1x8x8.10" in doc["operations"]  # the rest of the scenario's profile, copied
     result = sim.run({**mapping, "costs": {"profile": str(profile)}}, output=tmp_path / "yes", progress=False)
     assert result.rounds["round_time"].gt(0).all()
@@ -214,6 +229,11 @@ BAD = [
         {"data": {"loader": f"{P}:tabular"}},
         "model.factory",
         "small_cnn raised ValueError: not enough values to unpack",
+    ),
+    (
+        {"model": {"factory": f"{P}:with_batch_norm"}, "training": {"workers": 2}},
+        "training.workers",
+        f"is 2, which needs a model whose state is its parameters; {P}:with_batch_norm has buffers",
     ),
     ({"dropout": {"model": f"{P}:Outsider"}}, "dropout.model", "drops returned .* a subset of the sampled clients"),
     ({"dropout": {"model": f"{P}:Battery", "args": {"level": 1}}}, "dropout.model", "cannot take args"),

@@ -25,6 +25,7 @@ def plugin_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     ``my-model`` in ``dropsim.models``; and a module that fails on import."""
     (tmp_path / "plugmod.py").write_text(MODULE)
     (tmp_path / "broken_plugin.py").write_text("raise RuntimeError('no GPU here')\n")
+    (tmp_path / "typo_plugin.py").write_text("import sim.nothing_here\n")
     info = tmp_path / "myplug-1.2.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: myplug\nVersion: 1.2\n")
@@ -54,7 +55,12 @@ def test_an_installed_entry_point_is_a_name_a_scenario_can_use(plugin_dir):
     ("name", "message"),
     [
         ("nosuchpkg.models:build", r"cannot import 'nosuchpkg.models:build': no module named 'nosuchpkg'"),
-        ("broken_plugin:build", r"importing broken_plugin raised RuntimeError\('no GPU here'\)"),
+        (
+            "broken_plugin:build",
+            r"importing broken_plugin raised RuntimeError: no GPU here \(at .*broken_plugin.py:1\)",
+        ),
+        ("typo_plugin:build", r"importing typo_plugin raised ModuleNotFoundError: No module named 'sim.nothing_here'"),
+        ("plugmod:biuld", r"plugmod has no attribute 'biuld'; did you mean 'build'\?"),
         ("plugmod:nothing", r"plugmod has no attribute 'nothing'"),
         ("plugmod:Holder.missing", r"plugmod.Holder has no attribute 'missing'"),
         ("plugmod:", r"is not an import path"),

@@ -11,6 +11,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -386,7 +387,7 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
     from sim.api import load_scenario
     from sim.costs.model import CostModelError
     from sim.preflight import plugin_problems
-    from sim.profiling.profiler import profile_model
+    from sim.profiling.profiler import profile_model, training_op
     from sim.scenario.errors import ScenarioError
 
     if args.check or args.csv:
@@ -394,19 +395,19 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
     try:
-        grid = load_scenario(args.model, args.overrides)
-        points = grid.points()
-        if len(points) != 1:
-            print(f"dropsim: {args.model}: --model times one scenario's model, not a sweep's", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        problems = plugin_problems(points[0])
+        points = load_scenario(args.model, args.overrides).points()
+        problems = [p for point in points for p in plugin_problems(point)]
         if problems:
             raise ScenarioError(problems)
-        op, doc = profile_model(points[0], args.out, quick=args.quick, progress=say)
+        timed: dict[str, dict[str, Any]] = {}
+        for point in points:  # each model of a sweep (its points' models, shapes and args), once
+            if training_op(point) not in timed:
+                op, doc = profile_model(point, args.out, quick=args.quick, progress=say)
+                timed[op] = doc["operations"][op]
     except (InputError, CostModelError) as exc:
         print(f"dropsim: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    print_table([{"operation": op, **doc["operations"][op]["coef"], "r2": doc["operations"][op]["r2"]}])
+    print_table([{"operation": op, **entry["coef"], "r2": entry["r2"]} for op, entry in timed.items()])
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` in a scenario)")
     return 0
 

@@ -84,10 +84,9 @@ class Dataset:
     writers: np.ndarray | None = None
 
     @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """The shape ``(C, H, W)`` of one image."""
-        _, channels, height, width = self.x_train.shape
-        return (int(channels), int(height), int(width))
+    def input_shape(self) -> tuple[int, ...]:
+        """The shape of one input: ``(C, H, W)`` of an image (a loader's train set may hold other inputs)."""
+        return tuple(int(s) for s in self.x_train.shape[1:])
 
 
 # --------------------------------------------------------------------------------------------- helpers

@@ -144,13 +144,16 @@ def build_model(name: str, input_shape: tuple[int, int, int], num_classes: int) 
     raise ValueError(f"unknown model {name!r}; allowed: {', '.join(MODELS)}")
 
 
-def make_model(model: Model | str, input_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+def make_model(
+    model: Model | str, input_shape: tuple[int, ...], num_classes: int, where: str = "model.factory"
+) -> nn.Module:
     """A fresh model of a scenario's ``model`` section (or a named model): built here, or by its factory
-    plug-in (:mod:`sim.learning.plugin_model`); initialised from torch's global generator (seed it first)."""
+    plug-in (:mod:`sim.learning.plugin_model`; its errors start with ``where``); initialised from torch's
+    global generator (seed it first)."""
     if isinstance(model, Model) and model.factory is not None:
         from sim.learning.plugin_model import build_plugin_model
 
-        return build_plugin_model(model, input_shape, num_classes)
+        return build_plugin_model(model, input_shape, num_classes, where)
     name = model if isinstance(model, str) else model.name
     if name is None:
         raise ValueError("an abstract model (model.params) has no weights to build")

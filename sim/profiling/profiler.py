@@ -184,6 +184,22 @@ def run_profile(
         return _run_profile(out, quick, progress, shapes)
 
 
+def training_op(scenario: Scenario) -> str:
+    """The training operation of ``scenario``'s model (:func:`sim.learning.models.train_op`) on its data's input
+    shape and classes, whether or not it trains at a given rate. An abstract model (``model.params``) has none."""
+    from sim.costs.model import CostModelError
+    from sim.learning.federated import data_shape
+    from sim.learning.models import model_name
+
+    if scenario.model.params is not None:
+        raise CostModelError(
+            f"{scenario.origin('model', 'params')}: model.params is an abstract model: it trains at "
+            "model.train_seconds_per_sample, there is nothing to time"
+        )
+    shape, classes = data_shape(scenario.data, scenario.population, scenario.seed)
+    return train_op(model_name(scenario.model), shape, classes)
+
+
 def profile_model(
     scenario: Scenario, out: Path, quick: bool = False, progress: Callable[[str], None] | None = None
 ) -> tuple[str, dict[str, Any]]:
@@ -194,19 +210,14 @@ def profile_model(
 
     The model is timed as ``dropsim profile`` times the built-in ones (random inputs of the data's shape, one
     thread), on the larger grid when it has more than 5 million parameters."""
-    from sim.costs.model import CostModel, CostModelError, read_profile, resolve_profile
+    from sim.costs.model import CostModel, read_profile, resolve_profile
     from sim.learning.federated import data_shape
-    from sim.learning.models import model_name, update_dimension
+    from sim.learning.models import update_dimension
     from sim.testbed import cost_profile
 
     sc = scenario
-    if sc.model.params is not None:
-        raise CostModelError(
-            f"{sc.origin('model', 'params')}: model.params is an abstract model: it trains at "
-            "model.train_seconds_per_sample, there is nothing to time"
-        )
+    op = training_op(sc)
     shape, classes = data_shape(sc.data, sc.population, sc.seed)
-    op = train_op(model_name(sc.model), shape, classes)
     base = out if out.is_file() else resolve_profile(cost_profile(sc))
     if not base.is_file():  # the scenario names the profile this makes (costs.profile: out): start from the default
         base = resolve_profile(None)

@@ -31,6 +31,18 @@ def small_cnn(input_shape: tuple[int, int, int], num_classes: int, width: int = 
     )
 
 
+def mlp(input_shape: tuple[int, ...], num_classes: int, hidden: int = 16) -> nn.Module:
+    """For inputs of any shape: flattened, one hidden layer."""
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(int(np.prod(input_shape)), hidden), nn.ReLU(), nn.Linear(hidden, num_classes)
+    )
+
+
+def with_batch_norm(input_shape: tuple[int, int, int], num_classes: int) -> nn.Module:
+    """A model with buffers (batch-norm running statistics)."""
+    return nn.Sequential(nn.Conv2d(input_shape[0], 4, 3), nn.BatchNorm2d(4), nn.Flatten(), nn.LazyLinear(num_classes))
+
+
 def not_a_model(input_shape: tuple[int, int, int], num_classes: int) -> str:
     return "a model"
 
@@ -60,11 +72,14 @@ def blobs(population: int, seed: int, samples: int = 24, classes: int = 4) -> di
     return {"clients": clients, "test": (torch.from_numpy(test[0]), torch.from_numpy(test[1])), "classes": classes}
 
 
-def pooled(seed: int, samples: int = 400) -> dict[str, Any]:
-    """The same kind of data as one train set, for ``data.partition`` to cut."""
+def pooled(seed: int, samples: int = 400, flat: bool = False) -> dict[str, Any]:
+    """The same kind of data as one train set, for ``data.partition`` to cut; ``flat``: rows of 64 values."""
     rng = np.random.default_rng(seed)
     centres = rng.random((4, 1, 8, 8))
-    return {"train": _blobs(rng, centres, samples), "test": _blobs(rng, centres, 100)}
+    train, test = _blobs(rng, centres, samples), _blobs(rng, centres, 100)
+    if flat:
+        train, test = (train[0].reshape(samples, 64), train[1]), (test[0].reshape(100, 64), test[1])
+    return {"train": train, "test": test}
 
 
 def tabular(population: int) -> dict[str, Any]:
