@@ -8,18 +8,51 @@ masks are a cryptographic keystream.
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 
 MAX_BITS = 32
 
 
-def expand(seed: bytes, length: int, bits: int) -> np.ndarray:
-    """``length`` elements of Z_(2^bits) as uint32 (values < 2^bits)."""
+def expand(seed: bytes, length: int, bits: int, scratch: bool = False) -> np.ndarray:
+    """``length`` elements of Z_(2^bits) as uint32 (values < 2^bits).
+
+    The keystream is written straight into the result's memory (no intermediate bytes). With ``scratch``, into
+    this thread's kept buffer: the result is a view that the next ``scratch`` expansion in this thread
+    overwrites, for a mask added at once (:func:`sim.protocol.encoding.add_mod_into`) without allocating
+    ``length`` words each time."""
     if not 1 <= bits <= MAX_BITS:
         raise ValueError(f"bits must be in 1..{MAX_BITS}, not {bits}")
     if len(seed) != 32:
         raise ValueError(f"seed must be 32 bytes, not {len(seed)}")
-    stream = Cipher(algorithms.AES256(seed), modes.CTR(bytes(16))).encryptor().update(bytes(4 * length))
-    words = np.frombuffer(stream, dtype="<u4").astype(np.uint32)
-    return words & np.uint32((1 << bits) - 1)
+    words = _buffer(length) if scratch else np.empty(length + _SLACK, dtype=np.uint32)
+    encryptor = Cipher(algorithms.AES256(seed), modes.CTR(bytes(16))).encryptor()
+    encryptor.update_into(_zeros(4 * length), words.view(np.uint8).data)
+    out = words[:length]
+    if bits < MAX_BITS:
+        np.bitwise_and(out, np.uint32((1 << bits) - 1), out=out)
+    return out
+
+
+_SLACK = 4
+"""Words past the end that ``update_into`` asks room for (a block less one byte)."""
+
+_local = threading.local()
+_ZEROS = [b""]
+
+
+def _zeros(n: int) -> memoryview:
+    """``n`` zero bytes, the plaintext a keystream is made from (kept, grown as needed; read-only)."""
+    if len(_ZEROS[0]) < n:
+        _ZEROS[0] = bytes(max(n, 2 * len(_ZEROS[0])))
+    return memoryview(_ZEROS[0])[:n]
+
+
+def _buffer(length: int) -> np.ndarray:
+    """This thread's scratch words, at least ``length`` + slack."""
+    buf = getattr(_local, "words", None)
+    if buf is None or buf.shape[0] < length + _SLACK:
+        buf = _local.words = np.empty(length + _SLACK, dtype=np.uint32)
+    return buf

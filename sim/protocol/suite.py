@@ -130,8 +130,10 @@ class Suite(Protocol):
     def share_many(
         self, secrets: Sequence[Data], threshold: int, holders: Sequence[int], rng: RandomSource
     ) -> list[list[Data]]: ...
-    def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector: ...
-    def self_mask(self, seed: Data, length: int, bits: int) -> Vector: ...
+    def pair_mask(
+        self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int, scratch: bool = False
+    ) -> Vector: ...
+    def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector: ...
 
 
 class RealSuite:
@@ -281,14 +283,19 @@ class RealSuite:
             [row[j * width : (j + 1) * width].astype("<u4").tobytes() for j in range(len(secrets))] for row in table
         ]
 
-    def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
+    def pair_mask(
+        self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int, scratch: bool = False
+    ) -> Vector:
+        """The pair mask PRG(s_ab); with ``scratch``, in this thread's kept buffer (:func:`sim.crypto.prg.expand`),
+        valid until the next scratch mask: add it at once."""
         assert isinstance(s_sk, bytes) and isinstance(peer_s_pk, bytes)
         seed = agreement.agree(s_sk, peer_s_pk, _pair_key_info(b"mask", round, a, b))
-        return prg.expand(seed, length, bits)
+        return prg.expand(seed, length, bits, scratch)
 
-    def self_mask(self, seed: Data, length: int, bits: int) -> Vector:
+    def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector:
+        """The self mask PRG(b); ``scratch`` as for :meth:`pair_mask`."""
         assert isinstance(seed, bytes)
-        return prg.expand(seed, length, bits)
+        return prg.expand(seed, length, bits, scratch)
 
 
 class SizedSuite:
@@ -357,8 +364,10 @@ class SizedSuite:
     ) -> list[list[Data]]:
         return [[Opaque(SHARE_BYTES) for _ in secrets] for _ in holders]
 
-    def pair_mask(self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int) -> Vector:
+    def pair_mask(
+        self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int, scratch: bool = False
+    ) -> Vector:
         return Blank(length, np.uint32)
 
-    def self_mask(self, seed: Data, length: int, bits: int) -> Vector:
+    def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector:
         return Blank(length, np.uint32)

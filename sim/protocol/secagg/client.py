@@ -29,7 +29,7 @@ import numpy as np
 
 from sim.crypto import aead
 from sim.crypto.randomness import RandomSource
-from sim.protocol.encoding import add_mod, sub_mod
+from sim.protocol.encoding import add_mod, add_mod_into, sub_mod, sub_mod_into
 from sim.protocol.machine import SERVER, LocalProtocolError, Reaction, RemoteProtocolError, Send, Work
 from sim.protocol.messages import (
     SHARE_OF_KEY,
@@ -246,20 +246,20 @@ class SecAggClient:
         self.ciphertexts = dict(m.ciphertexts)
         y = self.x
         work = [Work("prg.expand", {"elements": cfg.dim}), Work("vector.add", {"elements": cfg.dim})]
-        mask = suite.self_mask(self.mask_seed, cfg.dim, cfg.bits)
+        mask = suite.self_mask(self.mask_seed, cfg.dim, cfg.bits, scratch=True)
         if suite.full:
-            y = add_mod(y, mask, cfg.bits)  # type: ignore[arg-type]
+            y = add_mod(y, mask, cfg.bits)  # type: ignore[arg-type]  # a new vector: the masks go into it in place
         for v in sorted(self.ciphertexts):
             if v not in cfg.neighbours[me]:
                 continue
-            mask = suite.pair_mask(self.s_sk, self.peers[v].s_pk, cfg.round, me, v, cfg.dim, cfg.bits)
+            mask = suite.pair_mask(self.s_sk, self.peers[v].s_pk, cfg.round, me, v, cfg.dim, cfg.bits, scratch=True)
             work += [
                 Work("x25519.agree", {"count": 1}),
                 Work("prg.expand", {"elements": cfg.dim}),
                 Work("vector.add", {"elements": cfg.dim}),
             ]
             if suite.full:
-                y = add_mod(y, mask, cfg.bits) if me > v else sub_mod(y, mask, cfg.bits)  # type: ignore[arg-type]
+                y = add_mod_into(y, mask, cfg.bits) if me > v else sub_mod_into(y, mask, cfg.bits)  # type: ignore[arg-type]
         self.state = "survivors"
         self.x = Blank(cfg.dim, np.uint32)  # the input is no longer needed; free it
         message = MaskedInput(cfg.round, me, ModVector(cfg.bits, y))

@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from sim.crypto.signatures import SIGNATURE_BYTES
-from sim.protocol.encoding import add_mod, sub_mod
+from sim.protocol.encoding import add_mod, add_mod_into, sub_mod_into
 from sim.protocol.machine import (
     Aggregate,
     LocalProtocolError,
@@ -299,8 +299,8 @@ class SecAggServer:
             self.upload_signatures[sender] = m.signature
         if self.suite.full:
             if isinstance(self.total, Blank):
-                self.total = np.zeros(self.config.dim, dtype=np.uint32)
-            self.total = add_mod(self.total, m.y.values, self.config.bits)  # type: ignore[arg-type]
+                self.total = np.zeros(self.config.dim, dtype=np.uint32)  # the server's own: summed into in place
+            self.total = add_mod_into(self.total, m.y.values, self.config.bits)  # type: ignore[arg-type]
         return [Work("vector.add", {"elements": self.config.dim})]
 
     def _close_masked(self, answered: dict[int, Message | None]) -> Reaction:
@@ -443,29 +443,29 @@ class SecAggServer:
             what = f"client {about}'s {'mask key' if kind == SHARE_OF_KEY else 'mask seed'}"
             return self._recover("unmasking", what, have, t, check)
 
-        total = self.total
+        total = self.total.copy() if isinstance(self.total, np.ndarray) else self.total  # unmasked in place
         for u in survivors:
             b = secret(u, SHARE_OF_SEED)
             if b is None:
                 return self._abort(f"unmasking: too few shares to recover client {u}'s mask seed")
-            mask = suite.self_mask(b, cfg.dim, cfg.bits)
+            mask = suite.self_mask(b, cfg.dim, cfg.bits, scratch=True)
             work += [Work("prg.expand", {"elements": cfg.dim}), Work("vector.add", {"elements": cfg.dim})]
             if suite.full:
-                total = sub_mod(total, mask, cfg.bits)  # type: ignore[arg-type]
+                total = sub_mod_into(total, mask, cfg.bits)  # type: ignore[arg-type]
         for v in dropped:
             s_sk = secret(v, SHARE_OF_KEY)
             if s_sk is None:
                 return self._abort(f"unmasking: too few shares to recover dropped client {v}'s mask key")
             work.append(Work("x25519.public", {"count": 1}))  # done in secret(): the key matched its public key
             for u in (u for u in cfg.neighbours[v] if u in self.u3):
-                mask = suite.pair_mask(s_sk, self.u1[u].s_pk, cfg.round, u, v, cfg.dim, cfg.bits)
+                mask = suite.pair_mask(s_sk, self.u1[u].s_pk, cfg.round, u, v, cfg.dim, cfg.bits, scratch=True)
                 work += [
                     Work("x25519.agree", {"count": 1}),
                     Work("prg.expand", {"elements": cfg.dim}),
                     Work("vector.add", {"elements": cfg.dim}),
                 ]
                 if suite.full:  # y_u holds gamma_uv * PRG(s_uv) with gamma_uv = +1 if u > v else -1
-                    total = sub_mod(total, mask, cfg.bits) if u > v else add_mod(total, mask, cfg.bits)  # type: ignore[arg-type]
+                    total = sub_mod_into(total, mask, cfg.bits) if u > v else add_mod_into(total, mask, cfg.bits)  # type: ignore[arg-type]
         self.total = total
         self.exposed = len(survivors)
         self.u5 = set(answered)
