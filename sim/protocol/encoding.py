@@ -57,9 +57,14 @@ class FixedPoint:
         y *= (1.0 if norm <= self.clip else self.clip / norm) * self.scale
         y += rng.random(y.shape[0])
         np.floor(y, out=y)  # in place: the same values as without, fewer vectors of 8 bytes a value
-        q = y.astype(np.int64)
-        q &= self.modulus - 1
-        return q.astype(np.uint32)
+        if self.clip * self.scale + 1 >= 2**31:  # values int32 may not hold (not an encoding of for_clients)
+            return (y.astype(np.int64) & (self.modulus - 1)).astype(np.uint32)
+        # |y| <= clip * scale + 1 < 2^31, so int32 holds every value, and its two's complement bits mod 2^bits
+        # are the int64's
+        q = y.astype(np.int32).view(np.uint32)
+        if self.bits < 32:
+            q &= np.uint32(self.modulus - 1)
+        return q
 
     def decode_mean(self, total: np.ndarray, count: int | np.ndarray) -> np.ndarray:
         """Mean of ``count`` clipped updates from the sum of their encodings mod 2^bits (float32); ``count``
