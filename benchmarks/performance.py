@@ -47,7 +47,7 @@ import secagg
 import skellam
 
 SECTIONS = ("overhead", "peer", "scale", "noise")
-PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16, 1_000_000, 0.0))
+PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16, 1_000_000, 0.0), (100, 1_000_000, 0.0))
 """(clients, dimension, dropout) compared with Flower."""
 
 
