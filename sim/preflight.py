@@ -19,6 +19,7 @@ from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
 from sim.round.privacy import padded
 from sim.scenario.errors import Problem, ScenarioError
+from sim.scenario.plugins import written_key
 from sim.scenario.types import Scenario
 from sim.testbed import cost_profile
 
@@ -112,18 +113,17 @@ def _plugins(scenario: Scenario) -> tuple[list[Problem], tuple[tuple[int, ...], 
         shaped: tuple[tuple[int, ...], int] | None = data_shape(data)
         federated = None
     else:
-        key = "loader" if "loader" in sc.resolved.get("data", {}) else "dataset"
         try:
             federated = load_federated(data, sc.population, sc.seed)
         except InputError as exc:
-            return [_problem(sc, ("data", key), exc)], None
+            return [_problem(sc, written_key(sc, "dataset"), exc)], None
         shaped = (federated.input_shape, federated.num_classes)
     problems = []
     if sc.dropout.model is not None:
         problems += _dropout_plugin(sc)
     if sc.model.params is not None or (federated is None and sc.model.factory is None):
         return problems, shaped
-    model_key = ("model", "factory" if "factory" in sc.resolved.get("model", {}) else "name")
+    model_key = written_key(sc, "model")
     try:
         wrong = _model_plugin(sc, federated, shaped, model_key)
     except InputError as exc:
@@ -192,7 +192,7 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
 
     sc = scenario
     config = sc.dropout
-    key = ("dropout", "model" if "model" in sc.resolved.get("dropout", {}) else "mode")
+    key = written_key(sc, "dropout")
     where, dotted = sc.origin(*key), ".".join(key)
     method = "prepare"
     try:

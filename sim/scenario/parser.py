@@ -365,15 +365,23 @@ def _dropout_stage(r: Reader, aggregation: AggregationParams) -> str:
     return r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
 
 
+def _plugin_key(r: Reader, own: str, built_in: str, names: tuple[str, ...]) -> str:
+    """The key a plug-in is named under: its own (``own``, e.g. ``loader``) if given, else ``built_in`` (e.g.
+    ``dataset``) holding an installed plug-in's name; both given is a problem."""
+    if not r.has(own):
+        return built_in
+    if r.has(built_in):
+        r.fail(
+            built_in,
+            f"is {shown(r.raw(built_in))}, given with {own}; give one: {built_in} (a built-in: {', '.join(names)}) "
+            f"or {own} (a plug-in)",
+        )
+    return own
+
+
 def _dropout_plugin(r: Reader, aggregation: AggregationParams) -> Dropout:
     """A plug-in dropout model: ``model`` (or ``mode``, an installed entry point's name) and its ``args``."""
-    key = "model" if r.has("model") else "mode"
-    if key == "model" and r.has("mode"):
-        r.fail(
-            "mode",
-            f"is {r.raw('mode')!r}, given with model; give one: mode (a built-in: {', '.join(MODES)}) or model "
-            "(a plug-in)",
-        )
+    key = _plugin_key(r, "model", "mode", tuple(MODES))
     name = r.string(key)
     args = r.mapping("args")
     stage = _dropout_stage(r, aggregation)
@@ -463,13 +471,7 @@ _BUILT_IN_DATA_KEYS = ("path", "test_fraction", "samples_per_client", "input_sha
 def _data_plugin(r: Reader) -> Data:
     """A user's data: ``loader`` (or ``dataset``, an installed entry point's name) and its ``args``; ``partition``
     cuts a loader's ``train`` set among the clients (a loader's ``clients`` are taken as given)."""
-    key = "loader" if r.has("loader") else "dataset"
-    if key == "loader" and r.has("dataset"):
-        r.fail(
-            "dataset",
-            f"is {shown(r.raw('dataset'))}, given with loader; give one: dataset (a built-in: {', '.join(DATASETS)}) "
-            "or loader (a plug-in)",
-        )
+    key = _plugin_key(r, "loader", "dataset", DATASETS)
     loader = r.string(key) or ""
     args = r.mapping("args")
     partition = Partition("iid")

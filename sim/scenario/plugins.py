@@ -7,25 +7,32 @@ from sim.dp.strategies import STRATEGIES
 from sim.plugins import PluginRef, resolve
 from sim.scenario.types import Scenario
 
+_WRITTEN = {
+    "model": ("model", "factory", "name"),
+    "dataset": ("data", "loader", "dataset"),
+    "dropout": ("dropout", "model", "mode"),
+}
+"""Kind -> the section, its plug-in key, and the built-in key that may hold an installed plug-in's name."""
+
+
+def written_key(scenario: Scenario, kind: str) -> tuple[str, str]:
+    """The key path the scenario's ``kind`` of plug-in was written under (``model.factory`` or ``model.name``,
+    ``data.loader`` or ``data.dataset``, ``dropout.model`` or ``dropout.mode``)."""
+    section, own, built_in = _WRITTEN[kind]
+    written = scenario.resolved.get(section, {})
+    return section, own if isinstance(written, dict) and own in written else built_in
+
 
 def named_plugins(scenario: Scenario) -> list[tuple[str, str, tuple[str, ...]]]:
     """``(kind, name, key path)`` of each plug-in ``scenario`` names."""
     sc = scenario
     found: list[tuple[str, str, tuple[str, ...]]] = []
-    if sc.model.factory is not None:
-        found.append(("model", sc.model.factory, ("model", "factory" if "factory" in _keys(sc, "model") else "name")))
-    if sc.data.loader is not None:
-        found.append(("dataset", sc.data.loader, ("data", "loader" if "loader" in _keys(sc, "data") else "dataset")))
-    if sc.dropout.model is not None:
-        found.append(("dropout", sc.dropout.model, ("dropout", "model" if "model" in _keys(sc, "dropout") else "mode")))
+    for kind, name in (("model", sc.model.factory), ("dataset", sc.data.loader), ("dropout", sc.dropout.model)):
+        if name is not None:
+            found.append((kind, name, written_key(sc, kind)))
     if sc.privacy.strategy not in STRATEGIES:
         found.append(("strategy", sc.privacy.strategy, ("privacy", "strategy")))
     return found
-
-
-def _keys(scenario: Scenario, section: str) -> dict[str, object]:
-    value = scenario.resolved.get(section, {})
-    return value if isinstance(value, dict) else {}
 
 
 def plugin_records(scenario: Scenario) -> list[dict[str, str | None]]:
