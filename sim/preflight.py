@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from sim import footprint
 from sim.costs.model import CostModel, CostModelError
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
@@ -41,10 +42,17 @@ def preflight(scenario: Scenario) -> list[Problem]:
                 "of digits, so some clients would have no data; lower it, or use dataset synthetic",
             )
         )
-    if scenario.trace is not None:
+    memory = footprint.refusal(scenario)  # before the trace is read
+    if memory:
+        problems.append(_memory(scenario, memory))
+    elif scenario.trace is not None:
         problems += _trace(scenario)
     plugins, shaped = _plugins(scenario)
     problems += plugins
+    if not memory and shaped is not None and scenario.fidelity == "full":
+        memory = footprint.refusal(scenario, update_dimension(scenario.model, *shaped), trace=False)
+        if memory:
+            problems.append(_memory(scenario, memory))
     if scenario.privacy.enabled and shaped is not None:  # the noise is planned for the model's size
         problems += _privacy(scenario)
     try:
@@ -92,6 +100,12 @@ def preflight(scenario: Scenario) -> list[Problem]:
             )
         )
     return problems
+
+
+def _memory(scenario: Scenario, why: str) -> Problem:
+    """A run that cannot fit in memory, filed under the sampling key (the sample is what grows)."""
+    key = "clients_per_round" if scenario.sampling.clients_per_round is not None else "rate"
+    return Problem(scenario.origin("sampling", key), f"sampling.{key}", why)
 
 
 def plugin_problems(scenario: Scenario) -> list[Problem]:

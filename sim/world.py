@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from sim import footprint
 from sim.clients.availability import Availability
 from sim.clients.dropout import DropoutModel
 from sim.clients.population import Population
@@ -19,7 +20,7 @@ from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.learning.trainer import Learner
 from sim.scenario.types import Scenario
-from sim.testbed import cost_profile, is_engine, is_kernel, run_dilation
+from sim.testbed import clients_per_round, cost_profile, is_engine, is_kernel, run_dilation
 
 TRANSPORT_OPS = ("deploy.send", "deploy.receive")
 """Cost-model operations of the testbed's sockets per message (:mod:`sim.profiling.transport`): the sender's
@@ -59,6 +60,7 @@ class World:
 def build(scenario: Scenario) -> World:
     """The parts of a run of ``scenario``; raises what a bad trace, data folder or cost profile raises."""
     sc = scenario
+    footprint.check(sc)  # before a trace is read or a round is sampled
     population = Population.build(sc.population, sc.clients, sc.seed)
     availability: Availability | None = None
     if sc.trace is not None:
@@ -78,6 +80,8 @@ def build(scenario: Scenario) -> World:
         learner = Learner(sc.model, data, sc.training, sc.seed, (sc.data, sc.population, sc.seed))
     shape, classes = data.input_shape, data.num_classes
     dim = learner.dim if learner is not None else update_dimension(sc.model, shape, classes)
+    if learner is not None:  # the sampled clients' updates, now that their size is known
+        footprint.check(sc, dim, trace=False)
     op = model_train_op(sc.model, shape, classes)
     if trains_at_rate(sc.model):  # an abstract model (or a factory's given one) trains at the scenario's rate
         rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
@@ -97,5 +101,5 @@ def build(scenario: Scenario) -> World:
         costs = costs.scaled(costs.engine.client_scale, role=CLIENT_ROLE).scaled(
             costs.engine.server_scale, role=SERVER_ROLE
         )
-    f = run_dilation(sc, population.slowdown) if is_kernel(sc) else 1.0
+    f = run_dilation(sc, population.slowdown.smallest(clients_per_round(sc))) if is_kernel(sc) else 1.0
     return World(sc, population, availability, dropout, costs, data, learner, dim, op, f)

@@ -35,6 +35,27 @@ def _dropout(
 # --------------------------------------------------------------------------------- sample_clients
 
 
+@settings(max_examples=100, deadline=None)
+@given(
+    n=st.integers(1, 20_000),
+    sampling=st.one_of(
+        st.integers(1, 300).map(lambda k: Sampling(clients_per_round=k, rate=None)),
+        st.floats(0.0, 1.0).map(lambda q: Sampling(clients_per_round=None, rate=q)),
+    ),
+    seed=st.integers(0, 2**32),
+    round_=st.integers(1, 100),
+)
+def test_everyone_by_size_draws_as_the_listed_population(n: int, sampling: Sampling, seed: int, round_: int) -> None:
+    """A population given by its size (never listed) is sampled exactly as ``np.arange(size)``."""
+    listed = sample_clients(np.arange(n, dtype=np.int64), sampling, seed, round_)
+    assert np.array_equal(sample_clients(n, sampling, seed, round_), listed)
+
+
+def test_a_billion_clients_are_sampled_without_listing_them() -> None:
+    sampled = sample_clients(10**9, Sampling(clients_per_round=200, rate=None), seed=1, round=3)
+    assert sampled.shape == (200,) and np.all(np.diff(sampled) > 0) and sampled[-1] < 10**9
+
+
 @settings(max_examples=200, deadline=None)
 @given(available=AVAILABLE_SETS, k=st.integers(1, 150), seed=st.integers(0, 2**63 - 1), round_=st.integers(1, 10_000))
 def test_fixed_count_sample_is_sorted_unique_subset(available: np.ndarray, k: int, seed: int, round_: int) -> None:
@@ -190,9 +211,9 @@ def test_bernoulli_extreme_rates(rate: float, expected: dict[int, str]) -> None:
 def test_per_client_probabilities() -> None:
     population = 20_000
     model = DropoutModel(_dropout("per_client", high=0.99, high_fraction=0.3, low=(0.0, 0.1)), population, seed=8)
-    p = model.probability
-    assert p is not None
-    assert p.shape == (population,)
+    assert model.probability is not None
+    assert model.probability.shape == (population,)
+    p = model.probability[np.arange(population)]
     is_high = p == 0.99
     standard_error = math.sqrt(0.3 * 0.7 / population)  # ~ 0.0032
     assert abs(is_high.mean() - 0.3) < 4 * standard_error
@@ -206,7 +227,7 @@ def test_per_client_plan_uses_each_clients_probability() -> None:
     # probability exactly 1 (high) or exactly 0 (low = [0, 0]): the plan is exactly the high clients
     model = DropoutModel(_dropout("per_client", high=1.0, high_fraction=0.5, low=(0.0, 0.0)), 100, seed=4)
     assert model.probability is not None
-    high_clients = set(np.flatnonzero(model.probability == 1.0).tolist())
+    high_clients = set(np.flatnonzero(model.probability[np.arange(100)] == 1.0).tolist())
     assert 0 < len(high_clients) < 100
     sampled = np.arange(0, 100, 3)
     for r in (1, 2, 3):
@@ -223,8 +244,11 @@ def test_per_client_probabilities_fixed_for_the_run() -> None:
     assert a.probability is not None
     assert b.probability is not None
     assert c.probability is not None
-    assert np.array_equal(a.probability, b.probability)
-    assert not np.array_equal(a.probability, c.probability)
+    everyone = np.arange(500)
+    assert np.array_equal(a.probability[everyone], b.probability[everyone])
+    assert not np.array_equal(a.probability[everyone], c.probability[everyone])
+    # a client's probability is its own, whichever clients are asked with it
+    assert np.array_equal(a.probability[np.array([499, 3])], a.probability[everyone][[499, 3]])
 
 
 # ---------------------------------------------------------------------------------- determinism

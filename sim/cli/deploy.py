@@ -398,10 +398,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     model = f"{testbed.cores} cores, cpu_scale {testbed.cpu_scale:g}"
     if testbed.emulation == "kernel":
         from sim.clients.population import Population
-        from sim.testbed import run_dilation
+        from sim.testbed import clients_per_round, run_dilation
 
         slowdown = Population.build(scenario.population, scenario.clients, scenario.seed).slowdown
-        model = f"the kernel testbed on {testbed.cores} cores, time dilation f = {run_dilation(scenario, slowdown):.4g}"
+        f = run_dilation(scenario, slowdown.smallest(clients_per_round(scenario)))
+        model = f"the kernel testbed on {testbed.cores} cores, time dilation f = {f:.4g}"
     print(f"simulating {scenario.name} under the testbed model ({model})")
     run_scenario(replace(scenario, output=str(simulated)), simulated, progress=not args.quiet)
     options = deploy_options(args, deployed)

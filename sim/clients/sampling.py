@@ -5,6 +5,9 @@ when fewer are available). ``rate: q`` is Poisson sampling: each available clien
 probability q, drawn as a Binomial(n, q) count followed by a uniform subset of that size (the same
 distribution, without n uniform draws per round for a large population). Each round draws from its own
 ``SAMPLING`` stream, so the sample of round r does not depend on earlier rounds' draws.
+
+Without a trace every client is available: the population is then given by its size and never listed
+(numpy draws k of n without replacement by Floyd's method, in memory of order k, when k is at most n / 50).
 """
 
 from __future__ import annotations
@@ -15,15 +18,18 @@ from sim.scenario.types import Sampling
 from sim.seeds import Stream, generator
 
 
-def sample_clients(available: np.ndarray, sampling: Sampling, seed: int, round: int) -> np.ndarray:
-    """Sorted indices of the clients sampled in ``round`` among ``available`` (sorted client indices)."""
+def sample_clients(available: np.ndarray | int, sampling: Sampling, seed: int, round: int) -> np.ndarray:
+    """Sorted indices of the clients sampled in ``round`` among ``available``: sorted client indices, or a
+    population's size for all of its clients (the same draws as ``np.arange(size)``)."""
     rng = generator(seed, Stream.SAMPLING, round)
-    n = int(available.shape[0])
+    n = available if isinstance(available, int) else int(available.shape[0])
     if sampling.rate is not None:
         k = int(rng.binomial(n, sampling.rate))
     else:
         assert sampling.clients_per_round is not None
         k = min(sampling.clients_per_round, n)
+    if isinstance(available, int):
+        return np.arange(n, dtype=np.int64) if k >= n else np.sort(rng.choice(n, size=k, replace=False))
     if k >= n:
         return np.sort(available)
     chosen = rng.choice(n, size=k, replace=False)

@@ -183,8 +183,8 @@ class Deployment:
             server_speed=sc.server.speed,
             server_bps=sc.server.bandwidth_mbps * MBPS,
             workers=self.n_workers,
-            slowdown=pop.slowdown,
-            bandwidth_bps=pop.bandwidth_mbps * MBPS,
+            slowdown=pop.slowdown.values(),
+            bandwidth_bps=pop.bandwidth_mbps.values() * MBPS,
             latency_s=sc.server.latency_ms / 1000,
         )
 

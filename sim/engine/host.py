@@ -30,13 +30,16 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Generator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
 from sim.protocol.machine import SERVER
 from sim.testbed import burst_s, client_cores, server_cores
+
+if TYPE_CHECKING:
+    from sim.clients.population import Profile
 
 _EPS_S = 1e-15
 """Remaining reference seconds below which a job counts as done (float round-off of rate * time)."""
@@ -370,7 +373,12 @@ class PartyQuotas:
     quotas fit in the cores, so parties wait for each other only when they burst at once."""
 
     def __init__(
-        self, env: simpy.Environment, f: float, server_speed: float, slowdown: np.ndarray, cores: float = math.inf
+        self,
+        env: simpy.Environment,
+        f: float,
+        server_speed: float,
+        slowdown: Profile | np.ndarray,
+        cores: float = math.inf,
     ) -> None:
         self.env = env
         self.f = f

@@ -172,14 +172,13 @@ class Round:
         self.clients: dict[int, ClientRecord] = {}
         self.link_meters = {c: BusyMeter(self.env) for c in self.sampled}
         self.server_link = BusyMeter(self.env)
-        for c in self.sampled:
-            bps = float(pop.bandwidth_mbps[c]) * MBPS * setup.payload_fraction
+        ids = np.fromiter(self.sampled, dtype=np.int64, count=len(self.sampled))
+        slowdowns, mbps = pop.slowdown[ids].tolist(), pop.bandwidth_mbps[ids].tolist()  # computed from the ids
+        for c, slowdown, link_mbps in zip(self.sampled, slowdowns, mbps, strict=True):
+            bps = link_mbps * MBPS * setup.payload_fraction
             self.links[c] = (Link(f"client{c}.up", bps), Link(f"client{c}.down", bps))
             self.clients[c] = ClientRecord(
-                client=c,
-                slowdown=float(pop.slowdown[c]),
-                bandwidth_mbps=float(pop.bandwidth_mbps[c]),
-                samples=int(setup.samples(c)),
+                client=c, slowdown=slowdown, bandwidth_mbps=link_mbps, samples=int(setup.samples(c))
             )
         self.roster = Roster(self.clients)
         """Who is out of the round and why (shared by every instance)."""

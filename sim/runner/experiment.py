@@ -67,7 +67,6 @@ class Experiment:
         except BaseException:
             world.close()
             raise
-        self._everyone = np.arange(sc.population, dtype=np.int64)
         self.round = 0
         self._exhausted = ""
 
@@ -145,12 +144,15 @@ class Experiment:
         self.round += 1
         sc, r, availability = self.scenario, self.round, self.world.availability
         offline: dict[int, float] = {}
-        available = online = self._everyone
+        available: np.ndarray | int = sc.population  # everyone, never listed
+        online = sc.population
         by_trace = availability is not None and sc.trace is not None and sc.trace.sample_from == "online"
         if availability is not None:
             # sample_from: population samples everyone; a sampled client offline now leaves at once
-            online = self._online() if by_trace else availability.online(self.driver.now)
-            available = online if by_trace else self._everyone
+            online_now = self._online() if by_trace else availability.online(self.driver.now)
+            online = len(online_now)
+            if by_trace:
+                available = online_now
         sampled = sample_clients(available, sc.sampling, sc.seed, r)
         if availability is not None:
             now = self.driver.now
@@ -159,10 +161,10 @@ class Experiment:
         private = None
         refused = ""
         rate = None
-        if by_trace and sc.sampling.clients_per_round is not None and len(available):
+        if by_trace and sc.sampling.clients_per_round is not None and online:
             # k of the clients online now: each had chance k / online, the others 0 (Hyades Theorem 1: the
             # round is accounted at that upper rate)
-            rate = min(1.0, sc.sampling.clients_per_round / len(available))
+            rate = min(1.0, sc.sampling.clients_per_round / online)
         if self.privacy is not None and len(sampled):
             try:
                 _, private = self.privacy.round(r, len(sampled), rate)
@@ -170,7 +172,7 @@ class Experiment:
                 refused = str(exc)
         chosen = tuple(int(c) for c in sampled)
         plan = RoundPlan(r, chosen, drops, private, refused, offline, rate, self.chunks)
-        return plan, len(online)
+        return plan, online
 
     def step(self) -> RoundResult:
         """Play the next round and return what happened."""

@@ -5,7 +5,9 @@
 - ``bernoulli``: each sampled client independently with probability ``rate``.
 - ``per_client``: client i has its own probability p_i, drawn once per run: ``high`` with probability
   ``high_fraction``, otherwise uniform in ``low`` (DReS-FL section 6: 0.99 with probability 1/2, else
-  U[0, 0.1]); each round each sampled client drops with its p_i.
+  U[0, 0.1]); each round each sampled client drops with its p_i. p_i is computed from i when it is
+  needed, from two keyed uniforms of the client's id (:mod:`sim.keyed`), so no array of the
+  population's size is held.
 
 A scenario may name its own mode, a plug-in (``dropout: {model: "pkg.module:Name", args: {...}}``, or an
 installed ``dropsim.dropout`` entry point's name as ``model`` or ``mode``): a :class:`DropoutMode` subclass built
@@ -94,21 +96,42 @@ class PerClient(DropoutMode):
             "low": r.interval("low", (0.0, 0.1), lo=0, hi=1),
         }
 
-    def prepare(self, config: Dropout, population: int, seed: int) -> np.ndarray:
-        """Each client's drop probability."""
-        import numpy as np
+    def prepare(self, config: Dropout, population: int, seed: int) -> DropProbabilities:
+        """Each client's drop probability, computed from its id (keys from ``DROPOUT`` stream 0)."""
+        from sim.keyed import stream_keys
+        from sim.seeds import Stream
 
-        from sim.seeds import Stream, generator
-
-        rng = generator(seed, Stream.DROPOUT, 0)
+        keys = stream_keys(seed, Stream.DROPOUT, 0, count=2)
         options = config.options
-        high = rng.random(population) < options["high_fraction"]
-        low = rng.uniform(options["low"][0], options["low"][1], size=population)
-        return np.where(high, options["high"], low)
+        return DropProbabilities(population, options["high"], options["high_fraction"], options["low"], keys)
 
     def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
         n = int(sampled.shape[0])
         return sampled[rng.random(n) < state[sampled]]
+
+
+class DropProbabilities:
+    """``per_client``'s p_i of clients 0..size-1: ``probabilities[ids]`` (ids: an int array). p_i is
+    ``high`` when the first keyed uniform of i is below ``high_fraction``, otherwise ``low[0] + (low[1] -
+    low[0]) * v`` with v the second."""
+
+    def __init__(self, size: int, high: float, high_fraction: float, low: tuple[float, float], keys: Any) -> None:
+        self.size = size
+        self.high, self.high_fraction, self.low = high, high_fraction, low
+        self._keys = keys
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.size,)
+
+    def __getitem__(self, ids: np.ndarray) -> np.ndarray:
+        import numpy as np
+
+        from sim.keyed import keyed_uniform
+
+        is_high = keyed_uniform(ids, self.size, self._keys[0]) < self.high_fraction
+        lo, hi = self.low
+        return np.where(is_high, self.high, lo + (hi - lo) * keyed_uniform(ids, self.size, self._keys[1]))
 
 
 MODES: dict[str, DropoutMode] = {}
