@@ -108,7 +108,7 @@ def run_loopback(
         client_call(c, partial(machine.start, updates[c], 1.0))
     while server.step not in ("done", "aborted"):
         for sender, message in sorted(to_server, key=lambda item: item[0]):
-            if active(sender) and sender not in result.server_rejected and sender in server.expected():
+            if active(sender) and sender not in result.server_rejected and server.awaits(sender):
                 try:
                     server_call(partial(server.receive, sender, message))
                 except RemoteProtocolError as exc:

@@ -30,6 +30,9 @@ class FakeServer:
     def expected(self) -> frozenset[int]:
         return frozenset(self.awaited)
 
+    def awaits(self, client: int) -> bool:
+        return client in self.awaited
+
 
 def roster(*clients: int) -> Roster:
     return Roster({c: ClientRecord(client=c, slowdown=1.0, bandwidth_mbps=10.0, samples=1) for c in clients})
@@ -38,7 +41,7 @@ def roster(*clients: int) -> Roster:
 def test_an_answer_that_arrived_by_the_deadline_counts_even_if_read_later() -> None:
     r = roster(1, 2)
     c = StepCollector(FakeServer({1, 2}), r, timeout=1.0, now=10.0)  # type: ignore[arg-type]
-    assert c.deadline == 11.0 and c.waiting() == {1, 2}
+    assert c.deadline == 11.0 and c.waiting() and c.awaited() == [1, 2]
     assert c.arrival(MESSAGE, 1, 11.0) is ACCEPT  # exactly at the deadline: in time
     c.took(1)
     assert r.answered == {(0, "masked_input"): {1}}
@@ -54,7 +57,7 @@ def test_a_departure_takes_a_client_out_and_is_labelled_only_with_a_reason() -> 
     assert c.deadline is None
     assert c.arrival(GONE, 1, 0.5) is SKIP
     assert c.arrival(GONE, 2, 0.6, reason="bad frame") is SKIP
-    assert c.waiting() == {3}
+    assert c.waiting() and c.awaited() == [3]
     assert r.departed == {1: ("masked_input", 0.5), 2: ("masked_input", 0.6)}
     assert r.records[1].dropped_stage == "" and r.records[2].dropped_stage == "rejected: bad frame"
     assert c.arrival(OUT, 3, 0.7) is SKIP and 3 not in r.departed  # news from another instance only wakes
@@ -68,7 +71,7 @@ def test_late_refused_and_unasked_messages() -> None:
     assert c.arrival(MESSAGE, 1, 0.1) is DISCARD
     assert c.arrival(MESSAGE, 2, 0.1) is DISCARD
     assert c.arrival(MESSAGE, 3, 0.1) is UNASKED
-    r.gone.add(3)  # it left: what was on its way is only late news
+    r.depart(3, "masked_input", 0.15)  # it left: what was on its way is only late news
     assert c.arrival(MESSAGE, 3, 0.2) is DISCARD
     assert c.unasked("MaskedInput") == "a message it was not asked for in step masked_input (MaskedInput)"
     assert r.records[1].dropped_stage == "timeout:share_keys"
@@ -88,8 +91,8 @@ def test_expire_uses_who_was_awaited_when_the_driver_last_asked() -> None:
     # a driver asks waiting(), then waits; clients leaving meanwhile are still those the deadline finds late
     r = roster(1, 2)
     c = StepCollector(FakeServer({1, 2}), r, timeout=1.0, now=0.0)  # type: ignore[arg-type]
-    assert c.waiting() == {1, 2}
-    r.gone.add(2)
+    assert c.waiting() and c.awaited() == [1, 2]
+    r.depart(2, "masked_input", 0.5)
     assert c.expire() == [1, 2]
 
 

@@ -65,6 +65,9 @@ class FedAvgServer:
             return frozenset()
         return self.sampled - self._updates.keys()
 
+    def awaits(self, client: int) -> bool:
+        return self.step == "upload" and client in self.sampled and client not in self._updates
+
     def receive(self, sender: int, message: object) -> Reaction:
         if not isinstance(message, ClientUpdate):
             raise RemoteProtocolError(sender, f"sent {type(message).__name__}, not legal in step {self.step}")

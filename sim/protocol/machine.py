@@ -138,6 +138,10 @@ class ServerMachine(Protocol):
         """Clients whose message the current step still waits for."""
         ...
 
+    def awaits(self, client: int) -> bool:
+        """Whether ``client`` is in :meth:`expected`, in O(1) (asked once per message)."""
+        ...
+
     def receive(self, sender: int, message: Message) -> Reaction: ...
 
     def close_step(self) -> Reaction:

@@ -71,6 +71,9 @@ class PlainServer:
     def expected(self) -> frozenset[int]:
         return self.sampled - self._inputs if self.step == "upload" else frozenset()
 
+    def awaits(self, client: int) -> bool:
+        return self.step == "upload" and client in self.sampled and client not in self._inputs
+
     def receive(self, sender: int, message: Message) -> Reaction:
         if self.step != "upload":
             raise RemoteProtocolError(sender, f"sent {type(message).__name__} after the upload step ({self.step})")

@@ -175,6 +175,8 @@ class Codec:
     """Encoding of one field type: size, write, read."""
 
     name = "value"
+    fixed: int | None = None
+    """Bytes of every value, where all take the same (a list of such items is sized by its length)."""
 
     def size(self, value: Any) -> int:
         raise NotImplementedError
@@ -195,6 +197,7 @@ class _Int(Codec):
         self.struct = struct.Struct("<" + fmt)
         self.name = name
         self.lo, self.hi = _int_range(fmt)
+        self.fixed = self.struct.size
 
     def size(self, value: Any) -> int:
         return self.struct.size
@@ -218,6 +221,7 @@ def _int_range(fmt: str) -> tuple[int, int]:
 
 class _Float(Codec):
     name = "f64"
+    fixed = 8
     _s = struct.Struct("<d")
 
     def size(self, value: Any) -> int:
@@ -313,6 +317,7 @@ class _FixedBytes(Codec):
     def __init__(self, n: int) -> None:
         self.n = n
         self.name = f"{n}-byte string"
+        self.fixed = n
 
     def size(self, value: Any) -> int:
         return self.n
@@ -338,6 +343,8 @@ class _List(Codec):
         self.name = f"list of {item.name}"
 
     def size(self, value: Any) -> int:
+        if self.item.fixed is not None:
+            return 4 + len(value) * self.item.fixed
         return 4 + sum(self.item.size(v) for v in value)
 
     def write(self, value: Any, out: list[bytes]) -> None:
@@ -365,6 +372,8 @@ class _Tuple(Codec):
     def __init__(self, *items: Codec) -> None:
         self.items = items
         self.name = "(" + ", ".join(i.name for i in items) + ")"
+        sizes = [i.fixed for i in items]
+        self.fixed = None if None in sizes else sum(s for s in sizes if s is not None)
 
     def size(self, value: Any) -> int:
         return sum(c.size(v) for c, v in zip(self.items, value, strict=True))

@@ -69,7 +69,7 @@ class Roster:
     records: Mapping[int, ClientRecord]
     gone: set[int] = field(default_factory=set)
     """Out of the round as far as the server knows: left (the server saw their connection close), late, or
-    refused."""
+    refused. It grows only through :meth:`miss`, :meth:`depart` and :meth:`reject`."""
     late: set[int] = field(default_factory=set)
     """Missed a step's deadline."""
     refused: set[int] = field(default_factory=set)
@@ -80,6 +80,13 @@ class Roster:
     departed: dict[int, tuple[str, float]] = field(default_factory=dict)
     """Client -> the step during which the server first saw it leave, and when (a deployment labels a
     connection that closed without a word ``offline:<step>``)."""
+    gone_order: list[int] = field(default_factory=list)
+    """:attr:`gone` in the order its members joined it (a collector tells who left since it last looked)."""
+
+    def _leave(self, c: int) -> None:
+        if c not in self.gone:
+            self.gone.add(c)
+            self.gone_order.append(c)
 
     def label(self, c: int, stage: str) -> None:
         """Give client ``c`` the outcome ``stage`` unless it has one already."""
@@ -89,13 +96,13 @@ class Roster:
     def miss(self, c: int, step: str) -> None:
         """Client ``c`` missed the deadline of ``step``: it is out from now on."""
         self.late.add(c)
-        self.gone.add(c)
+        self._leave(c)
         self.label(c, f"timeout:{step}")
 
     def depart(self, c: int, step: str, at: float, reason: str = "") -> None:
         """The server saw client ``c`` leave during ``step`` at ``at`` (``reason``: why its connection was
         closed, when the server closed it)."""
-        self.gone.add(c)
+        self._leave(c)
         self.departed.setdefault(c, (step, at))
         if reason:
             self.label(c, f"rejected: {reason}")
@@ -103,7 +110,7 @@ class Roster:
     def reject(self, c: int, reason: str) -> None:
         """The server refused client ``c``'s message: it is out of the round, whatever it did before."""
         self.refused.add(c)
-        self.gone.add(c)
+        self._leave(c)
         self.records[c].dropped_stage = f"rejected: {reason}"
 
     def excluded(self, c: int) -> bool:
@@ -143,14 +150,44 @@ class StepCollector:
         """When the step's deadline passes (None: not yet known, or none)."""
         self.missed: list[int] = []
         """The clients found late when the step closed, in order."""
-        self._awaited: frozenset[int] | None = None
+        self._candidates: set[int] | None = None
+        """A superset of the clients still awaited (those found not awaited are dropped as they are met)."""
+        self._probe: int | None = None
+        """One client found awaited when :meth:`waiting` last looked (kept out of ``_candidates``)."""
+        self._mark = 0
+        """How many had left the round (``roster.gone_order``) when :meth:`waiting` last looked."""
 
-    def waiting(self) -> frozenset[int]:
-        """The clients the step still waits for: expected by the machine and not out of the round. A driver
-        asks before it waits for the next event; if the deadline then passes, these are the late ones (even
-        one that left meanwhile: it missed the deadline too)."""
-        self._awaited = self.machine.expected() - self.roster.gone
-        return self._awaited
+    def _awaits(self, c: int) -> bool:
+        return self.machine.awaits(c) and c not in self.roster.gone
+
+    def waiting(self) -> bool:
+        """Whether the step still waits for someone: a client expected by the machine and not out of the
+        round. A driver asks before it waits for the next event; if the deadline then passes, the clients
+        awaited at that moment are the late ones (even one that left meanwhile: it missed the deadline too).
+
+        Amortised O(1): within a step a client only ever stops being awaited (the machine took its answer, or
+        it left), so each is dropped from the candidates at most once."""
+        self._mark = len(self.roster.gone_order)
+        if self._candidates is None:
+            self._candidates = set(self.machine.expected() - self.roster.gone)
+        if self._probe is not None and self._awaits(self._probe):
+            return True
+        self._probe = None
+        while self._candidates:
+            c = self._candidates.pop()
+            if self._awaits(c):
+                self._probe = c
+                return True
+        return False
+
+    def awaited(self) -> list[int]:
+        """The clients awaited when :meth:`waiting` last looked, sorted."""
+        if self._candidates is None:
+            self.waiting()
+        assert self._candidates is not None
+        since = set(self.roster.gone_order[self._mark :])  # left after the look: still awaited then
+        found = self._candidates if self._probe is None else self._candidates | {self._probe}
+        return sorted(c for c in found if self.machine.awaits(c) and (c not in self.roster.gone or c in since))
 
     def arrival(self, kind: str, sender: int, arrived: float, reason: str = "") -> Decision:
         """Decide on an event of ``kind`` from ``sender`` that reached the server at ``arrived`` (``reason``:
@@ -167,7 +204,7 @@ class StepCollector:
             self.deadline = arrived + self.timeout
         if self.roster.excluded(sender):
             return DISCARD
-        if sender not in self.machine.expected():
+        if not self.machine.awaits(sender):
             # one that has left may still have had a message on its way: the step went on without it
             return DISCARD if sender in self.roster.gone else UNASKED
         return ACCEPT
@@ -178,7 +215,7 @@ class StepCollector:
 
     def expire(self) -> list[int]:
         """The deadline passed: every client still awaited is late. Returns them (also :attr:`missed`)."""
-        self.missed = sorted(self._awaited if self._awaited is not None else self.waiting())
+        self.missed = self.awaited()
         for c in self.missed:
             self.roster.miss(c, self.step)
         return self.missed

@@ -138,6 +138,9 @@ class SecAggServer:
             return frozenset()
         return frozenset(self._expected - self._received.keys())
 
+    def awaits(self, client: int) -> bool:
+        return self.step not in ("done", "aborted") and client in self._expected and client not in self._received
+
     def receive(self, sender: int, message: Message) -> Reaction:
         if self.step not in self._STEPS:
             raise RemoteProtocolError(sender, f"sent {type(message).__name__} after the round ended ({self.step})")
