@@ -138,10 +138,12 @@ print(json.dumps({"rc": rc, "peak": int(status["VmHWM"].split()[0]) * 1024}))
 """
 
 
-def _run_limited(tmp_path: Path, population: int) -> tuple[int, pd.DataFrame]:
-    out = tmp_path / f"p{population}"
-    argv = ["run", str(SCALE), "--set", f"population={population}", "--set", "sampling.clients_per_round=200"]
+def _run_limited(tmp_path: Path, population: int, scenario: Path = SCALE, *sets: str) -> tuple[int, pd.DataFrame]:
+    out = tmp_path / f"{scenario.stem}-{population}"
+    argv = ["run", str(scenario), "--set", f"population={population}", "--set", "sampling.clients_per_round=200"]
     argv += ["--set", "rounds=5", "--output", str(out), "--quiet"]
+    for item in sets:
+        argv += ["--set", item]
     done = subprocess.run(
         [sys.executable, "-c", CHILD, *argv],
         capture_output=True,
@@ -167,3 +169,16 @@ def test_a_billion_clients_run_in_under_2_gb(tmp_path: Path) -> None:
     assert len(rounds) == 5 and (rounds["sampled"] == 200).all() and (rounds["online"] == 10**9).all()
     assert peak < 2 * 2**30
     assert peak - small < 64 * 2**20
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sample_from", ["online", "population"])
+def test_a_trace_replayed_over_a_billion_clients_keeps_only_the_traces(tmp_path: Path, sample_from: str) -> None:
+    """scenarios/trace_replay.yaml's trace of 5,000 clients (with their device capacity) in a population of
+    10^9, under the same 2 GiB limit."""
+    replay = ROOT / "scenarios" / "trace_replay.yaml"
+    peak, rounds = _run_limited(tmp_path, 10**9, replay, "trace.capacity=true", f"trace.sample_from={sample_from}")
+    assert len(rounds) == 5 and peak < 2 * 2**30
+    assert (rounds["online"] <= 5000).all()  # the trace's clients online at each round's start
+    if sample_from == "population":  # 200 of the 10^9, whoever is online
+        assert (rounds["sampled"] == 200).all()

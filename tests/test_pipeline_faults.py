@@ -8,13 +8,16 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from pipeline_harness import Capture
 from pipeline_harness import scenario as harness_scenario
 
+from sim.clients.population import Population, zipf_bandwidths, zipf_latencies
 from sim.runner import Simulation
 from sim.scenario import load
 from sim.scenario.types import Scenario
+from sim.seeds import Stream, generator
 
 XNOISE = "privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 2.0, tolerance: 0.5}"
 
@@ -23,8 +26,21 @@ def scenario(tmp_path: Path, *overrides: str) -> Scenario:
     return harness_scenario(tmp_path, "fidelity=timing", *overrides)
 
 
-def steps(tmp_path: Path, *overrides: str, rounds: int | None = None, observe=None):  # type: ignore[no-untyped-def]
+def listed_profiles(sc: Scenario) -> Population:
+    """The profiles the population had when it was listed (before issue 24): the Zipf values permuted by
+    numpy's ``permutation`` of the ``PROFILES`` streams. The timings some of these regression tests were
+    found under depend on which client had which profile."""
+    n, clients, seed = sc.population, sc.clients, sc.seed
+    slow = zipf_latencies(n, clients.compute)[generator(seed, Stream.PROFILES, 0).permutation(n)]
+    mbps = zipf_bandwidths(n, clients.bandwidth)[generator(seed, Stream.PROFILES, 1).permutation(n)]
+    base, ids = Population.build(n, clients, seed), np.arange(n)
+    return Population(base.slowdown.replaced(ids, slow), base.bandwidth_mbps.replaced(ids, mbps))
+
+
+def steps(tmp_path: Path, *overrides: str, rounds: int | None = None, observe=None, listed: bool = False):  # type: ignore[no-untyped-def]
     sim = Simulation(scenario(tmp_path, *overrides), observe)
+    if listed:
+        sim.world.population = sim.setup.population = listed_profiles(sim.scenario)
     return [sim.step() for _ in range(rounds or sim.scenario.rounds)]
 
 
@@ -50,7 +66,7 @@ def test_a_slow_client_cut_from_chunk_0_before_it_encodes_does_not_crash(tmp_pat
     "overrides",
     [
         # any version up to 6675f21: a 5-ms share_keys deadline cuts one of 5 clients from chunk 1 (threshold 5)
-        # while chunk 0's server is doing its unmasking work.
+        # while chunk 0's server is doing its unmasking work (under the listed profiles: listed_profiles).
         (
             "seed=960",
             "aggregation.protocol=secagg+",
@@ -68,7 +84,7 @@ def test_natural_abort_loses_the_exposure_of_an_unmasked_chunk(tmp_path: Path, o
     # _stop_clients before it reaches "self.exposures.append(...)", record.exposed is None and the ledger
     # accounts nothing although the server holds an unmasked sum.
     Capture.rounds = []
-    (result,) = steps(tmp_path, *overrides, XNOISE, rounds=1, observe=Capture.observe)
+    (result,) = steps(tmp_path, *overrides, XNOISE, rounds=1, observe=Capture.observe, listed=True)
     rnd = Capture.rounds[0]
     revealed = [s.exposed for s in rnd.servers if s.exposed is not None]
     assert result.record.outcome.startswith("aborted") and revealed  # the precondition
@@ -160,7 +176,7 @@ def test_a_client_going_offline_after_missing_one_chunks_deadline_stops_sending(
 
     Capture.rounds = []
     overrides = ("pipeline={chunks: 4}", "dropout.rate=0", "timeouts={masked_input: 0.004}")
-    steps(tmp_path, *overrides, rounds=1, observe=offline)
+    steps(tmp_path, *overrides, rounds=1, observe=offline, listed=True)
     rnd = Capture.rounds[0]
     client = rnd.clients[3]
     assert 3 in rnd.late and 3 in rnd.results[0].survivors  # late in chunk 1, in chunk 0's sum (precondition)

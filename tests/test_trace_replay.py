@@ -220,7 +220,7 @@ def test_the_run_stops_when_nobody_will_be_online_again(tmp_path):
     rows = [(1, 0.0, 0.3), (2, 0.0, 0.3), (3, 0.0, 10.0)]  # the trace ends at 10 s
     sc = scenario(tmp_path, rows, "rounds=500", "sampling={clients_per_round: 2}", "aggregation.protocol=fedavg")
     rounds, clients = run(sc, tmp_path / "end")
-    assert len(rounds) < 100 and rounds["t_start"].iloc[-1] >= 10.0
+    assert len(rounds) < 500 and rounds["t_start"].iloc[-1] >= 10.0  # stopped before its 500 rounds
     assert rounds["sampled"].iloc[-1] == 0 and (rounds["sampled"].iloc[:-1] > 0).all()  # one empty round, then stop
     manifest = (tmp_path / "end" / "manifest.json").read_text()
     assert "no client of the trace is online after trace hour" in manifest
