@@ -294,3 +294,41 @@ def test_any_size_gives_that_many_int64_draws(mechanism, variance, size, seed):
     assert x.shape == (size,)
     assert x.dtype == np.int64
     np.testing.assert_array_equal(x, noise.sample(mechanism, seed, variance, size))
+
+
+# --- several components on every core ----------------------------------------------------------------------
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    mechanism=st.sampled_from(noise.MECHANISMS),
+    variances=st.lists(st.sampled_from([0.5, 3.0, 40.0, 1e6]), min_size=0, max_size=9),
+    size=st.integers(1, 3000),
+)
+def test_total_is_exactly_the_sum_of_the_components(mechanism: str, variances: list[float], size: int) -> None:
+    draws = [(_seed(100 + i), v) for i, v in enumerate(variances)]
+    expected = np.zeros(size, dtype=np.int64)
+    for seed, variance in draws:
+        expected += noise.sample(mechanism, seed, variance, size)
+    np.testing.assert_array_equal(noise.total(mechanism, draws, size), expected)
+
+
+def test_total_runs_its_components_on_threads_and_is_the_same_on_one(monkeypatch) -> None:
+    draws = [(_seed(i), 1e8) for i in range(7)]
+    seen: set[str] = set()
+    sample = noise.sample
+
+    def recorded(*args: object) -> np.ndarray:
+        import threading
+
+        seen.add(threading.current_thread().name)
+        return sample(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(noise, "sample", recorded)
+    monkeypatch.setattr(noise, "threads", lambda: 2)
+    many = noise.total("skellam", draws, 50_000)
+    assert seen and all(name.startswith("dropsim-noise") for name in seen)
+    seen.clear()
+    monkeypatch.setattr(noise, "threads", lambda: 1)
+    np.testing.assert_array_equal(noise.total("skellam", draws, 50_000), many)
+    assert seen == {"MainThread"}

@@ -24,14 +24,20 @@ Order of consumption (part of the output's definition, pinned by regression test
 Every sampler returns int64 in integer units (the scaled domain of the encoding); ``variance`` is the
 variance of the (continuous) distribution in integer units squared. float64 arithmetic is exact on the
 integers involved, so variances are limited to ``MAX_VARIANCE`` = 2^50.
+
+:func:`total` sums several components on threads, one component per thread (numpy's vector operations
+and OpenSSL's AES release the GIL, so they run on every core): the sum of integers is the same in any order.
 """
 
 from __future__ import annotations
 
+import collections
 import math
 import operator
+import os
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -400,3 +406,55 @@ def sample(mechanism: str, seed: bytes, variance: float, size: int) -> np.ndarra
     if sampler is None:
         raise ValueError(f"unknown noise mechanism {mechanism!r}; use one of {', '.join(MECHANISMS)}")
     return sampler(seed, variance, size)
+
+
+class _Pool:
+    """The threads of :func:`total`, made on first use; a forked child makes its own (the parent's threads
+    do not exist in it)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.executor: ThreadPoolExecutor | None = None
+        os.register_at_fork(after_in_child=self.forget)
+
+    def forget(self) -> None:
+        self.lock = threading.Lock()
+        self.executor = None
+
+    def get(self) -> ThreadPoolExecutor:
+        with self.lock:
+            if self.executor is None:
+                self.executor = ThreadPoolExecutor(threads(), thread_name_prefix=_THREAD_NAME)
+            return self.executor
+
+
+_THREAD_NAME = "dropsim-noise"
+_POOL = _Pool()
+
+
+def threads() -> int:
+    """Threads :func:`total` uses: the cores this process may run on."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def total(mechanism: str, draws: Sequence[tuple[bytes, float]], size: int) -> np.ndarray:
+    """The sum (int64) of ``size`` draws of ``mechanism`` from each ``(seed, variance)`` of ``draws``:
+    components on :func:`threads` threads, at most two per thread in memory at once. Exactly the sum of
+    :func:`sample`'s components, whatever the order they finish in."""
+    out = np.zeros(size, dtype=np.int64)
+    width = threads()
+    if len(draws) <= 1 or width == 1 or threading.current_thread().name.startswith(_THREAD_NAME):
+        for seed, variance in draws:
+            out += sample(mechanism, seed, variance, size)
+        return out
+    pool, pending = _POOL.get(), collections.deque[Future[np.ndarray]]()
+    for seed, variance in draws:
+        if len(pending) >= 2 * width:
+            out += pending.popleft().result()
+        pending.append(pool.submit(sample, mechanism, seed, variance, size))
+    while pending:
+        out += pending.popleft().result()
+    return out

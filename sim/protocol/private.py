@@ -73,6 +73,11 @@ class PrivateRound:
         """Noise component ``k`` expanded from ``seed`` (int64, integer domain)."""
         return noise.sample(self.mechanism, seed, self.variance(k), self.length)
 
+    def components(self, seeded: Sequence[tuple[bytes, int]]) -> np.ndarray:
+        """The sum (int64) of components ``k`` expanded from ``seed`` for each ``(seed, k)`` of ``seeded``,
+        on every core (:func:`sim.dp.noise.total`): exactly the sum of :meth:`component`'s."""
+        return noise.total(self.mechanism, [(seed, self.variance(k)) for seed, k in seeded], self.length)
+
     def fresh(self, seed: bytes, variance: float) -> np.ndarray:
         """Noise of ``variance`` (model units) from ``seed`` (int64, integer domain)."""
         return noise.sample(self.mechanism, seed, variance * self.encoding.scale**2, self.length)
@@ -88,9 +93,7 @@ class PrivateRound:
         """``values`` (int64, the encoded update or this chunk of it) plus every component of the plan,
         wrapped mod 2^bits (uint32)."""
         values = values.astype(np.int64, copy=True)
-        for k, seed in enumerate(seeds):
-            if self.plan.components[k]:
-                values += self.component(seed, k)
+        values += self.components([(seed, k) for k, seed in enumerate(seeds) if self.plan.components[k]])
         return self.encoding.wrap(values)
 
     def encode_work(self) -> tuple[Work, ...]:

@@ -474,10 +474,13 @@ class SecAggServer:
         self.u5 = set(answered)
         self.removed = cfg.excess(len(survivors))
         if self.removed:
+            revealed: dict[int, list[Data]] = {}
             for u in sorted(self.u5):
                 message = answered[u]
                 assert isinstance(message, UnmaskSharesAndSeeds)
-                work += self._remove(u, [g for _, g in message.seeds])
+                revealed[u] = [g for _, g in message.seeds]
+                work += self._removal_work()
+            self._remove(revealed)
             missing = sorted(self.u3 - self.u5)
             if missing:
                 # Stage 5: the seeds of survivors that did not answer come from shares held by U5.
@@ -486,17 +489,25 @@ class SecAggServer:
                 return Reaction(sends=tuple(Send(c, request) for c in sorted(self.u5)), work=tuple(work))
         return self._finish(work)
 
-    def _remove(self, u: int, seeds: list[Data]) -> list[Work]:
-        """Subtract survivor ``u``'s excess noise components, regenerated from their seeds."""
+    def _remove(self, seeds: dict[int, list[Data]]) -> None:
+        """Subtract the excess noise components of each survivor of ``seeds`` (survivor -> its seeds of the
+        removed components), all regenerated from their seeds at once, on every core
+        (:meth:`PrivateRound.components`)."""
         private = self.config.private
         assert private is not None
-        if self.suite.full:
+        if self.suite.full and seeds:
             assert isinstance(self.total, np.ndarray)
-            values = self.total.astype(np.int64)
-            for k, g in zip(self.removed, seeds, strict=True):
-                assert isinstance(g, bytes)
-                values -= private.component(g, k)
-            self.total = private.wrap(values)
+            seeded = []
+            for mine in seeds.values():
+                for k, g in zip(self.removed, mine, strict=True):
+                    assert isinstance(g, bytes)
+                    seeded.append((g, k))
+            self.total = private.wrap(self.total.astype(np.int64) - private.components(seeded))
+
+    def _removal_work(self) -> list[Work]:
+        """The work of removing one survivor's excess components."""
+        private = self.config.private
+        assert private is not None
         return [private.noise_work(len(self.removed)), Work("vector.add", {"elements": self.config.dim})]
 
     def _finish(self, work: list[Work]) -> Reaction:
@@ -536,6 +547,7 @@ class SecAggServer:
         cfg = self.config
         shares = _by_secret(answered)
         work: list[Work] = []
+        recovered: dict[int, list[Data]] = {}
         for u in sorted(self.u3 - self.u5):
             t = cfg.threshold(u)
             seeds = []
@@ -558,5 +570,7 @@ class SecAggServer:
                     },
                 )
             )
-            work += self._remove(u, seeds)
+            work += self._removal_work()
+            recovered[u] = seeds
+        self._remove(recovered)
         return self._finish(work)
