@@ -1,4 +1,4 @@
-"""Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, a population of 10^6, and noise.
+"""Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, populations of 10^6 and 10^9, and noise.
 
 Four sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
 ``peer.csv``, ``scale.csv``, ``noise.csv``), with the machine in ``machine.txt``:
@@ -12,14 +12,14 @@ Four sections, each printed as a table and written as CSV under ``--out`` (``ove
    Ray actors, ``ratio`` ours over theirs; the compute inside the clients and the server side by side.
    Skipped, with a note, when ``flwr`` is not installed or its round cannot run (it needs ``unshare`` and
    ``ip`` and unprivileged network namespaces).
-3. **scale** (:mod:`scale`): timing fidelity, 10^6 clients, 100 to 1,000 sampled: rounds/s, events/s,
-   peak memory, bytes per idle client.
+3. **scale** (:mod:`scale`): timing fidelity, 10^6 clients with 100 to 10,000 sampled and 10^9 with 200:
+   rounds/s, events/s, peak memory, bytes per idle client.
 4. **noise** (:mod:`skellam`): Skellam noise from a seed (the XNoise hot path) against numpy's and torch's
    compiled Poisson samplers, nanoseconds per Poisson draw.
 
 Ratios are measured side by side in one run; absolute times on a shared machine drift.
 
-    python benchmarks/performance.py                           # everything, about 4 minutes on 2 cores
+    python benchmarks/performance.py                           # everything, about 15 minutes on 2 cores
     python benchmarks/performance.py --sections overhead scale --out results/performance
     python benchmarks/performance.py --doc docs/performance.md      # and rewrite its measured tables
 """
@@ -84,6 +84,8 @@ def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
                 "ours_round_s": ours["round_s"],
                 "flower_round_s": theirs["round_s"],
                 "ratio": float(ours["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
+                "ours_masks_s": ours["masks_s"],
+                "over_masks": float(ours["round_s"]) / float(ours["masks_s"]),  # type: ignore[arg-type]
                 "ours_client_s": ours["client_s_mean"],
                 "flower_client_s": theirs["client_s_mean"],
                 "ours_server_s": ours["server_s"],
@@ -135,7 +137,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="measured rounds per overhead setup")
     parser.add_argument("--scale-rounds", type=int, default=5, help="measured rounds per scale setting")
     parser.add_argument("--population", type=int, default=1_000_000)
-    parser.add_argument("--sampled", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--sampled", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--huge", type=int, default=scale.HUGE, help="the scale section's last population (0: none)")
     parser.add_argument("--doc", type=Path, default=None, help="rewrite the measured sections' blocks of this file")
     args = parser.parse_args(argv)
     if "scale" in args.sections and args.population <= scale.IDLE_REFERENCE:
@@ -158,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             title = "peer: our SecAgg+ round and Flower's, same n, d, dropout"
             blocks["peer"] = stamp + "\n\n" + markdown(_show(title, compared, list(compared.columns)))
     if "scale" in args.sections:
-        table = scale.run(args.population, args.sampled, args.scale_rounds)
+        table = scale.run(args.population, args.sampled, args.scale_rounds, args.huge)
         table.to_csv(args.out / "scale.csv", index=False)
         scaled = _show("scale: timing fidelity", table, scale.SHOWN)
         blocks["scale"] = stamp + "\n\n" + markdown(scaled)

@@ -26,16 +26,31 @@ import numpy as np
 import pandas as pd
 
 from sim.costs.model import CostModel
-from sim.crypto import signatures
+from sim.crypto import prg, signatures
 from sim.crypto.randomness import SeededRandom
 from sim.loopback import run_loopback
+from sim.protocol.machine import Work
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite
+
+
+def mask_seconds(work: list[Work], d: int, bits: int = 20) -> tuple[int, float]:
+    """The round's mask expansions (``prg.expand`` work) done alone at memory speed: each into this thread's
+    kept buffer (:func:`sim.crypto.prg.expand` with ``scratch``), one after another. Returns (masks, seconds)."""
+    elements = sum(int(w.size.get("elements", 0)) for w in work if w.op == "prg.expand")
+    masks = elements // d if d else 0
+    seed = bytes(range(32))
+    prg.expand(seed, d, bits, scratch=True)  # the buffer exists before the clock starts
+    start = time.perf_counter()
+    for _ in range(masks):
+        prg.expand(seed, d, bits, scratch=True)
+    return masks, time.perf_counter() - start
 
 
 def one_round(
     protocol: str, n: int, d: int, dropout: float, costs: CostModel, malicious: bool = False
 ) -> dict[str, object]:
+    """One round through the in-memory driver, and its mask expansions alone (:func:`mask_seconds`)."""
     sampled = tuple(range(n))
     malicious = malicious and protocol != "plain"
     params = AggregationParams(protocol, bits=20, clip=1.0, threshold=0.5, malicious=malicious)
@@ -54,6 +69,8 @@ def one_round(
     start = time.perf_counter()
     result = run_loopback(server, clients, updates, leave)
     round_s = time.perf_counter() - start
+    every = [w for c in sampled for w in result.client_work[c]] + result.server_work
+    masks, masks_s = mask_seconds(every, d)
     if server.outcome != "ok":
         raise RuntimeError(f"{protocol} n={n} d={d}: {server.outcome}")
     alive = [c for c in sampled if c not in result.left]
@@ -66,6 +83,8 @@ def one_round(
         "dim": d,
         "dropout": dropout,
         "round_s": round_s,
+        "masks": masks,
+        "masks_s": masks_s,
         "client_s_mean": float(np.mean(client_measured)),
         "client_s_max": float(np.max(client_measured)),
         "server_s": result.server_seconds,

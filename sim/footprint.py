@@ -13,9 +13,9 @@ ids (:mod:`sim.clients.population`, :mod:`sim.keyed`). What grows is what the ru
   than n / 50 (and n more than 10,000); below that, by Floyd's method, in memory of order k.
 
 The constants are peak-memory differences measured on this project's scenarios (docs/performance.md,
-section 3): they are estimates, generous rather than tight. The memory a process may still use is the
-least of ``MemAvailable``, its cgroup's limit less its usage, and its address-space and data rlimits less
-what it holds (Linux; elsewhere no check is made).
+section 3): estimates, set by the largest samples measured (smaller ones need less per client). The
+memory a process may still use is the least of ``MemAvailable``, its cgroup's limit less its usage, and
+its address-space and data rlimits less what it holds (Linux; elsewhere no check is made).
 """
 
 from __future__ import annotations
@@ -34,9 +34,10 @@ TRACE_ROW_BYTES = 64
 """Peak bytes per interval of reading a CSV trace (60 measured reading 5 million rows)."""
 PARQUET_ROW_BYTES = 128
 """Peak bytes per interval of reading a Parquet trace (pandas' frame, pyarrow's table, one object a row)."""
-CLIENT_BYTES = 56_000
-"""A sampled client's state and messages in a round in ``timing`` fidelity, besides its pairs (SecAgg+: 76 KB
-measured at 1,000 to 3,000 sampled, with 20 to 24 neighbours)."""
+CLIENT_BYTES = 96_000
+"""A sampled client's state and messages in a round in ``timing`` fidelity, besides its pairs: SecAgg+ peaked
+at 124 KB a client at 10,000 sampled with 28 neighbours (``benchmarks/scale.py``; 54 KB at 1,000), so 124 KB
+less 28 pairs, rounded up."""
 PAIR_BYTES = 1_300
 """Keys, shares and their messages per pair of clients that exchange them (SecAgg: 1.25 KB measured)."""
 FULL_BYTES_PER_VALUE = 16

@@ -54,6 +54,18 @@ def test_overhead_replays_every_primitive_of_a_private_secagg_round() -> None:
     assert int(row["calls"]) > 0
 
 
+def test_a_peer_round_times_its_own_mask_expansions_alone() -> None:
+    import secagg
+
+    from sim.costs.model import CostModel
+
+    row = secagg.one_round("secagg+", 8, 1000, 0.0, CostModel.load())
+    # 8 clients, each with 2 ceil(log2 8) = 6 neighbours: 6 pair masks and a self mask each; the server
+    # expands the 8 survivors' self masks to remove them
+    assert row["masks"] == 8 * 7 + 8
+    assert 0 < float(row["masks_s"]) < float(row["round_s"])
+
+
 @pytest.mark.slow
 def test_scale_counts_events_and_memory_in_a_fresh_process() -> None:
     result = scale.measure(population=5_000, sampled=20, rounds=1)
@@ -61,6 +73,16 @@ def test_scale_counts_events_and_memory_in_a_fresh_process() -> None:
     assert result["events_per_round"] > 20  # every client's messages are events
     assert result["virtual_s_per_round"] > 0
     assert result["peak_rss_mb"] > 0
+
+
+@pytest.mark.slow
+def test_scale_rows_end_with_the_huge_population_and_its_idle_bytes() -> None:
+    table = scale.run(150_000, [20], rounds=1, huge=10**9, huge_sampled=20)
+    assert table[["population", "sampled"]].values.tolist() == [[150_000, 20], [10**9, 20]]
+    # one value for every row: the 10^9 row's peak against 100,000 clients', over the clients between them
+    assert table["bytes_per_idle_client"].nunique() == 1
+    assert abs(float(table["bytes_per_idle_client"].iloc[0])) < 0.1  # nothing held per client
+    assert (table["process_s"] > table["wall_s"]).all()
 
 
 def test_skellam_benchmark_times_ours_and_both_references() -> None:

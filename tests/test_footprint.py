@@ -44,7 +44,7 @@ def test_the_sampled_clients_are_charged_by_protocol_and_fidelity() -> None:
     # SecAgg+ at 1000 sampled: 2 ceil(log2 1000) = 20 neighbours, so 21 holders and 20 peers
     (need,) = footprint.needs(_scale("sampling.clients_per_round=1000"))
     assert need.bytes == 1000 * (footprint.CLIENT_BYTES + 20 * footprint.PAIR_BYTES)
-    assert need.what == "1,000 sampled clients a round at about 80.1 KB each"
+    assert need.what == "1,000 sampled clients a round at about 119.1 KB each"
     # SecAgg: every other client is a peer; full fidelity adds the update's values
     (need,) = footprint.needs(_scale("sampling.clients_per_round=300", "aggregation.protocol=secagg"), dim=1000)
     assert need.bytes == 300 * (footprint.CLIENT_BYTES + 299 * footprint.PAIR_BYTES)  # timing: dim unused
@@ -109,7 +109,7 @@ def test_a_run_that_cannot_fit_is_refused_before_the_trace_is_read(tmp_path: Pat
         assert f"{file}:6: sampling.clients_per_round: this run would need about " in err
         assert "more than the 4.0 KB left under this process's RLIMIT_AS" in err
         assert f"the trace's 10,001 rows: 625.1 KB ({file}:11)" in err
-        assert "10 sampled clients a round at about 66.1 KB each" in err
+        assert "10 sampled clients a round at about 105.2 KB each" in err
     assert not out.exists()
 
 
@@ -117,7 +117,7 @@ def test_the_python_api_refuses_it_too(monkeypatch) -> None:
     from sim.runner import Simulation
 
     monkeypatch.setattr(footprint, "room", lambda: (10**6, "available on this machine"))
-    with pytest.raises(footprint.FootprintError, match=r"scale: this run would need about 78\.2 MB of memory"):
+    with pytest.raises(footprint.FootprintError, match=r"scale: this run would need about 116\.3 MB of memory"):
         Simulation(_scale())
 
 
