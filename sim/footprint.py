@@ -22,9 +22,13 @@ from __future__ import annotations
 
 import importlib
 import math
-import resource
 from dataclasses import dataclass
 from pathlib import Path
+
+try:
+    import resource
+except ImportError:  # not POSIX: no rlimits to read
+    resource = None  # type: ignore[assignment]
 
 from sim.errors import InputError
 from sim.protocol.registry import secret_holders
@@ -131,68 +135,76 @@ def _size(b: float) -> str:
     return f"{b:.0f} bytes"
 
 
-def _status() -> dict[str, int]:
-    """``/proc/self/status``'s sizes in bytes (empty off Linux)."""
+def _read(path: str | Path) -> str:
+    """A kernel file's text, or empty where it cannot be read."""
     try:
-        text = Path("/proc/self/status").read_text()
+        return Path(path).read_text(errors="replace")
     except OSError:
-        return {}
-    out = {}
+        return ""
+
+
+def _kib(text: str, key: str) -> int | None:
+    """``key: N kB`` of a ``/proc`` file in bytes, or None where it is missing or malformed."""
     for line in text.splitlines():
         name, _, rest = line.partition(":")
         parts = rest.split()
-        if len(parts) == 2 and parts[1] == "kB":
-            out[name] = int(parts[0]) * 1024
-    return out
+        if name == key and len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+            return int(parts[0]) * 1024
+    return None
+
+
+def _number(text: str) -> int | None:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
 
 
 def _cgroup_room() -> int | None:
-    """This process's memory cgroup's limit less its usage (v2 or v1), or None."""
-    try:
-        lines = Path("/proc/self/cgroup").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        _, controllers, path = line.split(":", 2)
+    """This process's memory cgroup's limit less its usage, less the page cache it could drop (v2 or v1), or
+    None where there is no limit or it cannot be read."""
+    for line in _read("/proc/self/cgroup").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
         if controllers == "":  # v2
             base = Path("/sys/fs/cgroup") / path.lstrip("/")
-            files = ("memory.max", "memory.current")
+            limit_file, usage_file, cache_key = "memory.max", "memory.current", "inactive_file"
         elif "memory" in controllers.split(","):
             base = Path("/sys/fs/cgroup/memory") / path.lstrip("/")
-            files = ("memory.limit_in_bytes", "memory.usage_in_bytes")
+            limit_file, usage_file, cache_key = "memory.limit_in_bytes", "memory.usage_in_bytes", "total_inactive_file"
         else:
             continue
-        try:
-            limit_text = (base / files[0]).read_text().strip()
-            usage = int((base / files[1]).read_text().strip())
-        except (OSError, ValueError):
+        limit, usage = _number(_read(base / limit_file)), _number(_read(base / usage_file))
+        if limit is None or usage is None or limit >= 2**60:  # "max", unreadable, or no limit set
             continue
-        if limit_text == "max" or int(limit_text) >= 2**60:
-            continue
-        return max(0, int(limit_text) - usage)
+        cache = 0
+        for stat in _read(base / "memory.stat").splitlines():
+            key, _, value = stat.partition(" ")
+            if key == cache_key and value.strip().isdigit():
+                cache = int(value)
+        return max(0, limit - usage + cache)
     return None
 
 
 def room() -> tuple[int, str] | None:
     """The bytes this process may still allocate, and what bounds them; None where that cannot be told."""
     bounds: list[tuple[int, str]] = []
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                bounds.append((int(line.split()[1]) * 1024, "available on this machine"))
-    except OSError:
-        pass
+    available = _kib(_read("/proc/meminfo"), "MemAvailable")
+    if available is not None:
+        bounds.append((available, "available on this machine"))
     cgroup = _cgroup_room()
     if cgroup is not None:
         bounds.append((cgroup, "left in this process's memory cgroup"))
-    status = _status()
-    for limit, held, name in (
-        (resource.RLIMIT_AS, "VmSize", "RLIMIT_AS"),
-        (resource.RLIMIT_DATA, "VmData", "RLIMIT_DATA"),
-    ):
-        soft = resource.getrlimit(limit)[0]
-        if soft != resource.RLIM_INFINITY and held in status:
-            bounds.append((max(0, soft - status[held]), f"left under this process's {name}"))
+    if resource is not None:
+        status = _read("/proc/self/status")
+        for limit, held, name in (
+            (resource.RLIMIT_AS, "VmSize", "RLIMIT_AS"),
+            (resource.RLIMIT_DATA, "VmData", "RLIMIT_DATA"),
+        ):
+            soft = resource.getrlimit(limit)[0]
+            used = _kib(status, held)
+            if soft != resource.RLIM_INFINITY and soft >= 0 and used is not None:
+                bounds.append((max(0, soft - used), f"left under this process's {name}"))
     return min(bounds) if bounds else None
 
 

@@ -47,6 +47,8 @@ def stream_keys(seed: int, stream: Stream, *context: int, count: int = 1) -> np.
 def _ids(ids: np.ndarray | int, size: int) -> np.ndarray:
     """``ids`` as a uint64 array, checked to lie in ``0..size-1``."""
     a = np.asarray(ids)
+    if a.size == 0:
+        return a.astype(np.uint64)
     if a.dtype.kind not in "iu":
         raise TypeError(f"client ids must be integers, not {a.dtype}")
     if a.size and (int(a.min()) < 0 or int(a.max()) >= size):
@@ -91,4 +93,5 @@ class KeyedPermutation:
 def keyed_uniform(ids: np.ndarray | int, size: int, key: np.uint64) -> np.ndarray:
     """Uniform floats in [0, 1) (53 bits each) for ``ids`` (ints in ``0..size-1``) under ``key``."""
     x = _ids(ids, size)
-    return (mix64(x, key) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+    u = (mix64(x.ravel(), key) >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))  # arrays: no overflow warnings
+    return u.reshape(x.shape)

@@ -50,7 +50,7 @@ def preflight(scenario: Scenario) -> list[Problem]:
     plugins, shaped = _plugins(scenario)
     problems += plugins
     if not memory and shaped is not None and scenario.fidelity == "full":
-        memory = footprint.refusal(scenario, update_dimension(scenario.model, *shaped), trace=False)
+        memory = footprint.refusal(scenario, update_dimension(scenario.model, *shaped))  # the trace counted again
         if memory:
             problems.append(_memory(scenario, memory))
     if scenario.privacy.enabled and shaped is not None:  # the noise is planned for the model's size

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from sim import footprint
 from sim.cli.main import main
@@ -182,3 +184,44 @@ def test_a_trace_replayed_over_a_billion_clients_keeps_only_the_traces(tmp_path:
     assert (rounds["online"] <= 5000).all()  # the trace's clients online at each round's start
     if sample_from == "population":  # 200 of the 10^9, whoever is online
         assert (rounds["sampled"] == 200).all()
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    texts=st.dictionaries(
+        st.sampled_from(["/proc/meminfo", "/proc/self/cgroup", "/proc/self/status", "limit", "usage", "stat"]),
+        st.one_of(
+            st.text(max_size=60),
+            st.sampled_from(["MemAvailable: 1000 kB\n", "MemAvailable:\n", "0::/x\n", "4:memory:/x\n", "max", "-1"]),
+            st.integers(-(2**62), 2**62).map(str),
+        ),
+    )
+)
+def test_the_room_is_read_from_whatever_the_kernel_files_hold(texts: dict[str, str], monkeypatch) -> None:
+    """Odd, empty or malformed /proc and cgroup files never stop a run: what cannot be read is left out."""
+
+    def read(path: object) -> str:
+        name = str(path)
+        for key in ("limit", "usage", "stat"):
+            if name.endswith(("memory.max", "memory.limit_in_bytes")) and key == "limit":
+                return texts.get("limit", "")
+            if name.endswith(("memory.current", "memory.usage_in_bytes")) and key == "usage":
+                return texts.get("usage", "")
+            if name.endswith("memory.stat") and key == "stat":
+                return texts.get("stat", "")
+        return texts.get(name, "")
+
+    monkeypatch.setattr(footprint, "_read", read)  # the same replacement for every example
+    bound = footprint.room()
+    assert bound is None or (bound[0] >= 0 and bound[1])
+
+
+def test_a_cgroup_limit_counts_its_droppable_page_cache_as_room(monkeypatch) -> None:
+    files = {
+        "/proc/self/cgroup": "0::/jobs/run\n",
+        "/sys/fs/cgroup/jobs/run/memory.max": "1000000\n",
+        "/sys/fs/cgroup/jobs/run/memory.current": "900000\n",
+        "/sys/fs/cgroup/jobs/run/memory.stat": "anon 500000\ninactive_file 300000\n",
+    }
+    monkeypatch.setattr(footprint, "_read", lambda path: files.get(str(path), ""))
+    assert footprint.room() == (400_000, "left in this process's memory cgroup")

@@ -332,3 +332,30 @@ def test_total_runs_its_components_on_threads_and_is_the_same_on_one(monkeypatch
     monkeypatch.setattr(noise, "threads", lambda: 1)
     np.testing.assert_array_equal(noise.total("skellam", draws, 50_000), many)
     assert seen == {"MainThread"}
+
+
+def test_a_deployments_one_thread_math_keeps_the_noise_on_the_callers_thread(monkeypatch) -> None:
+    """A deployed party's CPU time is its compute thread's (sim.deploy.compute._timed): its noise must not
+    run on other threads."""
+    from sim.deploy.compute import one_thread_math
+
+    monkeypatch.setattr(noise.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    assert noise.threads() == 2
+    limits = one_thread_math()
+    try:
+        assert noise.threads() == 1
+        seen: set[str] = set()
+        sample = noise.sample
+
+        def recorded(*args: object) -> np.ndarray:
+            import threading
+
+            seen.add(threading.current_thread().name)
+            return sample(*args)  # type: ignore[arg-type]
+
+        monkeypatch.setattr(noise, "sample", recorded)
+        noise.total("skellam", [(_seed(i), 10.0) for i in range(4)], 1000)
+        assert seen == {"MainThread"}
+    finally:
+        limits.restore_original_limits()
+    assert noise.threads() == 2

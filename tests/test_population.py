@@ -292,3 +292,14 @@ def test_trace_capacity_replaces_only_the_trace_clients() -> None:
     others = np.setdiff1d(np.arange(1000), [3, 7, 11])
     assert np.array_equal(new_slow[others], slow[others]) and np.array_equal(new_mbps[others], mbps[others])
     assert np.array_equal(given.slowdown[np.array([11, 7])], [slow[11], 2.0])
+
+
+def test_ids_of_any_shape_give_values_of_that_shape() -> None:
+    population = Population.build(100, _clients(), seed=3)
+    table = population.bandwidth_mbps.values()
+    assert (
+        population.bandwidth_mbps[np.array(5)].shape == () and float(population.bandwidth_mbps[np.array(5)]) == table[5]
+    )
+    assert population.slowdown[np.array([], dtype=np.int64)].shape == (0,)
+    grid = np.array([[1, 2], [99, 0]])
+    assert np.array_equal(population.bandwidth_mbps[grid], table[grid])

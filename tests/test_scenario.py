@@ -245,3 +245,14 @@ def test_integers_beyond_floats_and_beyond_repr_are_named_not_raised(tmp_path: P
     huge.write_text("rounds: 1\npopulation: 10\nclients: {compute: {zipf_a: 0x" + "f" * 50000 + "}}\n")
     with pytest.raises(ScenarioError, match=r"huge.yaml:3: clients.compute.zipf_a: is an integer of 60206 digits"):
         load(huge).base()
+
+
+def test_whole_numbers_beyond_2_53_are_read_exactly(tmp_path: Path) -> None:
+    """Integers as written are compared and kept exactly (not through a float, which rounds past 2^53)."""
+    path = tmp_path / "big.yaml"
+    path.write_text(f"rounds: 1\npopulation: {2**62}\nseed: {2**63 - 1}\n")
+    scenario = load(path).base()
+    assert (scenario.population, scenario.seed) == (2**62, 2**63 - 1)
+    path.write_text(f"rounds: 1\npopulation: {2**62 + 1}\n")
+    with pytest.raises(ScenarioError, match=rf"big.yaml:2: population: is {2**62 + 1}, out of range"):
+        load(path).base()

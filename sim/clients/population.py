@@ -129,11 +129,15 @@ class Profile:
 
     def of(self, ids: np.ndarray) -> np.ndarray:
         """The values (float64) of clients ``ids`` (ints in 0..size-1), in their shape."""
-        rank = self._permutation(ids) % self.ranks  # 0: the slowest
+        shape = np.shape(ids)
+        flat = np.asarray(ids).ravel()
+        if flat.size == 0:
+            return np.zeros(shape, dtype=np.float64)
+        rank = self._permutation(flat) % self.ranks  # 0: the slowest
         values = self._value(rank)
         if self._override is not None:
-            values = self._overridden(ids, *self._override, values)
-        return values
+            values = self._overridden(flat, *self._override, values)
+        return values.reshape(shape)
 
     def replaced(self, clients: np.ndarray, given: np.ndarray) -> Profile:
         """This profile with the values ``given`` for ``clients`` (sorted unique ids; NaN or inf: keep)."""

@@ -19,10 +19,11 @@ import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from threadpoolctl import threadpool_limits
 
+from sim.dp.noise import limit_threads
 from sim.protocol.machine import Work
 from sim.round.gates import SIDE, STAGED
 
@@ -43,17 +44,31 @@ ONE_THREAD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_
 """Environment of a deployment's worker processes: numerical libraries start with one thread."""
 
 
-def one_thread_math() -> Any:
-    """Limit this process's BLAS and OpenMP pools (numpy's OpenBLAS, torch's OpenMP) to one thread, until
-    the returned limits are restored (``restore_original_limits()``).
+class _OneThread:
+    """The limits :func:`one_thread_math` set, with the way back."""
 
-    A party's computation is one thread, as the testbed model charges it. A second BLAS thread would not
+    def __init__(self) -> None:
+        self.pools = threadpool_limits(limits=1)
+        self.noise = limit_threads(1)
+
+    def restore_original_limits(self) -> None:
+        self.pools.restore_original_limits()
+        limit_threads(self.noise)
+
+
+def one_thread_math() -> _OneThread:
+    """Limit this process's BLAS and OpenMP pools (numpy's OpenBLAS, torch's OpenMP) and the noise samplers'
+    threads (:func:`sim.dp.noise.limit_threads`) to one thread, until the returned limits are restored
+    (``restore_original_limits()``).
+
+    A party's computation is one thread, as the testbed model charges it and as :func:`_timed` measures its
+    CPU time (work handed to other threads would not be counted). A second BLAS thread would not
     be a second core: with every core busy with other parties, OpenBLAS's helper thread waits for a time
     slice while the caller spins for it. Measured on the 2-core host: a client's first SecAgg step (a
     fixed-point encoding of 10^5 values, whose clipping norm goes through BLAS, and two key pairs) took
     1.6 ms of its thread's CPU alone and 5.1 ms beside one busy process; with one BLAS thread, 1.1 and
     1.5 ms."""
-    return threadpool_limits(limits=1)
+    return _OneThread()
 
 
 __all__ = ["ONE_THREAD_ENV", "SIDE", "STAGED", "Call", "Processor", "one_thread_math"]

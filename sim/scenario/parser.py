@@ -54,7 +54,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     name = r.string("name", default_name or Path(doc.name).stem)
     seed = r.integer("seed", 0, lo=0, hi=2**63 - 1)
     rounds = r.integer("rounds", lo=1)
-    population = r.integer("population", lo=1)
+    population = r.integer("population", lo=1, hi=2**62)  # client ids and their permutation are 64-bit
 
     sampling = _sampling(r.section("sampling"), population)
     clients = _clients(r.section("clients"))

@@ -122,11 +122,13 @@ class Reader:
             self._put(key, default)
             return self._fallback(default)
         allowed = _range_text("a whole number", lo, hi, False, False)
-        number = _as_number(value)
-        if number is None or not math.isfinite(number) or number != int(number):
-            self.fail(key, f"is {shown(value)}; {allowed} is expected")
-            return self._fallback(default)
-        if not _in_range(number, lo, hi, False, False):
+        number: float | int | None = value if isinstance(value, int) and not isinstance(value, bool) else None
+        if number is None:  # not an int as written: a float or a number in text, whole or not
+            number = _as_number(value)
+            if number is None or not math.isfinite(number) or number != int(number):
+                self.fail(key, f"is {shown(value)}; {allowed} is expected")
+                return self._fallback(default)
+        if not _in_range(number, lo, hi, False, False):  # an int compared exactly, beyond 2^53 too
             self.fail(key, f"is {shown(value)}, out of range; allowed: {allowed}")
             return self._fallback(default)
         self._put(key, int(number))
