@@ -10,7 +10,7 @@ size, no training). After one warm-up round it runs ``--rounds`` rounds and repo
 * ``setup_s``: building the population, the data partition and the cost model;
 * ``peak_rss_mb``: the process's peak resident set size (MB; it includes Python, numpy and torch, about
   350 MB before any client exists);
-* ``wall_s``: the whole process, from start to exit (``setup_s`` and the warm-up round included);
+* ``process_s``: the whole process, from start to exit (``setup_s`` and the warm-up round included);
 * ``bytes_per_idle_client``: the peak-RSS difference between the ``--huge`` population (10^9) and one of
   100,000, both at ``--huge-sampled`` (200) sampled, over the clients between them: what a client that is
   never sampled costs (on the 10^9 row; the others repeat it).
