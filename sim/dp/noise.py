@@ -25,8 +25,9 @@ Every sampler returns int64 in integer units (the scaled domain of the encoding)
 variance of the (continuous) distribution in integer units squared. float64 arithmetic is exact on the
 integers involved, so variances are limited to ``MAX_VARIANCE`` = 2^50.
 
-:func:`total` sums several components on threads, one component per thread (numpy's vector operations
-and OpenSSL's AES release the GIL, so they run on every core): the sum of integers is the same in any order.
+:func:`total` sums several components on threads, one component per thread: the sum of integers is the
+same in any order. numpy's vector operations and OpenSSL's AES release the GIL, the sampler's Python between
+them does not: two threads measured 1.25-1.5 times as fast as one (docs/performance.md, "Hot paths").
 """
 
 from __future__ import annotations
