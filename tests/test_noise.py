@@ -313,18 +313,24 @@ def test_total_is_exactly_the_sum_of_the_components(mechanism: str, variances: l
     np.testing.assert_array_equal(noise.total(mechanism, draws, size), expected)
 
 
-def test_total_runs_its_components_on_threads_and_is_the_same_on_one(monkeypatch) -> None:
-    draws = [(_seed(i), 1e8) for i in range(7)]
+def _threads_sampling(monkeypatch) -> set[str]:  # type: ignore[no-untyped-def]
+    """The names of the threads that call ``noise.sample`` from now on (filled as they do)."""
+    import threading
+
     seen: set[str] = set()
     sample = noise.sample
 
     def recorded(*args: object) -> np.ndarray:
-        import threading
-
         seen.add(threading.current_thread().name)
         return sample(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(noise, "sample", recorded)
+    return seen
+
+
+def test_total_runs_its_components_on_threads_and_is_the_same_on_one(monkeypatch) -> None:
+    draws = [(_seed(i), 1e8) for i in range(7)]
+    seen = _threads_sampling(monkeypatch)
     monkeypatch.setattr(noise, "threads", lambda: 2)
     many = noise.total("skellam", draws, 50_000)
     assert seen and all(name.startswith("dropsim-noise") for name in seen)
@@ -344,16 +350,7 @@ def test_a_deployments_one_thread_math_keeps_the_noise_on_the_callers_thread(mon
     limits = one_thread_math()
     try:
         assert noise.threads() == 1
-        seen: set[str] = set()
-        sample = noise.sample
-
-        def recorded(*args: object) -> np.ndarray:
-            import threading
-
-            seen.add(threading.current_thread().name)
-            return sample(*args)  # type: ignore[arg-type]
-
-        monkeypatch.setattr(noise, "sample", recorded)
+        seen = _threads_sampling(monkeypatch)
         noise.total("skellam", [(_seed(i), 10.0) for i in range(4)], 1000)
         assert seen == {"MainThread"}
     finally:

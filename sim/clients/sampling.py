@@ -28,9 +28,8 @@ def sample_clients(available: np.ndarray | int, sampling: Sampling, seed: int, r
     else:
         assert sampling.clients_per_round is not None
         k = min(sampling.clients_per_round, n)
-    if isinstance(available, int):
-        return np.arange(n, dtype=np.int64) if k >= n else np.sort(rng.choice(n, size=k, replace=False))
+    listed = None if isinstance(available, int) else available
     if k >= n:
-        return np.sort(available)
+        return np.arange(n, dtype=np.int64) if listed is None else np.sort(listed)
     chosen = rng.choice(n, size=k, replace=False)
-    return np.sort(available[chosen])
+    return np.sort(chosen if listed is None else listed[chosen])

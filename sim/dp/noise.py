@@ -416,6 +416,8 @@ class _Pool:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.executor: ThreadPoolExecutor | None = None
+        self.limit: int | None = None
+        """At most this many threads (:func:`limit_threads`), or None for every core."""
         if hasattr(os, "register_at_fork"):  # POSIX
             os.register_at_fork(after_in_child=self.forget)
 
@@ -434,14 +436,11 @@ _THREAD_NAME = "dropsim-noise"
 _POOL = _Pool()
 
 
-_LIMIT: list[int | None] = [None]
-
-
 def limit_threads(count: int | None) -> int | None:
     """Make :func:`total` use at most ``count`` threads in this process (None: every core); returns the former
     limit. A deployment's parties compute on one thread each, as the testbed model charges them and as their
     CPU time is measured (:func:`sim.deploy.compute.one_thread_math`)."""
-    former, _LIMIT[0] = _LIMIT[0], count
+    former, _POOL.limit = _POOL.limit, count
     return former
 
 
@@ -451,7 +450,7 @@ def threads() -> int:
         cores = max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
         cores = max(1, os.cpu_count() or 1)
-    return cores if _LIMIT[0] is None else max(1, min(cores, _LIMIT[0]))
+    return cores if _POOL.limit is None else max(1, min(cores, _POOL.limit))
 
 
 def total(mechanism: str, draws: Sequence[tuple[bytes, float]], size: int) -> np.ndarray:

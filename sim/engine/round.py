@@ -172,7 +172,7 @@ class Round:
         self.clients: dict[int, ClientRecord] = {}
         self.link_meters = {c: BusyMeter(self.env) for c in self.sampled}
         self.server_link = BusyMeter(self.env)
-        ids = np.fromiter(self.sampled, dtype=np.int64, count=len(self.sampled))
+        ids = np.asarray(self.sampled, dtype=np.int64)
         slowdowns, mbps = pop.slowdown[ids].tolist(), pop.bandwidth_mbps[ids].tolist()  # computed from the ids
         for c, slowdown, link_mbps in zip(self.sampled, slowdowns, mbps, strict=True):
             bps = link_mbps * MBPS * setup.payload_fraction
