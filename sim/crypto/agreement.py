@@ -8,6 +8,8 @@ a pair obtain the same key: ``agree(sk_u, pk_v, i) == agree(sk_v, pk_u, i)``.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
@@ -65,7 +67,19 @@ def hkdf(secret: bytes, info: bytes, length: int = KEY_BYTES) -> bytes:
     return HKDF(algorithm=hashes.SHA256(), length=length, salt=None, info=info).derive(secret)
 
 
-def agree(private: bytes, peer_public: bytes, info: bytes) -> bytes:
-    """32-byte key shared with the holder of ``peer_public``; raises ValueError on a bad peer key."""
-    shared = X25519PrivateKey.from_private_bytes(private).exchange(X25519PublicKey.from_public_bytes(peer_public))
-    return hkdf(shared, info)
+def agree(private: bytes, peer_public: bytes, info: bytes, keep: bool = False) -> bytes:
+    """32-byte key shared with the holder of ``peer_public``; raises ValueError on a bad peer key.
+
+    With ``keep``, the private key's parsed form stays in a small cache (:func:`_kept`) for the next
+    agreement with the same key: parsing costs about as much as the exchange itself (a scalar multiplication
+    for the public key), and a protocol key agrees with every neighbour in turn. Not for ephemeral keys,
+    which should not outlive their one use."""
+    sk = _kept(private) if keep else X25519PrivateKey.from_private_bytes(private)
+    return hkdf(sk.exchange(X25519PublicKey.from_public_bytes(peer_public)), info)
+
+
+@lru_cache(maxsize=64)
+def _kept(private: bytes) -> X25519PrivateKey:
+    """The parsed private key, for the 64 keys used most recently (a round's client agrees with all its
+    neighbours within one step, so a few entries cover a step; more cover interleaved clients)."""
+    return X25519PrivateKey.from_private_bytes(private)

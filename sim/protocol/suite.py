@@ -248,7 +248,7 @@ class RealSuite:
         assert isinstance(c_sk, bytes) and isinstance(peer_c_pk, bytes)
         assert all(isinstance(s, bytes) and len(s) == SHARE_BYTES for s in shares)
         key = agreement.agree(
-            c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver))
+            c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver)), keep=True
         )
         plaintext = struct.pack("<QQ", sender, receiver) + b"".join(shares)  # type: ignore[arg-type]
         return aead.encrypt(key, plaintext, _pair(round, sender, receiver), rng)
@@ -259,7 +259,7 @@ class RealSuite:
         """Decrypt the ``count`` shares ``sender`` sealed for ``receiver``; raises ``aead.DecryptionError``."""
         assert isinstance(c_sk, bytes) and isinstance(peer_c_pk, bytes) and isinstance(ct, bytes)
         key = agreement.agree(
-            c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver))
+            c_sk, peer_c_pk, _DOMAIN + b"enc" + _pair(round, min(sender, receiver), max(sender, receiver)), keep=True
         )
         plaintext = aead.decrypt(key, ct, _pair(round, sender, receiver))
         if len(plaintext) != plaintext_bytes(count):
@@ -289,7 +289,7 @@ class RealSuite:
         """The pair mask PRG(s_ab); with ``scratch``, in this thread's kept buffer (:func:`sim.crypto.prg.expand`),
         valid until the next scratch mask: add it at once."""
         assert isinstance(s_sk, bytes) and isinstance(peer_s_pk, bytes)
-        seed = agreement.agree(s_sk, peer_s_pk, _pair_key_info(b"mask", round, a, b))
+        seed = agreement.agree(s_sk, peer_s_pk, _pair_key_info(b"mask", round, a, b), keep=True)
         return prg.expand(seed, length, bits, scratch)
 
     def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector:

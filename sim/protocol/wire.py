@@ -101,33 +101,42 @@ def pack_bits(values: np.ndarray, bits: int) -> bytes:
     """Little-endian bit packing of values < 2^bits, ``bits`` bits each, zero-padded to a whole byte.
 
     Value i occupies bits ``[i * bits, (i + 1) * bits)`` of the little-endian bit string (higher bits of a
-    value are dropped). Other widths than 8, 16 and 32 are shifted into 64-bit words one position of the
-    period at a time (:func:`_layout`), so no array is larger than 8 bytes per value.
+    value are dropped). Other widths than 8, 16 and 32 go in two moves over 64-bit words: each pair of
+    values becomes one unit of ``2 * bits`` bits (whole-array shifts of the pairs read as 64-bit words), and
+    the units are shifted into the packed words one position of the period at a time (:func:`_layout`).
+    No array is larger than 8 bytes per value.
     """
     v = np.ascontiguousarray(values, dtype="<u4").reshape(-1)
     if bits == 32:
         return v.tobytes()
     if bits in (8, 16):
         return v.astype(f"<u{bits // 8}").tobytes()
-    per, words, layout = _layout(bits)
-    rows = -(-v.size // per)
-    flat = np.zeros(rows * per, dtype=np.uint32)
+    per, words, layout = _layout(2 * bits)  # per units (2 * per values) fill ``words`` words
+    rows = -(-v.size // (2 * per))
+    flat = np.zeros(rows * 2 * per, dtype="<u4")
     np.bitwise_and(v, np.uint32((1 << bits) - 1), out=flat[: v.size])
-    cols = flat.reshape(rows, per)
-    out = np.zeros((rows, words), dtype=np.uint64)
+    units = flat.view("<u8")  # pair k: value 2k in the low 32 bits, value 2k + 1 in the high ones
+    for start in range(0, units.size, _PAIRS):  # each pair to its unit, in place
+        pairs = units[start : start + _PAIRS]
+        high = pairs >> np.uint64(32 - bits)  # value 2k + 1 to bit ``bits``...
+        high &= np.uint64(((1 << bits) - 1) << bits)  # ...without value 2k's bits shifted down
+        pairs &= np.uint64((1 << bits) - 1)
+        pairs |= high
+    cols = units.reshape(rows, per)
+    out = np.zeros((rows, words), dtype="<u8")
     for j, (word, shift) in enumerate(layout):
-        x = cols[:, j].astype(np.uint64)
-        out[:, word] |= x << np.uint64(shift)
-        if shift + bits > 64:  # the value runs into the next word
-            out[:, word + 1] |= x >> np.uint64(64 - shift)
-    return out.astype("<u8", copy=False).tobytes()[: -(-v.size * bits // 8)]
+        out[:, word] |= cols[:, j] << np.uint64(shift)
+        if shift + 2 * bits > 64:  # the unit runs into the next word
+            out[:, word + 1] |= cols[:, j] >> np.uint64(64 - shift)
+    return out.reshape(-1).view(np.uint8)[: -(-v.size * bits // 8)].tobytes()
 
 
 def unpack_bits(data: bytes | memoryview, count: int, bits: int) -> np.ndarray:
     """Inverse of :func:`pack_bits`: ``count`` values as uint32; bits after the last value must be zero.
 
-    Works on 64-bit words as :func:`pack_bits` does: besides the result (4 bytes per value), it allocates
-    one zero-padded copy of the packed bytes and one 8-byte word per period at a time.
+    Works on 64-bit words as :func:`pack_bits` does (units of two values, then the pair split by whole-array
+    shifts, in blocks): besides the result (4 bytes per value, which holds the units first), it allocates one
+    zero-padded copy of the packed bytes and a word per period at a time.
     """
     raw = np.frombuffer(data, dtype=np.uint8)
     if bits in (8, 16, 32):
@@ -140,19 +149,30 @@ def unpack_bits(data: bytes | memoryview, count: int, bits: int) -> np.ndarray:
         raise WireError(f"{count} values of {bits} bits need {need} packed bytes, not {raw.size}")
     if raw[need:].any() or (used % 8 and int(raw[used // 8]) >> (used % 8)):
         raise WireError("non-zero padding bits after a packed vector")
-    per, words, layout = _layout(bits)
-    rows = -(-count // per)
+    per, words, layout = _layout(2 * bits)
+    rows = -(-count // (2 * per))
     padded = np.zeros(rows * words * 8, dtype=np.uint8)
     padded[:need] = raw[:need]
     packed = padded.view("<u8").reshape(rows, words)
-    out = np.empty((rows, per), dtype=np.uint32)
-    mask = np.uint64((1 << bits) - 1)
+    out = np.empty(rows * 2 * per, dtype="<u4")
+    units = out.view("<u8")  # unit k in the result's memory, then split into values 2k and 2k + 1 in place
+    cols = units.reshape(rows, per)
     for j, (word, shift) in enumerate(layout):
-        x = packed[:, word] >> np.uint64(shift)
-        if shift + bits > 64:
-            x |= packed[:, word + 1] << np.uint64(64 - shift)
-        out[:, j] = x & mask
-    return out.reshape(-1)[:count]
+        col = cols[:, j]
+        np.right_shift(packed[:, word], np.uint64(shift), out=col)
+        if shift + 2 * bits > 64:
+            col |= packed[:, word + 1] << np.uint64(64 - shift)
+    for start in range(0, units.size, _PAIRS):
+        pairs = units[start : start + _PAIRS]
+        high = pairs << np.uint64(32 - bits)  # value 2k + 1 to the high 32 bits...
+        high &= np.uint64(((1 << bits) - 1) << 32)  # ...alone
+        pairs &= np.uint64((1 << bits) - 1)
+        pairs |= high
+    return out[:count].astype(np.uint32, copy=False)
+
+
+_PAIRS = 1 << 14
+"""Pairs of values per block when they become units or units become them: 128 KiB of temporaries."""
 
 
 @dataclass(frozen=True)
@@ -374,9 +394,14 @@ class _Tuple(Codec):
         self.name = "(" + ", ".join(i.name for i in items) + ")"
         sizes = [i.fixed for i in items]
         self.fixed = None if None in sizes else sum(s for s in sizes if s is not None)
+        self._fixed_part = sum(s for s in sizes if s is not None)
+        self._sized = tuple((k, c) for k, c in enumerate(items) if c.fixed is None)
+        """The fields whose size depends on their value, by position (sized one by one)."""
 
     def size(self, value: Any) -> int:
-        return sum(c.size(v) for c, v in zip(self.items, value, strict=True))
+        if len(value) != len(self.items):
+            raise ValueError(f"{self.name} needs {len(self.items)} values, not {len(value)}")
+        return self._fixed_part + sum(c.size(value[k]) for k, c in self._sized)
 
     def write(self, value: Any, out: list[bytes]) -> None:
         if len(value) != len(self.items):

@@ -174,6 +174,11 @@ class SecAggConfig:
         return h.digest()
 
     @cached_property
+    def sampled_set(self) -> frozenset[int]:
+        """:attr:`sampled` as a set, for membership checks of every client's messages."""
+        return frozenset(self.sampled)
+
+    @cached_property
     def complete(self) -> bool:
         """Whether every client neighbours every other (SecAgg)."""
         return all(len(self.neighbours[c]) == len(self.sampled) - 1 for c in self.sampled)

@@ -34,7 +34,7 @@ from typing import ClassVar
 import numpy as np
 
 from sim.crypto.signatures import SIGNATURE_BYTES
-from sim.protocol.encoding import add_mod, add_mod_into, sub_mod_into
+from sim.protocol.encoding import WORD, add_mod, add_mod_into, reduce_into, sub_mod_into
 from sim.protocol.machine import (
     Aggregate,
     LocalProtocolError,
@@ -451,24 +451,26 @@ class SecAggServer:
             b = secret(u, SHARE_OF_SEED)
             if b is None:
                 return self._abort(f"unmasking: too few shares to recover client {u}'s mask seed")
-            mask = suite.self_mask(b, cfg.dim, cfg.bits, scratch=True)
+            mask = suite.self_mask(b, cfg.dim, WORD, scratch=True)  # whole words, reduced once (encoding.WORD)
             work += [Work("prg.expand", {"elements": cfg.dim}), Work("vector.add", {"elements": cfg.dim})]
             if suite.full:
-                total = sub_mod_into(total, mask, cfg.bits)  # type: ignore[arg-type]
+                total = sub_mod_into(total, mask, WORD)  # type: ignore[arg-type]
         for v in dropped:
             s_sk = secret(v, SHARE_OF_KEY)
             if s_sk is None:
                 return self._abort(f"unmasking: too few shares to recover dropped client {v}'s mask key")
             work.append(Work("x25519.public", {"count": 1}))  # done in secret(): the key matched its public key
             for u in (u for u in cfg.neighbours[v] if u in self.u3):
-                mask = suite.pair_mask(s_sk, self.u1[u].s_pk, cfg.round, u, v, cfg.dim, cfg.bits, scratch=True)
+                mask = suite.pair_mask(s_sk, self.u1[u].s_pk, cfg.round, u, v, cfg.dim, WORD, scratch=True)
                 work += [
                     Work("x25519.agree", {"count": 1}),
                     Work("prg.expand", {"elements": cfg.dim}),
                     Work("vector.add", {"elements": cfg.dim}),
                 ]
                 if suite.full:  # y_u holds gamma_uv * PRG(s_uv) with gamma_uv = +1 if u > v else -1
-                    total = sub_mod_into(total, mask, cfg.bits) if u > v else add_mod_into(total, mask, cfg.bits)  # type: ignore[arg-type]
+                    total = sub_mod_into(total, mask, WORD) if u > v else add_mod_into(total, mask, WORD)  # type: ignore[arg-type]
+        if suite.full:
+            total = reduce_into(total, cfg.bits)  # type: ignore[arg-type]
         self.total = total
         self.exposed = len(survivors)
         self.u5 = set(answered)
