@@ -133,6 +133,8 @@ class CostModel:
         """How that implementation sizes messages on the wire; None: as dropsim's frames."""
         self.engine = engine
         """The implementation's own simulation engine (``testbed: {emulation: engine}``), or None."""
+        self._found: dict[tuple[str, str | None], LinearCost] = {}
+        """What :meth:`cost` found, by (op, role): a run asks for the same few hundred thousand times."""
 
     @classmethod
     def load(cls, path: str | Path | None = None) -> CostModel:
@@ -211,6 +213,13 @@ class CostModel:
 
     def cost(self, op: str, role: str | None = None) -> LinearCost:
         """The linear model that :meth:`seconds` charges ``op`` by (for a party of ``role``)."""
+        found = self._found.get((op, role))
+        if found is not None:
+            return found
+        found = self._found[op, role] = self._lookup(op, role)
+        return found
+
+    def _lookup(self, op: str, role: str | None) -> LinearCost:
         if role is not None:
             specific = self.operations.get(f"{op}@{role}")
             if specific is not None:
