@@ -36,6 +36,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -82,12 +83,14 @@ class LinearCost:
 
     def seconds(self, size: Mapping[str, float]) -> float:
         total = 0.0
-        for feature, c in self.coef.items():
-            if feature == "const":
-                total += c
-            else:
-                total += c * float(size.get(feature, 0.0))
+        for feature, c in self._terms:  # in the order of coef: the same sum, rounding included
+            total += c if feature is None else c * float(size.get(feature, 0.0))
         return max(total, 0.0)
+
+    @cached_property
+    def _terms(self) -> tuple[tuple[str | None, float], ...]:
+        """``coef`` as (feature, coefficient) pairs, None for ``const``."""
+        return tuple((None if k == "const" else k, c) for k, c in self.coef.items())
 
 
 def _interference(pipeline: Any, source: str) -> float:
