@@ -1,7 +1,7 @@
 """Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, populations of 10^6 and 10^9, and noise.
 
-Four sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
-``peer.csv``, ``scale.csv``, ``noise.csv``), with the machine in ``machine.txt``:
+Five sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
+``peer.csv``, ``scale.csv``, ``noise.csv``, ``cores.csv``), with the machine in ``machine.txt``:
 
 1. **overhead** (:mod:`overhead`): full-fidelity rounds (real training, SecAgg and SecAgg+, XNoise) against
    the same primitive calls replayed alone; ``overhead`` = wall / primitives - 1, target at most 15 %.
@@ -16,6 +16,9 @@ Four sections, each printed as a table and written as CSV under ``--out`` (``ove
    rounds/s, events/s, peak memory, bytes per idle client.
 4. **noise** (:mod:`skellam`): Skellam noise from a seed (the XNoise hot path) against numpy's and torch's
    compiled Poisson samplers, nanoseconds per Poisson draw.
+5. **cores** (:mod:`cores`): the same full-fidelity jobs (a SecAgg+ round at d = 10^6, XNoise sampling, and
+   a pure Python loop for reference) one after another and at once on every core: the most that running
+   clients' work in parallel could gain on this host.
 
 Ratios are measured side by side in one run; absolute times on a shared machine drift.
 
@@ -28,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import platform
 import sys
 from collections.abc import Sequence
@@ -41,12 +45,13 @@ from sim.results.writer import write_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import cores
 import overhead
 import scale
 import secagg
 import skellam
 
-SECTIONS = ("overhead", "peer", "scale", "noise")
+SECTIONS = ("overhead", "peer", "scale", "noise", "cores")
 PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16, 1_000_000, 0.0), (100, 1_000_000, 0.0))
 """(clients, dimension, dropout) compared with Flower."""
 
@@ -139,6 +144,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--population", type=int, default=1_000_000)
     parser.add_argument("--sampled", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--huge", type=int, default=scale.HUGE, help="the scale section's last population (0: none)")
+    parser.add_argument(
+        "--workers", type=int, nargs="+", default=[os.cpu_count() or 1], help="the cores section's process counts"
+    )
     parser.add_argument("--doc", type=Path, default=None, help="rewrite the measured sections' blocks of this file")
     args = parser.parse_args(argv)
     if "scale" in args.sections and args.population <= scale.IDLE_REFERENCE:
@@ -170,6 +178,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.to_csv(args.out / "noise.csv", index=False)
         title = "noise: Skellam from a seed against compiled Poisson samplers"
         blocks["noise"] = stamp + "\n\n" + markdown(_show(title, table, list(table.columns)))
+    if "cores" in args.sections:
+        table = cores.run(args.workers)
+        table.to_csv(args.out / "cores.csv", index=False)
+        title = "cores: the same jobs one after another and at once"
+        blocks["cores"] = stamp + "\n\n" + markdown(_show(title, table, cores.SHOWN))
     if args.doc is not None:
         rewrite_doc(args.doc, blocks)
     print(f"\nwritten: {args.out}/", file=sys.stderr)

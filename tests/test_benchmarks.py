@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import cores  # noqa: E402
 import host_speed  # noqa: E402
 import overhead  # noqa: E402
 import scale  # noqa: E402
@@ -83,6 +84,24 @@ def test_scale_rows_end_with_the_huge_population_and_its_idle_bytes() -> None:
     assert table["bytes_per_idle_client"].nunique() == 1
     assert abs(float(table["bytes_per_idle_client"].iloc[0])) < 0.1  # nothing held per client
     assert (table["process_s"] > table["wall_s"]).all()
+
+
+@pytest.mark.slow
+def test_cores_runs_each_job_serially_and_split_over_worker_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    table = cores.run([1, 2], ["python", "noise"], per_worker=1, repeats=1)
+    assert table[["job", "workers", "jobs"]].values.tolist() == [
+        ["python", 1, 1],
+        ["python", 2, 2],
+        ["noise", 1, 1],
+        ["noise", 2, 2],
+    ]
+    assert (table["serial_s"] > 0).all() and (table["parallel_s"] > 0).all()
+    assert table["speedup"].tolist() == (table["serial_s"] / table["parallel_s"]).tolist()
+    assert table["efficiency"].tolist() == (table["speedup"] / table["workers"]).tolist()
+    with pytest.raises(ValueError, match="do not split evenly"):
+        cores.measure("python", 2, 3, 1)
+    monkeypatch.setattr(cores, "ROUND", (4, 1_000))  # the round job, small, in this process
+    cores.JOBS["round"]()
 
 
 def test_skellam_benchmark_times_ours_and_both_references() -> None:
