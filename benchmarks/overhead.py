@@ -58,6 +58,7 @@ PRIMITIVES: tuple[tuple[str, str, str], ...] = (
     ("sim.crypto.shamir", "share", "shamir.share"),
     ("sim.crypto.shamir", "reconstruct", "shamir.reconstruct"),
     ("sim.dp.noise", "sample", "noise"),
+    ("sim.dp.noise", "total", "noise"),
     ("sim.protocol.encoding:FixedPoint", "encode", "encode.fixed_point"),
     ("sim.protocol.encoding:FixedPoint", "decode_mean", "decode.fixed_point"),
     ("sim.dp.dskellam:DSkellamEncoding", "encode", "encode.dskellam"),
@@ -65,18 +66,26 @@ PRIMITIVES: tuple[tuple[str, str, str], ...] = (
     ("sim.dp.dskellam:DSkellamEncoding", "decode_sum", "decode.dskellam"),
     ("sim.protocol.encoding", "add_mod", "vector.add"),
     ("sim.protocol.encoding", "sub_mod", "vector.add"),
+    ("sim.protocol.encoding", "add_mod_into", "vector.add"),
+    ("sim.protocol.encoding", "sub_mod_into", "vector.add"),
+    ("sim.protocol.encoding", "reduce_into", "vector.add"),
     ("sim.protocol.wire:Message", "encode", "wire.encode"),
     ("sim.protocol.wire", "decode", "wire.decode"),
     ("sim.learning.trainer:Learner", "local_update", "training"),
     ("sim.learning.trainer:Learner", "evaluate", "evaluation"),
 )
 """Every primitive a full-fidelity round performs. Functions imported by name into other modules
-(``add_mod``, ``sub_mod``) are patched there too."""
+(``add_mod``, ``sub_mod``) are patched there too. ``noise.total`` samples its components on threads: it is
+recorded whole (the components' ``sample`` calls, inside it, are nested), so that the replay does what the
+run did, on as many threads."""
 
 
 @dataclass
 class Recorder:
-    """Calls of primitives made while it is installed: ``(name, function, args, kwargs)``, outermost only."""
+    """Calls of primitives made while it is installed: ``(name, function, args, kwargs)``, outermost only.
+
+    One depth for every thread: a primitive that runs others on threads (``noise.total``) counts once, and
+    its threads' calls are nested in it. Only such a primitive may start threads that call primitives."""
 
     calls: list[tuple[str, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = field(default_factory=list)
     inside: dict[str, float] = field(default_factory=lambda: defaultdict(float))
