@@ -6,10 +6,10 @@ processes that share nothing, take as long as the two in turn, no division of on
 those cores can be faster. This benchmark measures that bound for three jobs:
 
 - ``round``: one SecAgg+ round through the in-memory driver at n clients and d values, with its setup
-  (:mod:`secagg`'s ``one_round``: the clients' random updates and machines, then encoding, mask expansion,
-  bit packing, every frame encoded and decoded). Its per-value work is AES-CTR keystream and numpy passes
-  over vectors of d values;
-- ``noise``: XNoise's Skellam sampling, ``noise.total`` of 8 components of 65,536 values at variance 1e8
+  (:mod:`secagg`'s ``one_round`` without its separate timing of the masks: the clients' random updates and
+  machines, then encoding, mask expansion, bit packing, every frame encoded and decoded). Its per-value
+  work is AES-CTR keystream and numpy passes over vectors of d values;
+- ``noise``: XNoise's Skellam sampling, ``noise.total`` of 32 components of 65,536 values at variance 1e8
   (:mod:`sim.dp.noise`), what the server regenerates for every survivor;
 - ``python``: a loop of integer additions, bound by neither memory nor a shared unit: what two cores give
   code that scales.
@@ -19,7 +19,7 @@ process, then split evenly over P worker processes started and warmed up beforeh
 between them but the job's name). ``speedup`` is the serial time over the parallel time: P at best.
 Serial and parallel runs alternate ``--repeats`` times and the medians are reported.
 
-    python benchmarks/cores.py                         # P in {2} (and more where the host has them)
+    python benchmarks/cores.py                         # P = the cores this process may run on
     python benchmarks/cores.py --workers 2 4 --csv cores.csv
 """
 
@@ -46,7 +46,7 @@ from secagg import one_round
 
 ROUND = (16, 1_000_000)
 """(clients, values) of the ``round`` job: the peer comparison's large setting (docs/performance.md)."""
-NOISE = (8, 65_536, 1e8)
+NOISE = (32, 65_536, 1e8)
 """(components, values, variance) of the ``noise`` job."""
 LOOP = 3_000_000
 """Additions of the ``python`` job."""
@@ -59,7 +59,7 @@ def _cost_model() -> CostModel:
 
 
 def _round() -> None:
-    one_round("secagg+", *ROUND, 0.0, _cost_model())
+    one_round("secagg+", *ROUND, 0.0, _cost_model(), masks=False)
 
 
 def _noise() -> None:
@@ -78,6 +78,14 @@ def _python() -> None:
 
 
 JOBS: dict[str, Callable[[], None]] = {"round": _round, "noise": _noise, "python": _python}
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity), the default worker count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def _run(name: str, count: int = 1) -> None:
@@ -114,7 +122,7 @@ def measure(name: str, workers: int, jobs: int, repeats: int) -> dict[str, objec
 
 
 def run(
-    workers: Sequence[int], names: Sequence[str] = tuple(JOBS), per_worker: int = 2, repeats: int = 3
+    workers: Sequence[int], names: Sequence[str] = tuple(JOBS), per_worker: int = 3, repeats: int = 5
 ) -> pd.DataFrame:
     """:func:`measure` for every job and worker count, ``per_worker`` jobs for each worker."""
     rows = [measure(name, p, p * per_worker, repeats) for name in names for p in workers]
@@ -123,10 +131,10 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[os.cpu_count() or 1])
+    parser.add_argument("--workers", type=int, nargs="+", default=[usable_cores()])
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
-    parser.add_argument("--per-worker", type=int, default=2, help="jobs for each worker (the serial run does them all)")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--per-worker", type=int, default=3, help="jobs for each worker (the serial run does them all)")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--csv", type=Path, default=Path("cores.csv"))
     args = parser.parse_args(argv)
     if min(args.workers) < 1:

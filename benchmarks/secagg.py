@@ -48,9 +48,10 @@ def mask_seconds(work: list[Work], d: int, bits: int = 20) -> tuple[int, float]:
 
 
 def one_round(
-    protocol: str, n: int, d: int, dropout: float, costs: CostModel, malicious: bool = False
+    protocol: str, n: int, d: int, dropout: float, costs: CostModel, malicious: bool = False, masks: bool = True
 ) -> dict[str, object]:
-    """One round through the in-memory driver, and its mask expansions alone (:func:`mask_seconds`)."""
+    """One round through the in-memory driver, and (with ``masks``) its mask expansions alone
+    (:func:`mask_seconds`)."""
     sampled = tuple(range(n))
     malicious = malicious and protocol != "plain"
     params = AggregationParams(protocol, bits=20, clip=1.0, threshold=0.5, malicious=malicious)
@@ -70,7 +71,7 @@ def one_round(
     result = run_loopback(server, clients, updates, leave)
     round_s = time.perf_counter() - start
     every = [w for c in sampled for w in result.client_work[c]] + result.server_work
-    masks, masks_s = mask_seconds(every, d)
+    expanded, masks_s = mask_seconds(every, d) if masks else (0, float("nan"))
     if server.outcome != "ok":
         raise RuntimeError(f"{protocol} n={n} d={d}: {server.outcome}")
     alive = [c for c in sampled if c not in result.left]
@@ -83,7 +84,7 @@ def one_round(
         "dim": d,
         "dropout": dropout,
         "round_s": round_s,
-        "masks": masks,
+        "masks": expanded,
         "masks_s": masks_s,
         "client_s_mean": float(np.mean(client_measured)),
         "client_s_max": float(np.max(client_measured)),

@@ -74,7 +74,7 @@ def agree(private: bytes, peer_public: bytes, info: bytes, keep: bool = False) -
     agreement with the same key: parsing costs about as much as the exchange itself (a scalar multiplication
     for the public key), and a protocol key agrees with every neighbour in turn. Not for ephemeral keys,
     which should not outlive their one use."""
-    sk = _kept(private) if keep else X25519PrivateKey.from_private_bytes(private)
+    sk = _kept(bytes(private)) if keep else X25519PrivateKey.from_private_bytes(private)
     return hkdf(sk.exchange(X25519PublicKey.from_public_bytes(peer_public)), info)
 
 

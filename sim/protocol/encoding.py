@@ -65,7 +65,7 @@ class FixedPoint:
         out = np.empty(n, dtype=np.uint32)
         # |y| <= clip * scale + 1 < 2^31 where int32 holds every value: its two's complement bits mod 2^bits
         # are the int64's; otherwise (not an encoding of for_clients) through int64
-        narrow = self.clip * self.scale + 1 < 2**31
+        narrow = not self.clip * self.scale + 1 >= 2**31  # as written, so that NaN takes the int32 path as before
         values, uniforms = np.empty(min(BLOCK, n)), np.empty(min(BLOCK, n))
         wrap = np.uint32(self.modulus - 1)
         for start in range(0, n, BLOCK):
