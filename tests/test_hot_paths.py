@@ -107,3 +107,25 @@ def test_masks_added_as_words_and_reduced_once_are_the_masks_mod_2_to_the_bits(b
         word = prg.expand(seed_k, n, encoding.WORD, scratch=True)
         words = add_mod_into(words, word, encoding.WORD) if plus else sub_mod_into(words, word, encoding.WORD)
     assert np.array_equal(encoding.reduce_into(words, bits), reduced)
+
+
+def test_the_survivor_view_is_made_once_per_list_object_and_equals_a_fresh_one():
+    """Clients of one broadcast share the SecAgg config's view of the survivor list; a copy of the list
+    (a decoded frame) gets a view of its own with the same contents, and lists beyond those kept are each
+    judged on their own."""
+    from sim.protocol.registry import AggregationParams, round_machines
+    from sim.protocol.suite import RealSuite
+
+    sampled = tuple(range(40, 0, -2))
+    server, _ = round_machines(AggregationParams("secagg+", 20, 1.0, 0.5), 1, sampled, 8, RealSuite(), graph_seed=1)
+    cfg = server.config
+    u3 = tuple(reversed(sampled[:15]))
+    view = cfg.survivor_view(u3)
+    assert cfg.survivor_view(u3) is view  # the same object: computed once
+    copy = tuple(list(u3))
+    assert copy is not u3 and cfg.survivor_view(copy) is not view and cfg.survivor_view(copy) == view
+    assert view.members == frozenset(u3) and view.ordered == tuple(sorted(u3)) and view.within_sampled
+    for k in range(20):  # more lists than are kept, each judged on its own
+        other = (*u3[:-1], 41 + 2 * k)  # odd ids were not sampled
+        assert not cfg.survivor_view(other).within_sampled
+    assert cfg.survivor_view(u3).within_sampled

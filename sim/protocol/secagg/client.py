@@ -59,6 +59,7 @@ from sim.protocol.secagg.config import (
     InconsistentViewError,
     Peer,
     SecAggConfig,
+    SurvivorView,
     TooFewClientsError,
 )
 from sim.protocol.suite import Suite, keys_bytes, plaintext_bytes, survivors_bytes, upload_bytes
@@ -93,6 +94,8 @@ class SecAggClient:
         self.peers: dict[int, Peer] = {}
         self.ciphertexts: dict[int, Data] = {}
         self.u3: tuple[int, ...] = ()
+        self.u3_members: frozenset[int] = frozenset()
+        """The survivors, as a set."""
         self._own: tuple[Data, Data] = (b"", b"")
         self.own_keys: tuple[Data, Data] = (b"", b"")
         """This client's advertised (c_pk, s_pk)."""
@@ -274,13 +277,14 @@ class SecAggClient:
         return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
 
     # -- stage 3 / 4 ------------------------------------------------------------------------------
-    def _check_survivors(self, u3: tuple[int, ...]) -> None:
+    def _check_survivors(self, u3: tuple[int, ...]) -> SurvivorView:
         cfg, me = self.config, self.client
         known = set(self.ciphertexts) | {me}
-        members = set(u3)
+        view = cfg.survivor_view(u3)
+        members = view.members
         if len(members) != len(u3) or me not in members:
             raise InconsistentViewError(SERVER, "the survivor set repeats a client or leaves this client out")
-        if not members <= cfg.sampled_set:
+        if not view.within_sampled:
             raise InconsistentViewError(SERVER, "the survivor set names clients that were not sampled")
         if cfg.complete and not members <= known:
             # Every survivor must have shared with everyone (U3 within U2, Figure 5).
@@ -298,10 +302,11 @@ class SecAggClient:
             raise TooFewClientsError(SERVER, f"{mine} of this client's holders survive, threshold {cfg.threshold(me)}")
         if not cfg.connected(members):
             raise InconsistentViewError(SERVER, "the survivors are not connected: a partial sum could be unmasked")
+        return view
 
     def _on_survivors(self, m: Survivors) -> Reaction:
         cfg = self.config
-        self._check_survivors(m.clients)
+        view = self._check_survivors(m.clients)
         checks = [cfg.graph_work(len(m.clients))]
         if cfg.signed_uploads:
             # |U \ U3| decides which noise is removed: every claimed survivor must have signed its upload.
@@ -311,7 +316,7 @@ class SecAggClient:
                 if not self.suite.verify(cfg.verification_keys[v], upload_bytes(cfg.session, cfg.round, v), signature):
                     raise BadSignatureError(SERVER, f"client {v}'s upload signature does not verify")
             checks.append(Work("ed25519.verify", {"count": len(m.clients)}))
-        self.u3 = tuple(sorted(m.clients))
+        self.u3, self.u3_members = view.ordered, view.members
         if not cfg.malicious:
             reaction = self._unmask()
             return Reaction(reaction.sends, (*checks, *reaction.work))
@@ -324,7 +329,7 @@ class SecAggClient:
     def _on_signatures(self, m: SignedSurvivors) -> Reaction:
         cfg, suite = self.config, self.suite
         signers = [v for v, _ in m.signatures]
-        if len(set(signers)) != len(signers) or not set(signers) <= set(self.u3):
+        if len(set(signers)) != len(signers) or not set(signers) <= self.u3_members:
             raise InconsistentViewError(SERVER, "consistency signatures from clients outside the survivor set")
         message = survivors_bytes(cfg.session, cfg.round, self.u3)
         for v, signature in m.signatures:
@@ -345,7 +350,7 @@ class SecAggClient:
 
     def _unmask(self) -> Reaction:
         cfg, suite, me = self.config, self.suite, self.client
-        survivors = set(self.u3)
+        survivors = self.u3_members
         shares: list[tuple[int, int, Data]] = []
         shares.append((me, SHARE_OF_SEED, self._own[1]))
         count = 2 + cfg.shared_noise
@@ -406,7 +411,7 @@ class SecAggClient:
     def _on_removal(self, m: RemovalRequest) -> Reaction:
         cfg, me = self.config, self.client
         u5 = set(m.clients)
-        if len(u5) != len(m.clients) or not u5 <= set(self.u3) or me not in u5:
+        if len(u5) != len(m.clients) or not u5 <= self.u3_members or me not in u5:
             raise InconsistentViewError(
                 SERVER, "the noise-removal set is not a subset of the survivors with this client"
             )
@@ -415,7 +420,7 @@ class SecAggClient:
         excess = cfg.excess(len(self.u3))
         shares = [
             (v, k, self.noise_shares[v][k - 1])
-            for v in sorted(set(self.u3) - u5)
+            for v in sorted(self.u3_members - u5)
             if v in self.noise_shares
             for k in excess
         ]

@@ -23,6 +23,7 @@ import hashlib
 import math
 import struct
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -61,6 +62,17 @@ class TooFewClientsError(RemoteProtocolError):
 def share_threshold(fraction: float, holders: int) -> int:
     """``floor(fraction * holders) + 1``, at most ``holders``: strictly more than the fraction."""
     return min(holders, math.floor(fraction * holders) + 1)
+
+
+@dataclass(frozen=True)
+class SurvivorView:
+    """What every client derives alike from one survivor list (U3)."""
+
+    members: frozenset[int]
+    ordered: tuple[int, ...]
+    """The list sorted: the survivor set every signature and share refers to."""
+    within_sampled: bool
+    """Whether every member was sampled."""
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,25 @@ class SecAggConfig:
             h.update(struct.pack(f"<QI{len(self.neighbours[c])}Q", c, len(self.neighbours[c]), *self.neighbours[c]))
         return h.digest()
 
+    def survivor_view(self, u3: tuple[int, ...]) -> SurvivorView:
+        """:class:`SurvivorView` of the list ``u3``, made once per list object: the simulator hands every
+        client of a broadcast the same tuple, so a round of n clients does this O(n) work once, not n times
+        (a decoded frame is a new tuple, and gets its own)."""
+        views = self._survivor_views
+        seen = views.get(id(u3))
+        if seen is not None and seen[0] is u3:
+            return seen[1]
+        members = frozenset(u3)
+        view = SurvivorView(members, tuple(sorted(u3)), members <= self.sampled_set)
+        if len(views) >= 8:  # one list a round (a few with pipelined chunks): keep the latest
+            views.clear()
+        views[id(u3)] = (u3, view)  # the tuple is held, so its id is not reused while it is here
+        return view
+
+    @cached_property
+    def _survivor_views(self) -> dict[int, tuple[tuple[int, ...], SurvivorView]]:
+        return {}
+
     @cached_property
     def sampled_set(self) -> frozenset[int]:
         """:attr:`sampled` as a set, for membership checks of every client's messages."""
@@ -183,7 +214,7 @@ class SecAggConfig:
         """Whether every client neighbours every other (SecAgg)."""
         return all(len(self.neighbours[c]) == len(self.sampled) - 1 for c in self.sampled)
 
-    def connected(self, members: set[int]) -> bool:
+    def connected(self, members: AbstractSet[int]) -> bool:
         """Whether ``members`` induce a connected subgraph: then the pairwise masks among them cancel only
         in their total, and no partial sum of them can be unmasked."""
         if self.complete or len(members) <= 1:
