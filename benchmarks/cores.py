@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import functools
 import multiprocessing
-import os
 import statistics
 import sys
 import time
@@ -80,14 +79,6 @@ def _python() -> None:
 JOBS: dict[str, Callable[[], None]] = {"round": _round, "noise": _noise, "python": _python}
 
 
-def usable_cores() -> int:
-    """The cores this process may run on (its affinity), the default worker count."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
-
-
 def _run(name: str, count: int = 1) -> None:
     for _ in range(count):
         JOBS[name]()
@@ -131,7 +122,7 @@ def run(
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, nargs="+", default=[usable_cores()])
+    parser.add_argument("--workers", type=int, nargs="+", default=[noise.usable_cores()])
     parser.add_argument("--jobs", nargs="+", default=list(JOBS), choices=list(JOBS))
     parser.add_argument("--per-worker", type=int, default=3, help="jobs for each worker (the serial run does them all)")
     parser.add_argument("--repeats", type=int, default=5)

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.dp import noise
 from sim.results.manifest import host
 from sim.results.writer import write_atomic
 
@@ -144,7 +145,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--sampled", type=int, nargs="+", default=[100, 1000, 10000])
     parser.add_argument("--huge", type=int, default=scale.HUGE, help="the scale section's last population (0: none)")
     parser.add_argument(
-        "--workers", type=int, nargs="+", default=[cores.usable_cores()], help="the cores section's process counts"
+        "--workers", type=int, nargs="+", default=[noise.usable_cores()], help="the cores section's process counts"
     )
     parser.add_argument("--doc", type=Path, default=None, help="rewrite the measured sections' blocks of this file")
     args = parser.parse_args(argv)

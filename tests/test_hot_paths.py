@@ -13,6 +13,8 @@ from sim.crypto import agreement, prg
 from sim.crypto.randomness import SeededRandom
 from sim.protocol import encoding
 from sim.protocol.encoding import FixedPoint, add_mod, add_mod_into, sub_mod, sub_mod_into
+from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.suite import RealSuite
 
 
 def keystream_words(seed: bytes, length: int, bits: int) -> np.ndarray:
@@ -113,9 +115,6 @@ def test_the_survivor_view_is_made_once_per_list_object_and_equals_a_fresh_one()
     """Clients of one broadcast share the SecAgg config's view of the survivor list; a copy of the list
     (a decoded frame) gets a view of its own with the same contents, and lists beyond those kept are each
     judged on their own."""
-    from sim.protocol.registry import AggregationParams, round_machines
-    from sim.protocol.suite import RealSuite
-
     sampled = tuple(range(40, 0, -2))
     server, _ = round_machines(AggregationParams("secagg+", 20, 1.0, 0.5), 1, sampled, 8, RealSuite(), graph_seed=1)
     cfg = server.config

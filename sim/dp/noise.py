@@ -444,12 +444,17 @@ def limit_threads(count: int | None) -> int | None:
     return former
 
 
-def threads() -> int:
-    """Threads :func:`total` uses: the cores this process may run on, or fewer (:func:`limit_threads`)."""
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity; every core where that cannot be read)."""
     try:
-        cores = max(1, len(os.sched_getaffinity(0)))
+        return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # not Linux
-        cores = max(1, os.cpu_count() or 1)
+        return max(1, os.cpu_count() or 1)
+
+
+def threads() -> int:
+    """Threads :func:`total` uses: :func:`usable_cores`, or fewer (:func:`limit_threads`)."""
+    cores = usable_cores()
     return cores if _POOL.limit is None else max(1, min(cores, _POOL.limit))
 
 

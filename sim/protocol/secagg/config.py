@@ -206,7 +206,7 @@ class SecAggConfig:
 
     @cached_property
     def sampled_set(self) -> frozenset[int]:
-        """:attr:`sampled` as a set, for membership checks of every client's messages."""
+        """:attr:`sampled` as a set, for checking survivor lists (:meth:`survivor_view`)."""
         return frozenset(self.sampled)
 
     @cached_property
