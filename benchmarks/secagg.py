@@ -20,6 +20,7 @@ import math
 import platform
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -34,24 +35,38 @@ from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite
 
 
-def mask_seconds(work: list[Work], d: int, bits: int = 20) -> tuple[int, float]:
-    """The round's mask expansions (``prg.expand`` work) done alone at memory speed: each into this thread's
-    kept buffer (:func:`sim.crypto.prg.expand` with ``scratch``), one after another. Returns (masks, seconds)."""
+def mask_seconds(work: list[Work], d: int, bits: int = 20, workers: int = 1) -> tuple[int, float]:
+    """The round's mask expansions (``prg.expand`` work) done alone at memory speed: each into its thread's
+    kept buffer (:func:`sim.crypto.prg.expand` with ``scratch``), one after another on each of ``workers``
+    threads, the masks dealt out among them. Returns (masks, seconds)."""
     elements = sum(int(w.size.get("elements", 0)) for w in work if w.op == "prg.expand")
     masks = elements // d if d else 0
     seed = bytes(range(32))
-    prg.expand(seed, d, bits, scratch=True)  # the buffer exists before the clock starts
-    start = time.perf_counter()
-    for _ in range(masks):
-        prg.expand(seed, d, bits, scratch=True)
-    return masks, time.perf_counter() - start
+
+    def expand(count: int) -> None:
+        for _ in range(count):
+            prg.expand(seed, d, bits, scratch=True)
+
+    shares = [masks // workers + (i < masks % workers) for i in range(workers)]
+    with ThreadPoolExecutor(workers) as pool:
+        list(pool.map(lambda _: prg.expand(seed, d, bits, scratch=True), range(4 * workers)))  # buffers made
+        start = time.perf_counter()
+        list(pool.map(expand, shares))
+        return masks, time.perf_counter() - start
 
 
 def one_round(
-    protocol: str, n: int, d: int, dropout: float, costs: CostModel, malicious: bool = False, masks: bool = True
+    protocol: str,
+    n: int,
+    d: int,
+    dropout: float,
+    costs: CostModel,
+    malicious: bool = False,
+    masks: bool = True,
+    workers: int = 1,
 ) -> dict[str, object]:
-    """One round through the in-memory driver, and (with ``masks``) its mask expansions alone
-    (:func:`mask_seconds`)."""
+    """One round through the in-memory driver, the clients' calls of each step on ``workers`` threads, and
+    (with ``masks``) its mask expansions alone on as many (:func:`mask_seconds`)."""
     sampled = tuple(range(n))
     malicious = malicious and protocol != "plain"
     params = AggregationParams(protocol, bits=20, clip=1.0, threshold=0.5, malicious=malicious)
@@ -68,10 +83,10 @@ def one_round(
     k = math.floor(dropout * n + 0.5)
     leave = {c: leave_step for c in sampled[:k]}
     start = time.perf_counter()
-    result = run_loopback(server, clients, updates, leave)
+    result = run_loopback(server, clients, updates, leave, workers=workers)
     round_s = time.perf_counter() - start
     every = [w for c in sampled for w in result.client_work[c]] + result.server_work
-    expanded, masks_s = mask_seconds(every, d) if masks else (0, float("nan"))
+    expanded, masks_s = mask_seconds(every, d, workers=workers) if masks else (0, float("nan"))
     if server.outcome != "ok":
         raise RuntimeError(f"{protocol} n={n} d={d}: {server.outcome}")
     alive = [c for c in sampled if c not in result.left]
@@ -83,6 +98,7 @@ def one_round(
         "clients": n,
         "dim": d,
         "dropout": dropout,
+        "workers": workers,
         "round_s": round_s,
         "masks": expanded,
         "masks_s": masks_s,

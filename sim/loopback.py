@@ -5,19 +5,25 @@ tests and benchmarks (in the manner of h11's tests, which drive a pair of connec
 in-memory link). It delivers each step's messages in ascending client order,
 encoding every message to bytes and decoding it on the other side, lets clients leave before a chosen
 step, and records per party the wall-clock seconds spent inside machine calls, the work they reported
-and the bytes sent.
+and the bytes sent. The clients' calls of a step may run on several threads (``workers``), with the same
+results as in turn.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
+from typing import TypeVar
 
 from sim.protocol import wire
 from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, RoundAbortedError, ServerMachine, Work
 from sim.protocol.wire import Message, Vector
+
+_T = TypeVar("_T")
+_R = TypeVar("_R")
 
 
 @dataclass
@@ -49,10 +55,17 @@ def run_loopback(
     tamper: Callable[[int, Message], Message] | None = None,
     encode: bool = True,
     observe: Callable[[int, Message], None] | None = None,
+    workers: int = 1,
 ) -> LoopbackResult:
     """Run one round to its end. ``leave_before[c]`` is the step before which client c leaves;
     ``tamper(to, message)`` may replace any server-to-client message (to test a misbehaving server);
-    ``observe(sender, message)`` sees every client-to-server message."""
+    ``observe(sender, message)`` sees every client-to-server message.
+
+    ``workers`` > 1 runs the clients' calls of each step (their machine calls, and encoding and decoding
+    their frames) on that many threads (:class:`ClientSteps`): the machines are independent within a step,
+    and the results are taken in ascending client order, so the frames, the aggregate and every record but
+    the clocks are the same as with one worker. Most of the work is numpy passes and AES-CTR, which release
+    the interpreter's lock; what that gains on a host is measured in docs/performance.md (section 2)."""
     leave = dict(leave_before or {})
     result = LoopbackResult(server, client_seconds=dict.fromkeys(clients, 0.0))
     result.bytes_up = dict.fromkeys(clients, 0)
@@ -67,22 +80,39 @@ def run_loopback(
         data = message.encode()
         return wire.decode(data), len(data)
 
-    def client_call(c: int, call: Callable[[], Reaction]) -> None:
-        start = time.perf_counter()
-        try:
-            reaction = call()
-        except RemoteProtocolError as exc:
-            result.aborted[c] = exc
-            return
-        finally:
-            result.client_seconds[c] += time.perf_counter() - start
-        result.client_work[c].extend(reaction.work)
-        for send in reaction.sends:
-            message, n = carry(send.message)
+    def client_turn(c: int, calls: list[tuple[Message | None, Callable[[], Reaction]]]) -> _Turn:
+        """Client ``c``'s calls of one step, in order (``message`` None: its start), on any thread: touches
+        nothing shared; ``take`` records what it returns (``observe`` sees its messages then)."""
+        turn = _Turn(c)
+        for message, call in calls:
+            if message is not None and leave.get(c) and clients[c].stage_of(message) == leave[c]:
+                turn.left = True
+                return turn
+            start = time.perf_counter()
+            try:
+                reaction = call()
+            except RemoteProtocolError as exc:
+                turn.aborted = exc
+                return turn
+            finally:
+                turn.seconds += time.perf_counter() - start
+            turn.work.extend(reaction.work)
+            turn.sent.extend(carry(send.message) for send in reaction.sends)
+        return turn
+
+    def take(turn: _Turn) -> None:
+        c = turn.client
+        result.client_seconds[c] += turn.seconds
+        result.client_work[c].extend(turn.work)
+        for message, n in turn.sent:
             result.bytes_up[c] += n
             if observe is not None:
                 observe(c, message)
             to_server.append((c, message))
+        if turn.aborted is not None:
+            result.aborted[c] = turn.aborted
+        if turn.left:
+            result.left.add(c)
 
     def server_call(call: Callable[[], Reaction]) -> None:
         start = time.perf_counter()
@@ -99,32 +129,78 @@ def run_loopback(
     def active(c: int) -> bool:
         return c not in result.left and c not in result.aborted
 
-    server_call(server.begin)
-    for c in sorted(clients):
-        machine = clients[c]
-        if leave.get(c) == machine.first_step:
-            result.left.add(c)
-            continue
-        client_call(c, partial(machine.start, updates[c], 1.0))
-    while server.step not in ("done", "aborted"):
-        for sender, message in sorted(to_server, key=lambda item: item[0]):
-            if active(sender) and sender not in result.server_rejected and server.awaits(sender):
-                try:
-                    server_call(partial(server.receive, sender, message))
-                except RemoteProtocolError as exc:
-                    result.server_rejected[sender] = exc.reason
-        to_server.clear()
-        try:
-            server_call(server.close_step)
-        except RoundAbortedError as exc:  # the machine is aborted already: the loop ends
-            result.round_error = exc
-        deliveries = sorted(to_clients, key=lambda item: item[0])
-        to_clients.clear()
-        for c, message in deliveries:
-            if not active(c):
-                continue
-            if leave.get(c) and clients[c].stage_of(message) == leave[c]:
+    with ClientSteps(workers) as steps:
+        server_call(server.begin)
+        starting: dict[int, list[tuple[Message | None, Callable[[], Reaction]]]] = {}
+        for c in sorted(clients):
+            machine = clients[c]
+            if leave.get(c) == machine.first_step:
                 result.left.add(c)
                 continue
-            client_call(c, partial(clients[c].receive, message))
+            starting[c] = [(None, partial(machine.start, updates[c], 1.0))]
+        steps.run(client_turn, starting, take)
+        while server.step not in ("done", "aborted"):
+            for sender, message in sorted(to_server, key=lambda item: item[0]):
+                if active(sender) and sender not in result.server_rejected and server.awaits(sender):
+                    try:
+                        server_call(partial(server.receive, sender, message))
+                    except RemoteProtocolError as exc:
+                        result.server_rejected[sender] = exc.reason
+            to_server.clear()
+            try:
+                server_call(server.close_step)
+            except RoundAbortedError as exc:  # the machine is aborted already: the loop ends
+                result.round_error = exc
+            receiving: dict[int, list[tuple[Message | None, Callable[[], Reaction]]]] = {}
+            for c, message in sorted(to_clients, key=lambda item: item[0]):
+                if active(c):
+                    receiving.setdefault(c, []).append((message, partial(clients[c].receive, message)))
+            to_clients.clear()
+            steps.run(client_turn, receiving, take)
     return result
+
+
+@dataclass
+class _Turn:
+    """What one client did in one step of :func:`run_loopback`."""
+
+    client: int
+    seconds: float = 0.0
+    work: list[Work] = field(default_factory=list)
+    sent: list[tuple[Message, int]] = field(default_factory=list)
+    """Its messages as the server decodes them, with their frames' sizes."""
+    aborted: RemoteProtocolError | None = None
+    left: bool = False
+
+
+class ClientSteps:
+    """The clients' turns of one step, on ``workers`` threads (1: in this thread, in turn); results in
+    ascending client order whatever order they finish in. A context manager: the threads end with it."""
+
+    def __init__(self, workers: int = 1) -> None:
+        if workers < 1:
+            raise ValueError(f"workers must be at least 1, not {workers}")
+        self.workers = workers
+        self.executor = ThreadPoolExecutor(workers, thread_name_prefix="dropsim-client") if workers > 1 else None
+
+    def run(self, turn: Callable[[int, _T], _R], inputs: Mapping[int, _T], take: Callable[[_R], None]) -> None:
+        """``take(turn(c, inputs[c]))`` for every client c in ascending order of c. In turn, each ``take``
+        follows its own turn (as a driver without threads does); on threads, the turns run at once and are
+        taken once all have ended. An exception raised by a turn is raised here (on threads, the first
+        client's, after every turn has ended and none is taken)."""
+        order = sorted(inputs)
+        if self.executor is None or len(order) <= 1:
+            for c in order:
+                take(turn(c, inputs[c]))
+            return
+        futures = [self.executor.submit(turn, c, inputs[c]) for c in order]
+        wait(futures)
+        for result in [future.result() for future in futures]:
+            take(result)
+
+    def __enter__(self) -> ClientSteps:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.executor is not None:
+            self.executor.shutdown(wait=True, cancel_futures=True)

@@ -44,10 +44,14 @@ _ZEROS = [b""]
 
 
 def _zeros(n: int) -> memoryview:
-    """``n`` zero bytes, the plaintext a keystream is made from (kept, grown as needed; read-only)."""
-    if len(_ZEROS[0]) < n:
-        _ZEROS[0] = bytes(max(n, 2 * len(_ZEROS[0])))
-    return memoryview(_ZEROS[0])[:n]
+    """``n`` zero bytes, the plaintext a keystream is made from (kept, grown as needed; read-only). Safe on
+    any thread: a thread slices the buffer it read or made, whatever another thread keeps meanwhile."""
+    zeros = _ZEROS[0]
+    if len(zeros) < n:
+        zeros = bytes(max(n, 2 * len(zeros)))
+        if len(zeros) > len(_ZEROS[0]):
+            _ZEROS[0] = zeros
+    return memoryview(zeros)[:n]
 
 
 def _buffer(length: int) -> np.ndarray:
