@@ -34,6 +34,7 @@ import numpy as np
 
 from sim.dp.noise import SIGNS_DOMAIN, Keystream
 from sim.errors import EncodingError
+from sim.numerics import l2_norm, sum_of_squares
 
 MAX_BITS = 32
 MAX_ROUNDING_TRIES = 1000
@@ -152,7 +153,7 @@ class DSkellamEncoding:
             raise ValueError(f"the update must have shape ({self.dim},), not {x.shape}")
         if not np.all(np.isfinite(x)):
             raise ValueError("the update has non-finite values (NaN or infinity); it cannot be clipped")
-        norm = float(np.linalg.norm(x))
+        norm = l2_norm(x)  # without BLAS: the same bits whatever the host's cores (sim.numerics)
         return x if norm <= self.clip else x * (self.clip / norm)
 
     def encode(self, x: np.ndarray, rotation_seed: bytes, rng: np.random.Generator) -> np.ndarray:
@@ -165,7 +166,7 @@ class DSkellamEncoding:
         bound = self.norm_bound
         for _ in range(MAX_ROUNDING_TRIES):
             q = np.floor(y + rng.random(y.size))
-            if float(np.dot(q, q)) <= bound:
+            if sum_of_squares(q) <= bound:
                 return q.astype(np.int64)
         raise EncodingError(
             f"conditional rounding exceeded the squared-norm bound {bound:.6g} in {MAX_ROUNDING_TRIES} tries "
