@@ -16,8 +16,10 @@ those cores can be faster. This benchmark measures that bound for three jobs:
 
 For each job and worker count P, ``jobs`` copies (a multiple of P) run first one after another in this
 process, then split evenly over P worker processes started and warmed up beforehand (no data crosses
-between them but the job's name). ``speedup`` is the serial time over the parallel time: P at best.
-Serial and parallel runs alternate ``--repeats`` times and the medians are reported.
+between them but the job's name), then split evenly over P threads of this process. ``speedup`` is the
+serial time over the processes' time, ``threads_speedup`` over the threads': P at best, and for threads
+only as far as the job runs outside the interpreter's lock (numpy passes, AES-CTR, which release it; the
+``python`` job never does). The three runs alternate ``--repeats`` times and the medians are reported.
 
     python benchmarks/cores.py                         # P = the cores this process may run on
     python benchmarks/cores.py --workers 2 4 --csv cores.csv
@@ -32,6 +34,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pandas as pd
@@ -49,7 +52,7 @@ NOISE = (32, 65_536, 1e8)
 """(components, values, variance) of the ``noise`` job."""
 LOOP = 3_000_000
 """Additions of the ``python`` job."""
-SHOWN = ["job", "workers", "jobs", "serial_s", "parallel_s", "speedup", "efficiency"]
+SHOWN = ["job", "workers", "jobs", "serial_s", "parallel_s", "speedup", "efficiency", "threads_s", "threads_speedup"]
 
 
 @functools.cache
@@ -85,13 +88,15 @@ def _run(name: str, count: int = 1) -> None:
 
 
 def measure(name: str, workers: int, jobs: int, repeats: int) -> dict[str, object]:
-    """Median serial and parallel seconds of ``jobs`` copies of job ``name`` over ``workers`` processes."""
+    """Median seconds of ``jobs`` copies of job ``name`` in turn, over ``workers`` processes and over
+    ``workers`` threads."""
     if jobs % workers:
         raise ValueError(f"{jobs} jobs do not split evenly over {workers} workers")
     context = multiprocessing.get_context("spawn")
-    serial, parallel = [], []
-    with context.Pool(workers) as pool:
+    serial, parallel, threaded = [], [], []
+    with context.Pool(workers) as pool, ThreadPoolExecutor(workers) as threads:
         pool.starmap(_run, [(name, 1)] * workers)  # imports, caches and buffers, in every worker
+        list(threads.map(_run, [name] * workers))  # and in every thread (their kept buffers)
         _run(name)  # and here
         for _ in range(repeats):
             start = time.perf_counter()
@@ -100,7 +105,10 @@ def measure(name: str, workers: int, jobs: int, repeats: int) -> dict[str, objec
             start = time.perf_counter()
             pool.starmap(_run, [(name, jobs // workers)] * workers, chunksize=1)
             parallel.append(time.perf_counter() - start)
-    serial_s, parallel_s = statistics.median(serial), statistics.median(parallel)
+            start = time.perf_counter()
+            list(threads.map(_run, [name] * workers, [jobs // workers] * workers))
+            threaded.append(time.perf_counter() - start)
+    serial_s, parallel_s, threads_s = (statistics.median(t) for t in (serial, parallel, threaded))
     return {
         "job": name,
         "workers": workers,
@@ -109,6 +117,8 @@ def measure(name: str, workers: int, jobs: int, repeats: int) -> dict[str, objec
         "parallel_s": parallel_s,
         "speedup": serial_s / parallel_s,
         "efficiency": serial_s / parallel_s / workers,
+        "threads_s": threads_s,
+        "threads_speedup": serial_s / threads_s,
     }
 
 

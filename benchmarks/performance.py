@@ -63,8 +63,10 @@ def machine() -> str:
     return f"{here['processor'] or here['machine']}, {here['cpus']} cores, {system}, Python {platform.python_version()}"
 
 
-def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
-    """Our SecAgg+ round and Flower's at each point, in this run; None without ``flwr``."""
+def peer(points: Sequence[tuple[int, int, float]], repeats: int = 3) -> pd.DataFrame | None:
+    """Our SecAgg+ round and Flower's at each point, in this run; None without ``flwr``. Ours twice, in
+    turn: every client's calls on this thread, and each step's clients on :func:`noise.usable_cores` threads
+    (``run_loopback(..., workers=...)``); each the median of ``repeats`` rounds, the two kinds alternated."""
     if importlib.util.find_spec("flwr") is None:
         print("peer: skipped, flwr is not installed (pip install -e '.[peer]')", file=sys.stderr)
         return None
@@ -72,10 +74,16 @@ def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
     from sim.profiling.flower_rounds import flower_round
 
     costs = CostModel.load()
-    secagg.one_round("secagg+", 8, 10_000, 0.0, costs)  # warm-up
+    threads = noise.usable_cores()
+    for workers in (1, threads):  # warm-up
+        secagg.one_round("secagg+", 8, 10_000, 0.0, costs, workers=workers)
     rows = []
     for n, d, dropout in points:
-        ours = secagg.one_round("secagg+", n, d, dropout, costs)
+        runs: dict[int, list[dict[str, object]]] = {1: [], threads: []}
+        for _ in range(repeats):
+            for workers, done in runs.items():
+                done.append(secagg.one_round("secagg+", n, d, dropout, costs, workers=workers))
+        ours, threaded = (sorted(runs[w], key=lambda r: float(r["round_s"]))[repeats // 2] for w in (1, threads))  # type: ignore[arg-type]
         try:
             theirs = flower_round(n, d, dropout)
         except RuntimeError as exc:  # no unshare, user namespaces not allowed, Ray failing to start, ...
@@ -91,6 +99,11 @@ def peer(points: Sequence[tuple[int, int, float]]) -> pd.DataFrame | None:
                 "ratio": float(ours["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
                 "ours_masks_s": ours["masks_s"],
                 "over_masks": float(ours["round_s"]) / float(ours["masks_s"]),  # type: ignore[arg-type]
+                "threads": threads,
+                "threads_round_s": threaded["round_s"],
+                "threads_ratio": float(threaded["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
+                "threads_masks_s": threaded["masks_s"],
+                "threads_over_masks": float(threaded["round_s"]) / float(threaded["masks_s"]),  # type: ignore[arg-type]
                 "ours_client_s": ours["client_s_mean"],
                 "flower_client_s": theirs["client_s_mean"],
                 "ours_server_s": ours["server_s"],

@@ -1,16 +1,18 @@
 """Secure aggregation cost: measured compute per client and at the server, bytes, and the cost model.
 
 After a small warm-up round of each protocol (a long simulation runs warm), runs one round of
-``plain``, SecAgg and SecAgg+ through the in-memory driver
-(:func:`sim.protocol.loopback.run_loopback`, every frame really encoded and decoded) for each number of
-clients n, model size d and dropout rate (clients leaving before the masked-input upload, the case that
-makes the server reconstruct keys and recompute masks). Reports the round's wall-clock seconds (every
-client in turn in this process, frames encoded and decoded), seconds spent inside the machines (client
-mean and max, server), bytes per client up and down, and, side by side, what the
-shipped cost model charges for the same reported work, with the ratio measured / model.
+``plain``, SecAgg and SecAgg+ through the in-memory driver (:func:`sim.loopback.run_loopback`, every
+frame really encoded and decoded) for each number of clients n, model size d and dropout rate (clients
+leaving before the masked-input upload, the case that makes the server reconstruct keys and recompute
+masks). Reports the round's wall-clock seconds (every client in turn in this process, or each step's
+clients on ``--workers`` threads), seconds spent inside the machines (client mean and max, server), bytes
+per client up and down, and, side by side, what the shipped cost model charges for the same reported
+work, with the ratio measured / model (with threads, a client's seconds include waiting for the
+interpreter's lock).
 
     python benchmarks/secagg.py                    # n in {16, 100}, d in {1e5, 1e6}, dropout in {0, 0.1}
     python benchmarks/secagg.py --clients 16 --dims 100000 --csv out.csv
+    python benchmarks/secagg.py --workers 2        # each step's clients on 2 threads (same results)
 """
 
 from __future__ import annotations
@@ -122,17 +124,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dropout", type=float, nargs="+", default=[0.0, 0.1])
     parser.add_argument("--protocols", nargs="+", default=["plain", "secagg", "secagg+"])
     parser.add_argument("--malicious", action="store_true", help="the malicious variant of SecAgg and SecAgg+")
+    parser.add_argument("--workers", type=int, default=1, help="threads for each step's clients (run_loopback)")
     parser.add_argument("--csv", type=Path, default=Path("secagg.csv"))
     args = parser.parse_args(argv)
     costs = CostModel.load()
     for protocol in args.protocols:  # warm-up: first calls in a fresh process pay for imports and caches
-        one_round(protocol, 8, 10_000, 0.0, costs)
+        one_round(protocol, 8, 10_000, 0.0, costs, workers=args.workers)
     rows = []
     for n in args.clients:
         for d in args.dims:
             for dropout in args.dropout:
                 for protocol in args.protocols:
-                    rows.append(one_round(protocol, n, d, dropout, costs, args.malicious))
+                    rows.append(one_round(protocol, n, d, dropout, costs, args.malicious, workers=args.workers))
                     print(f"done: {protocol} n={n} d={d} dropout={dropout}", file=sys.stderr)
     table = pd.DataFrame(rows)
     print(f"# {platform.node()} {platform.processor() or platform.machine()}; cost profile: {costs.source}")
