@@ -65,6 +65,11 @@ def test_a_peer_round_times_its_own_mask_expansions_alone() -> None:
     # expands the 8 survivors' self masks to remove them
     assert row["masks"] == 8 * 7 + 8
     assert 0 < float(row["masks_s"]) < float(row["round_s"])
+    threaded = secagg.one_round("secagg+", 8, 1000, 0.0, CostModel.load(), workers=3)
+    assert threaded["workers"] == 3 and threaded["masks"] == row["masks"]
+    assert 0 < float(threaded["masks_s"]) < float(threaded["round_s"])
+    same = ("masks", "client_mb_up", "client_mb_down", "server_mb_in", "model_client_s_mean", "model_server_s")
+    assert {k: threaded[k] for k in same} == {k: row[k] for k in same}  # the same work and bytes on threads
 
 
 @pytest.mark.slow
@@ -98,6 +103,8 @@ def test_cores_runs_each_job_serially_and_split_over_worker_processes(monkeypatc
     assert (table["serial_s"] > 0).all() and (table["parallel_s"] > 0).all()
     assert table["speedup"].tolist() == (table["serial_s"] / table["parallel_s"]).tolist()
     assert table["efficiency"].tolist() == (table["speedup"] / table["workers"]).tolist()
+    assert (table["threads_s"] > 0).all()
+    assert table["threads_speedup"].tolist() == (table["serial_s"] / table["threads_s"]).tolist()
     with pytest.raises(ValueError, match="do not split evenly"):
         cores.measure("python", 2, 3, 1)
     monkeypatch.setattr(cores, "ROUND", (4, 1_000))  # the round job, small, in this process
