@@ -40,6 +40,7 @@ from pathlib import Path
 import pandas as pd
 
 from sim.dp import noise
+from sim.loopback import ClientSteps
 from sim.results.manifest import host
 from sim.results.writer import write_atomic
 
@@ -75,45 +76,47 @@ def peer(points: Sequence[tuple[int, int, float]], repeats: int = 3) -> pd.DataF
 
     costs = CostModel.load()
     threads = noise.usable_cores()
-    for workers in (1, threads):  # warm-up
-        secagg.one_round("secagg+", 8, 10_000, 0.0, costs, workers=workers)
-    rows = []
-    for n, d, dropout in points:
-        runs: dict[int, list[dict[str, object]]] = {1: [], threads: []}
-        for _ in range(repeats):
-            for workers, done in runs.items():
-                done.append(secagg.one_round("secagg+", n, d, dropout, costs, workers=workers))
-        ours, threaded = (sorted(runs[w], key=lambda r: float(r["round_s"]))[repeats // 2] for w in (1, threads))  # type: ignore[arg-type]
-        try:
-            theirs = flower_round(n, d, dropout)
-        except RuntimeError as exc:  # no unshare, user namespaces not allowed, Ray failing to start, ...
-            print(f"peer: skipped, Flower's round did not run: {str(exc).splitlines()[0]}", file=sys.stderr)
-            return None
-        rows.append(
-            {
-                "clients": n,
-                "dim": d,
-                "dropout": dropout,
-                "ours_round_s": ours["round_s"],
-                "flower_round_s": theirs["round_s"],
-                "ratio": float(ours["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
-                "ours_masks_s": ours["masks_s"],
-                "over_masks": float(ours["round_s"]) / float(ours["masks_s"]),  # type: ignore[arg-type]
-                "threads": threads,
-                "threads_round_s": threaded["round_s"],
-                "threads_ratio": float(threaded["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
-                "threads_masks_s": threaded["masks_s"],
-                "threads_over_masks": float(threaded["round_s"]) / float(threaded["masks_s"]),  # type: ignore[arg-type]
-                "ours_client_s": ours["client_s_mean"],
-                "flower_client_s": theirs["client_s_mean"],
-                "ours_server_s": ours["server_s"],
-                "flower_server_s": theirs["server_s"],
-                "ours_mb_up": ours["client_mb_up"],
-                "flower_mb_up": theirs["client_mb_up"],
-                "flower_error": theirs["max_abs_error"],
-            }
-        )
-        print(f"peer: n={n} d={d} dropout={dropout} done", file=sys.stderr)
+    with ClientSteps(threads) as steps:  # kept from round to round, as a long run would keep them
+        kinds: dict[str, int | ClientSteps] = {"ours": 1, "threads": steps}
+        for workers in kinds.values():  # warm-up
+            secagg.one_round("secagg+", 8, 10_000, 0.0, costs, workers=workers)
+        rows = []
+        for n, d, dropout in points:
+            runs: dict[str, list[dict[str, object]]] = {kind: [] for kind in kinds}
+            for _ in range(repeats):
+                for kind, workers in kinds.items():
+                    runs[kind].append(secagg.one_round("secagg+", n, d, dropout, costs, workers=workers))
+            ours, threaded = (sorted(runs[k], key=lambda r: float(r["round_s"]))[repeats // 2] for k in kinds)  # type: ignore[arg-type]
+            try:
+                theirs = flower_round(n, d, dropout)
+            except RuntimeError as exc:  # no unshare, user namespaces not allowed, Ray failing to start, ...
+                print(f"peer: skipped, Flower's round did not run: {str(exc).splitlines()[0]}", file=sys.stderr)
+                return None
+            rows.append(
+                {
+                    "clients": n,
+                    "dim": d,
+                    "dropout": dropout,
+                    "ours_round_s": ours["round_s"],
+                    "flower_round_s": theirs["round_s"],
+                    "ratio": float(ours["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
+                    "ours_masks_s": ours["masks_s"],
+                    "over_masks": float(ours["round_s"]) / float(ours["masks_s"]),  # type: ignore[arg-type]
+                    "threads": threads,
+                    "threads_round_s": threaded["round_s"],
+                    "threads_ratio": float(threaded["round_s"]) / theirs["round_s"],  # type: ignore[arg-type]
+                    "threads_masks_s": threaded["masks_s"],
+                    "threads_over_masks": float(threaded["round_s"]) / float(threaded["masks_s"]),  # type: ignore[arg-type]
+                    "ours_client_s": ours["client_s_mean"],
+                    "flower_client_s": theirs["client_s_mean"],
+                    "ours_server_s": ours["server_s"],
+                    "flower_server_s": theirs["server_s"],
+                    "ours_mb_up": ours["client_mb_up"],
+                    "flower_mb_up": theirs["client_mb_up"],
+                    "flower_error": theirs["max_abs_error"],
+                }
+            )
+            print(f"peer: n={n} d={d} dropout={dropout} done", file=sys.stderr)
     return pd.DataFrame(rows)
 
 

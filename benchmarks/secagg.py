@@ -18,11 +18,12 @@ interpreter's lock).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import platform
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -31,30 +32,46 @@ import pandas as pd
 from sim.costs.model import CostModel
 from sim.crypto import prg, signatures
 from sim.crypto.randomness import SeededRandom
-from sim.loopback import run_loopback
+from sim.loopback import ClientSteps, run_loopback
 from sim.protocol.machine import Work
 from sim.protocol.registry import AggregationParams, round_machines
 from sim.protocol.suite import RealSuite
 
 
-def mask_seconds(work: list[Work], d: int, bits: int = 20, workers: int = 1) -> tuple[int, float]:
-    """The round's mask expansions (``prg.expand`` work) done alone at memory speed: each into its thread's
-    kept buffer (:func:`sim.crypto.prg.expand` with ``scratch``), one after another on each of ``workers``
-    threads, the masks dealt out among them. Returns (masks, seconds)."""
+def _masks(work: list[Work], d: int) -> int:
+    """Mask expansions of ``d`` values in ``work`` (its ``prg.expand`` elements over d)."""
     elements = sum(int(w.size.get("elements", 0)) for w in work if w.op == "prg.expand")
-    masks = elements // d if d else 0
-    seed = bytes(range(32))
+    return elements // d if d else 0
 
-    def expand(count: int) -> None:
+
+def mask_seconds(
+    clients_work: list[Work], server_work: list[Work], d: int, bits: int = 20, steps: ClientSteps | None = None
+) -> tuple[int, float]:
+    """The round's mask expansions (``prg.expand`` work) done alone at memory speed, each into its thread's
+    kept buffer (:func:`sim.crypto.prg.expand` with ``scratch``): the clients' dealt out evenly among the
+    threads of ``steps`` (the round's own; in turn without), then the server's on this thread, as in the
+    round. Returns (masks, seconds)."""
+    steps = steps or ClientSteps(1)
+    seed = bytes(range(32))
+    workers = steps.workers
+    barrier = threading.Barrier(workers)
+
+    def warm(_: int, __: None) -> None:  # every thread's buffer made: each waits until all have one
+        prg.expand(seed, d, bits, scratch=True)
+        if workers > 1:
+            barrier.wait(timeout=60)
+
+    def expand(_: int, count: int) -> None:
         for _ in range(count):
             prg.expand(seed, d, bits, scratch=True)
 
-    shares = [masks // workers + (i < masks % workers) for i in range(workers)]
-    with ThreadPoolExecutor(workers) as pool:
-        list(pool.map(lambda _: prg.expand(seed, d, bits, scratch=True), range(4 * workers)))  # buffers made
-        start = time.perf_counter()
-        list(pool.map(expand, shares))
-        return masks, time.perf_counter() - start
+    theirs, ours = _masks(clients_work, d), _masks(server_work, d)
+    steps.run(warm, dict.fromkeys(range(workers)), lambda _: None)
+    expand(0, 1)
+    start = time.perf_counter()
+    steps.run(expand, {i: theirs // workers + (i < theirs % workers) for i in range(workers)}, lambda _: None)
+    expand(0, ours)
+    return theirs + ours, time.perf_counter() - start
 
 
 def one_round(
@@ -65,10 +82,11 @@ def one_round(
     costs: CostModel,
     malicious: bool = False,
     masks: bool = True,
-    workers: int = 1,
+    workers: int | ClientSteps = 1,
 ) -> dict[str, object]:
-    """One round through the in-memory driver, the clients' calls of each step on ``workers`` threads, and
-    (with ``masks``) its mask expansions alone on as many (:func:`mask_seconds`)."""
+    """One round through the in-memory driver, the clients' calls of each step on ``workers`` threads (or
+    those of a :class:`ClientSteps` kept from round to round), and (with ``masks``) its mask expansions
+    alone on the same threads (:func:`mask_seconds`)."""
     sampled = tuple(range(n))
     malicious = malicious and protocol != "plain"
     params = AggregationParams(protocol, bits=20, clip=1.0, threshold=0.5, malicious=malicious)
@@ -87,8 +105,11 @@ def one_round(
     start = time.perf_counter()
     result = run_loopback(server, clients, updates, leave, workers=workers)
     round_s = time.perf_counter() - start
-    every = [w for c in sampled for w in result.client_work[c]] + result.server_work
-    expanded, masks_s = mask_seconds(every, d, workers=workers) if masks else (0, float("nan"))
+    clients_work = [w for c in sampled for w in result.client_work[c]]
+    expanded, masks_s = 0, float("nan")
+    if masks:
+        with contextlib.nullcontext(workers) if isinstance(workers, ClientSteps) else ClientSteps(workers) as steps:
+            expanded, masks_s = mask_seconds(clients_work, result.server_work, d, steps=steps)
     if server.outcome != "ok":
         raise RuntimeError(f"{protocol} n={n} d={d}: {server.outcome}")
     alive = [c for c in sampled if c not in result.left]
@@ -100,7 +121,7 @@ def one_round(
         "clients": n,
         "dim": d,
         "dropout": dropout,
-        "workers": workers,
+        "workers": workers.workers if isinstance(workers, ClientSteps) else workers,
         "round_s": round_s,
         "masks": expanded,
         "masks_s": masks_s,

@@ -11,6 +11,7 @@ results as in turn.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
@@ -55,17 +56,20 @@ def run_loopback(
     tamper: Callable[[int, Message], Message] | None = None,
     encode: bool = True,
     observe: Callable[[int, Message], None] | None = None,
-    workers: int = 1,
+    workers: int | ClientSteps = 1,
 ) -> LoopbackResult:
     """Run one round to its end. ``leave_before[c]`` is the step before which client c leaves;
     ``tamper(to, message)`` may replace any server-to-client message (to test a misbehaving server);
     ``observe(sender, message)`` sees every client-to-server message.
 
     ``workers`` > 1 runs the clients' calls of each step (their machine calls, and encoding and decoding
-    their frames) on that many threads (:class:`ClientSteps`): the machines are independent within a step,
-    and the results are taken in ascending client order, so the frames, the aggregate and every record but
-    the clocks are the same as with one worker. Most of the work is numpy passes and AES-CTR, which release
-    the interpreter's lock; what that gains on a host is measured in docs/performance.md (section 2)."""
+    their frames) on that many threads (:class:`ClientSteps`; or pass one, whose threads then outlive the
+    round): the machines are independent within a step, and the results are taken in ascending client
+    order, so the frames, the aggregate and every record but the clocks are the same as with one worker.
+    That needs each client machine to have its own random sources (numpy Generator, ``RandomSource``), as
+    the round factories give them. ``observe`` then sees a step's messages once every client has made
+    them. Most of the work is numpy passes and AES-CTR, which release the interpreter's lock; what that
+    gains on a host is measured in docs/performance.md (section 2)."""
     leave = dict(leave_before or {})
     result = LoopbackResult(server, client_seconds=dict.fromkeys(clients, 0.0))
     result.bytes_up = dict.fromkeys(clients, 0)
@@ -80,9 +84,13 @@ def run_loopback(
         data = message.encode()
         return wire.decode(data), len(data)
 
+    steps = workers if isinstance(workers, ClientSteps) else ClientSteps(workers)
+    serial = steps.executor is None
+
     def client_turn(c: int, calls: list[tuple[Message | None, Callable[[], Reaction]]]) -> _Turn:
         """Client ``c``'s calls of one step, in order (``message`` None: its start), on any thread: touches
-        nothing shared; ``take`` records what it returns (``observe`` sees its messages then)."""
+        nothing shared; ``take`` records what it returns (``observe`` sees its messages then). In turn, each
+        call is taken at once, as a driver without threads does."""
         turn = _Turn(c)
         for message, call in calls:
             if message is not None and leave.get(c) and clients[c].stage_of(message) == leave[c]:
@@ -98,6 +106,9 @@ def run_loopback(
                 turn.seconds += time.perf_counter() - start
             turn.work.extend(reaction.work)
             turn.sent.extend(carry(send.message) for send in reaction.sends)
+            if serial:
+                take(turn)
+                turn = _Turn(c)
         return turn
 
     def take(turn: _Turn) -> None:
@@ -129,7 +140,7 @@ def run_loopback(
     def active(c: int) -> bool:
         return c not in result.left and c not in result.aborted
 
-    with ClientSteps(workers) as steps:
+    with steps if steps is not workers else contextlib.nullcontext():
         server_call(server.begin)
         starting: dict[int, list[tuple[Message | None, Callable[[], Reaction]]]] = {}
         for c in sorted(clients):

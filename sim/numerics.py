@@ -1,4 +1,4 @@
-"""Reductions whose value does not depend on the host: sums of squares without BLAS.
+"""Reductions whose value does not depend on the host's cores: sums of squares without BLAS.
 
 numpy's ``dot`` and ``linalg.norm`` call BLAS, and OpenBLAS splits a long dot product over its threads, by
 default as many as the host has cores. The partial sums are then added in another order, and the last bits
@@ -9,7 +9,9 @@ started from several threads at once (the clients of a step on threads, :class:`
 also compete for the same cores: two threads each encoding 16 clients' updates took longer than one.
 
 These sums run on the calling thread, in an order fixed here: blocks of :data:`BLOCK` values in turn, each
-converted to float64 and summed by numpy's ``einsum`` kernel (which uses no BLAS).
+converted to float64 and summed by numpy's ``einsum`` kernel (which uses no BLAS). That kernel is fixed when
+numpy is built, so the bits may still differ between numpy builds or processor architectures; they do not
+differ with the number of cores or threads.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ def sum_of_squares(x: np.ndarray) -> float:
     x = np.asarray(x)
     if x.ndim != 1:
         raise ValueError(f"sum_of_squares takes a vector, not an array of shape {x.shape}")
+    if x.dtype.kind not in "biuf" or x.dtype.itemsize > 8:
+        raise ValueError(f"sum_of_squares takes real values of at most 64 bits, not {x.dtype}")
     n = x.shape[0]
     total = 0.0
     buffer = np.empty(min(BLOCK, n))

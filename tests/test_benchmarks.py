@@ -59,17 +59,20 @@ def test_a_peer_round_times_its_own_mask_expansions_alone() -> None:
     import secagg
 
     from sim.costs.model import CostModel
+    from sim.loopback import ClientSteps
 
     row = secagg.one_round("secagg+", 8, 1000, 0.0, CostModel.load())
     # 8 clients, each with 2 ceil(log2 8) = 6 neighbours: 6 pair masks and a self mask each; the server
     # expands the 8 survivors' self masks to remove them
     assert row["masks"] == 8 * 7 + 8
     assert 0 < float(row["masks_s"]) < float(row["round_s"])
-    threaded = secagg.one_round("secagg+", 8, 1000, 0.0, CostModel.load(), workers=3)
-    assert threaded["workers"] == 3 and threaded["masks"] == row["masks"]
-    assert 0 < float(threaded["masks_s"]) < float(threaded["round_s"])
     same = ("masks", "client_mb_up", "client_mb_down", "server_mb_in", "model_client_s_mean", "model_server_s")
-    assert {k: threaded[k] for k in same} == {k: row[k] for k in same}  # the same work and bytes on threads
+    with ClientSteps(3) as steps:  # threads of its own, or kept from round to round
+        for workers in (3, steps):
+            threaded = secagg.one_round("secagg+", 8, 1000, 0.0, CostModel.load(), workers=workers)
+            assert threaded["workers"] == 3
+            assert 0 < float(threaded["masks_s"]) < float(threaded["round_s"])
+            assert {k: threaded[k] for k in same} == {k: row[k] for k in same}  # the same work and bytes
 
 
 @pytest.mark.slow

@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 
 from sim.crypto import prg
 from sim.loopback import ClientSteps, run_loopback
-from sim.protocol.messages import Ciphertexts
+from sim.protocol.machine import SERVER, Reaction, Send
+from sim.protocol.messages import AdvertiseKeys, Ciphertexts, KeyList
 
 STEPS = ("advertise_keys", "share_keys", "masked_input", "unmasking")
 
@@ -136,13 +137,102 @@ def test_client_steps_keep_client_order_and_raise_the_first_error():
         ClientSteps(0)
 
 
-def test_keystream_buffers_are_safe_on_threads():
-    """Masks expanded at once on threads, lengths growing (the shared zero plaintext grows meanwhile), are
-    the masks expanded in turn."""
+def test_keystream_buffers_are_safe_on_threads(monkeypatch):
+    """A thread slices the zero plaintext it read or made, whatever another thread stores meanwhile (here,
+    every read after a store sees a shorter buffer, as when a thread that needed less stores after this one);
+    and masks expanded at once on threads, the plaintext growing from nothing, are the masks expanded in turn."""
+
+    class Meanwhile(list):
+        stored = False
+
+        def __setitem__(self, i, value):
+            super().__setitem__(i, value)
+            self.stored = True
+
+        def __getitem__(self, i):
+            return b"" if self.stored else super().__getitem__(i)
+
     seeds = [bytes([i]) * 32 for i in range(24)]
-    lengths = [1000 * (i + 1) ** 2 for i in range(24)]
+    lengths = [1000 * (i + 1) ** 2 if i % 2 else 500 for i in range(24)]
     expected = [prg.expand(s, n, 20).tobytes() for s, n in zip(seeds, lengths, strict=True)]
+    monkeypatch.setattr(prg, "_ZEROS", Meanwhile([b""]))
+    assert [prg.expand(s, n, 20).tobytes() for s, n in zip(seeds[:3], lengths[:3], strict=True)] == expected[:3]
+    monkeypatch.setattr(prg, "_ZEROS", [b""])
     got: list[bytes] = []
     with ClientSteps(4) as steps:
         steps.run(lambda i, _: prg.expand(seeds[i], lengths[i], 20).tobytes(), dict.fromkeys(range(24)), got.append)
     assert got == expected
+
+
+class _Echo:
+    """A client that answers each KeyList with an AdvertiseKeys (fake machines: two messages in one step)."""
+
+    first_step = "advertise"
+    finished = False
+
+    def __init__(self, c, calls):
+        self.c, self.calls = c, calls
+
+    def start(self, update, weight):
+        return Reaction()
+
+    def stage_of(self, message):
+        return "echo"
+
+    def receive(self, message):
+        self.calls.append(("call", self.c, message.round))
+        if message.round == 3 and self.c == 2:
+            raise RuntimeError("client 2 fails on its second message")
+        return Reaction(sends=(Send(SERVER, AdvertiseKeys(message.round, self.c, bytes(32), bytes(32), b"")),))
+
+
+class _TwoMessages:
+    """A server that sends every client two messages in its one step, and then is done."""
+
+    def __init__(self, clients):
+        self.clients, self.step, self.outcome = clients, "echo", ""
+
+    def begin(self):
+        return Reaction()
+
+    def awaits(self, c):
+        return True
+
+    def receive(self, sender, message):
+        return Reaction()
+
+    def close_step(self):
+        if self.outcome:
+            self.step = "done"
+            return Reaction()
+        self.outcome = "sent"
+        return Reaction(sends=tuple(Send(c, KeyList(r, ())) for c in self.clients for r in (2, 3)))
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_a_client_with_two_messages_in_a_step(workers):
+    """In turn, each reply is observed before the client's next call, as a driver without threads does; on
+    threads, after every turn of the step; a failure is raised after what was taken before it."""
+    calls: list[tuple] = []
+    clients = {c: _Echo(c, calls) for c in (1, 2, 3)}
+    with pytest.raises(RuntimeError, match="client 2"):
+        run_loopback(
+            _TwoMessages(sorted(clients)),
+            clients,
+            dict.fromkeys(clients),
+            observe=lambda c, m: calls.append(("seen", c, m.round)),
+            encode=False,
+            workers=workers,
+        )
+    if workers == 1:
+        assert calls == [
+            ("call", 1, 2),
+            ("seen", 1, 2),
+            ("call", 1, 3),
+            ("seen", 1, 3),
+            ("call", 2, 2),
+            ("seen", 2, 2),
+            ("call", 2, 3),
+        ]
+    else:  # every turn ran, none was taken
+        assert sorted(calls) == sorted([("call", c, r) for c in (1, 2, 3) for r in (2, 3)])

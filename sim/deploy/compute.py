@@ -65,9 +65,10 @@ def one_thread_math() -> _OneThread:
     CPU time (work handed to other threads would not be counted). A second BLAS thread would not
     be a second core: with every core busy with other parties, OpenBLAS's helper thread waits for a time
     slice while the caller spins for it. Measured on the 2-core host: a client's first SecAgg step (a
-    fixed-point encoding of 10^5 values, whose clipping norm goes through BLAS, and two key pairs) took
-    1.6 ms of its thread's CPU alone and 5.1 ms beside one busy process; with one BLAS thread, 1.1 and
-    1.5 ms."""
+    fixed-point encoding of 10^5 values, whose clipping norm then went through BLAS, and two key pairs)
+    took 1.6 ms of its thread's CPU alone and 5.1 ms beside one busy process; with one BLAS thread, 1.1
+    and 1.5 ms. The norm is now summed without BLAS (:mod:`sim.numerics`); training and anything else
+    that uses these pools stays on one thread by this limit."""
     return _OneThread()
 
 

@@ -180,7 +180,7 @@ def run_profile(
     at every data set's shape and at the extra ``(input shape, classes)`` of ``shapes`` (e.g. a synthetic
     data shape)."""
     torch.set_num_threads(1)
-    with threadpool_limits(limits=1):  # BLAS (the clipping norm) on one core too, as a deployed party's
+    with threadpool_limits(limits=1):  # any BLAS or OpenMP pool on one core too, as a deployed party's
         return _run_profile(out, quick, progress, shapes)
 
 
