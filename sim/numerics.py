@@ -6,7 +6,7 @@ of the result change with the core count: for 48 of 50 random vectors of 10^6 va
 two gave different sums on the 2-core host of docs/performance.md. A clipping factor or a norm bound
 computed that way rounds differently on another host, and so may an encoding made from it. BLAS threads
 started from several threads at once (the clients of a step on threads, :class:`sim.loopback.ClientSteps`)
-also compete for the same cores: two threads each encoding 16 clients' updates took longer than one.
+also compete for the same cores: 16 clients' updates encoded on two threads took longer than in turn.
 
 These sums run on the calling thread, in an order fixed here: blocks of :data:`BLOCK` values in turn, each
 converted to float64 and summed by numpy's ``einsum`` kernel (which uses no BLAS). That kernel is fixed when
