@@ -37,6 +37,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from sim.costs.model import CostModel
@@ -65,12 +66,13 @@ def _round() -> None:
 
 
 def _noise() -> None:
+    """The components summed on the calling thread, as ``noise.total`` on one thread does (the cores are the
+    workers'). Not through ``noise.limit_threads``: that limit is the process's, and jobs on threads would
+    save and restore it over one another."""
     components, values, variance = NOISE
-    former = noise.limit_threads(1)  # one thread each: the cores are the processes'
-    try:
-        noise.total("skellam", [(bytes([k]) * 32, variance) for k in range(components)], values)
-    finally:
-        noise.limit_threads(former)
+    total = np.zeros(values, dtype=np.int64)
+    for k in range(components):
+        total += noise.sample("skellam", bytes([k]) * 32, variance, values)
 
 
 def _python() -> None:

@@ -96,7 +96,11 @@ def test_scale_rows_end_with_the_huge_population_and_its_idle_bytes() -> None:
 
 @pytest.mark.slow
 def test_cores_runs_each_job_serially_and_split_over_worker_processes(monkeypatch: pytest.MonkeyPatch) -> None:
+    from sim.dp import noise
+
+    threads = noise.threads()
     table = cores.run([1, 2], ["python", "noise"], per_worker=1, repeats=1)
+    assert noise.threads() == threads  # the jobs on threads leave the process's noise threads as they were
     assert table[["job", "workers", "jobs"]].values.tolist() == [
         ["python", 1, 1],
         ["python", 2, 2],
