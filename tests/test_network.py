@@ -411,3 +411,12 @@ def test_star_ties_decide_the_last_bit_as_progressive_filling_does() -> None:
         rates = _star_rates(c, owns, own_first, shared=True)
         assert rates == _star_rates(c, owns, own_first, shared=False)
         assert rates[1:3] == [c2, c1] and rates[0] == (c - c1 - c2) / 6 != c2
+    # Equal own links on both sides of the last frozen flow: C / 7 frozen first leaves (C - C/7) / 6, one
+    # ulp below C / 7, so only the first started of seven equal own links freezes (the start order decides).
+    c = 10292099.090649255
+    assert (c - c / 7) / 6 < c / 7
+    rates = _star_rates(c, [c / 7] * 7, own_first=True, shared=True)
+    assert rates == [c / 7] + [(c - c / 7) / 6] * 6
+    assert rates == _star_rates(c, [c / 7] * 7, own_first=True, shared=False)
+    rates = _star_rates(c, [1e9, c / 7, c / 7, 1e9, c / 7, 1e9, c / 7, c / 7, 1e9], own_first=False, shared=True)
+    assert rates == _star_rates(c, [1e9, c / 7, c / 7, 1e9, c / 7, 1e9, c / 7, c / 7, 1e9], False, shared=False)

@@ -226,22 +226,37 @@ class Network:
         links in increasing (capacity, start order) freeze their flow at their capacity while that is
         below the hub's current share ``F_k / (n - k)``, ``F_k`` the hub's capacity less the k rates frozen
         so far (subtracted one at a time); then every other flow gets the hub's share. An own link wins
-        a tie, except against the hub's first share when the hub entered the filling first."""
-        fids = self._fid[slots]
+        a tie, except against the hub's first share when the hub entered the filling first.
+
+        The rates depend on the order only through which flows freeze, so the capacities are sorted as
+        values; the start order is consulted only where it decides: a tie with the hub's first share, or
+        equal capacities on both sides of the last frozen flow (then the flows are sorted in full)."""
         capacity = self._own[slots]
-        order = np.lexsort((fids, capacity))
-        slots, capacity = slots[order], capacity[order]
         n = slots.size
-        free = np.subtract.accumulate(np.concatenate(([hub.capacity], capacity)))
+        first_share = hub.capacity / n
+        lowest = capacity.min()
+        if lowest > first_share:  # the hub is every flow's bottleneck (the common case on a busy server)
+            self._rate[slots] = first_share
+            return
+        ordered = np.sort(capacity)
+        free = np.subtract.accumulate(np.concatenate(([hub.capacity], ordered)))
         share = free[:n] / np.arange(n, 0, -1)
-        own_first = capacity <= share
-        if capacity[0] == share[0]:  # the hub's first entry: its order is its first flow's position
-            first = slots[0]
-            own_first[0] = bool(self._fid[first] == fids.min() and self._own_first[first])
+        own_first = ordered <= share
+        if lowest == share[0]:  # the hub's first entry: its order is its first flow's position
+            tied = slots[capacity == lowest]
+            first = tied[np.argmin(self._fid[tied])]
+            own_first[0] = bool(self._fid[first] == self._fid[slots].min() and self._own_first[first])
         stop = n if own_first.all() else int(np.argmin(own_first))
-        self._rate[slots[:stop]] = capacity[:stop]
-        if stop < n:
-            self._rate[slots[stop:]] = share[stop]
+        if stop == n:
+            self._rate[slots] = capacity
+        elif stop == 0:
+            self._rate[slots] = share[0]
+        elif ordered[stop] != ordered[stop - 1]:  # the frozen flows are those up to a capacity
+            self._rate[slots] = np.where(capacity <= ordered[stop - 1], capacity, share[stop])
+        else:  # equal capacities frozen and not: the start order says which
+            order = np.lexsort((self._fid[slots], capacity))
+            self._rate[slots[order[:stop]]] = ordered[:stop]
+            self._rate[slots[order[stop:]]] = share[stop]
 
     def _reallocate(self) -> None:
         self._allocate()
