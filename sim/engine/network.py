@@ -110,6 +110,9 @@ class Network:
         self._irregular = 0
         """Active flows that are not one own and one shared link, plus own links carrying several flows;
         while non-zero, rates come from :func:`allocate_max_min`."""
+        self._dirty: set[int] = set()
+        """Hub numbers whose set of flows changed since their rates were last allocated (a star's rates
+        depend on its own flows only, so the others keep theirs)."""
         self._slot_flow: list[Flow | None] = []
         self._free_slots: list[int] = []
         self._active = np.zeros(0, dtype=bool)
@@ -182,6 +185,7 @@ class Network:
             if id(hub) not in self._hubs:
                 self._hubs[id(hub)] = (hub, len(self._hubs))
             self._hub[slot] = self._hubs[id(hub)][1]
+            self._dirty.add(int(self._hub[slot]))
             self._own[slot] = own.capacity
             self._own_first[slot] = flow.path[0] is own
         else:
@@ -194,6 +198,8 @@ class Network:
         flow._net, flow._slot = None, -1
         if self._hub[slot] < 0:
             self._irregular -= 1
+        else:
+            self._dirty.add(int(self._hub[slot]))
         self._active[slot] = False
         self._rate[slot] = 0.0
         self._slot_flow[slot] = None
@@ -213,11 +219,15 @@ class Network:
     def _allocate(self) -> None:
         if self._irregular:
             allocate_max_min(self.flows.values())
+            self._dirty.update(number for _, number in self._hubs.values())  # once regular: every star anew
             return
         for hub, number in self._hubs.values():
+            if number not in self._dirty:
+                continue
             slots = np.flatnonzero(self._active & (self._hub == number))
             if slots.size:
                 self._allocate_star(hub, slots)
+        self._dirty.clear()
 
     def _allocate_star(self, hub: Link, slots: np.ndarray) -> None:
         """Max-min rates of the flows ``slots``, each crossing ``hub`` and an own link of its own.
@@ -263,18 +273,18 @@ class Network:
         self._timer_version += 1
         if not self.flows:
             return
-        wait = float(self._times(np.flatnonzero(self._active)).min())
+        wait = float(self._times().min())
         if wait == float("inf"):
             raise RuntimeError("network stalled: every active flow has a zero rate")
         timer = self.env.timeout(max(wait, 0.0))
         version = self._timer_version
         timer.callbacks.append(lambda _ev: self._on_timer(version))
 
-    def _times(self, slots: np.ndarray) -> np.ndarray:
-        """Seconds until each flow in ``slots`` would finish at its current rate (infinite at rate 0)."""
-        rate = self._rate[slots]
-        out = np.full(slots.size, np.inf)
-        np.divide(self._remaining[slots], rate, out=out, where=rate > 0)
+    def _times(self) -> np.ndarray:
+        """Seconds until the flow in each slot would finish at its current rate (infinite at rate 0, as in
+        a free slot)."""
+        out = np.full(self._rate.size, np.inf)
+        np.divide(self._remaining, self._rate, out=out, where=self._rate > 0)
         return out
 
     def _on_timer(self, version: int) -> None:
@@ -286,7 +296,7 @@ class Network:
         if not done.size:
             # Round-off left a sliver: finish the closest flow (the earliest started of a tie) now rather
             # than spin on tiny timers.
-            times = self._times(slots)
+            times = self._times()[slots]
             closest = slots[times == times.min()]
             done = closest[np.argmin(self._fid[closest])][None]
         finished = [self._slot_flow[s] for s in done[np.argsort(self._fid[done])]]
