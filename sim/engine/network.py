@@ -72,7 +72,10 @@ class Flow:
     @property
     def rate(self) -> float:
         """Current rate, bit/s."""
-        return float(self._net._rate[self._slot]) if self._net is not None else self._rate
+        if self._net is None:
+            return self._rate
+        self._net.settle()
+        return float(self._net._rate[self._slot])
 
     @rate.setter
     def rate(self, value: float) -> None:
@@ -126,6 +129,8 @@ class Network:
         """Hub number of the flow's shared link, -1 for an irregular flow."""
         self._own_first = np.zeros(0, dtype=bool)
         """Whether the own link comes first in the flow's path (breaks a tie of the progressive filling)."""
+        self._pending = False
+        """Whether flows started or stopped at this instant since the rates were last allocated."""
         self._grow(self._INITIAL_SLOTS)
 
     def transfer(self, nbytes: int, path: Sequence[Link]) -> Flow:
@@ -140,7 +145,7 @@ class Network:
             flow.done.succeed(flow)
             return flow
         self._add(flow)
-        self._reallocate()
+        self._changed()
         return flow
 
     def cancel(self, flow: Flow) -> None:
@@ -149,7 +154,13 @@ class Network:
             return
         self._advance()
         self._remove(flow)
-        self._reallocate()
+        self._changed()
+
+    def settle(self) -> None:
+        """Allocate the rates now if flows started or stopped at this instant (:meth:`_changed`)."""
+        if self._pending:
+            self._pending = False
+            self._reallocate()
 
     # -- internals --------------------------------------------------------------------------------
     def _grow(self, size: int) -> None:
@@ -268,6 +279,16 @@ class Network:
             self._rate[slots[order[:stop]]] = ordered[:stop]
             self._rate[slots[order[stop:]]] = share[stop]
 
+    def _changed(self) -> None:
+        """Flows started or stopped: the rates and the next completion are allocated once, after the last
+        change at this instant (an event at the current time; :meth:`settle` does it at once). A broadcast
+        starts hundreds of flows at one instant, and the rates in between never act: no time passes at
+        them."""
+        self._timer_version += 1  # the next completion changes with the flows
+        if not self._pending:
+            self._pending = True
+            self.env.timeout(0).callbacks.append(lambda _ev: self.settle())
+
     def _reallocate(self) -> None:
         self._allocate()
         self._timer_version += 1
@@ -304,7 +325,7 @@ class Network:
             assert flow is not None
             self._remaining[flow._slot] = 0.0
             self._remove(flow)
-        self._reallocate()
+        self._changed()
         for flow in finished:
             assert flow is not None
             flow.done.succeed(flow)
