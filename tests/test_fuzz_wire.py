@@ -71,9 +71,19 @@ def test_every_registered_type_has_valid_samples_that_round_trip():
     rng = np.random.default_rng(0)
     for _, cls in TYPES:
         for _ in range(20):
-            data = sample(cls, rng).encode()
+            message = sample(cls, rng)
+            data = message.encode()
             back = decode(data)
             assert type(back) is cls and back.encode() == data
+            assert message.wire_size() == len(data)  # sized without encoding (lists field by field)
+
+
+def test_sizing_a_list_of_tuples_refuses_a_tuple_of_the_wrong_arity():
+    codec = wire.list_of(wire.tuple_of(wire.U64, wire.BYTES))
+    assert codec.size([(1, b"ab"), (2, wire.Opaque(5))]) == 4 + (8 + 4 + 2) + (8 + 4 + 5)
+    assert codec.size([]) == 4
+    with pytest.raises(ValueError, match=r"needs 2 values, not 3"):
+        codec.size([(1, b"ab"), (2, b"c", 3)])
 
 
 # --------------------------------------------------------------------------------------- mutation

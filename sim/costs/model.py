@@ -236,8 +236,10 @@ class CostModel:
         return cost
 
     def work_seconds(self, work: tuple[Work, ...] | list[Work], role: str | None = None) -> float:
-        """Reference-device seconds of a machine's reported work (by a party of ``role``: :meth:`seconds`)."""
-        return sum(self.seconds(w.op, w.size, role) for w in work)
+        """Reference-device seconds of a machine's reported work (by a party of ``role``: :meth:`seconds`),
+        added in order."""
+        found = self._found
+        return sum([(found.get((w.op, role)) or self.cost(w.op, role)).seconds(w.size) for w in work])
 
 
 def resolve_profile(path: str | Path | None) -> Path:

@@ -20,6 +20,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
+from operator import itemgetter
 from typing import Any, ClassVar
 
 import numpy as np
@@ -201,6 +202,13 @@ class Codec:
     def size(self, value: Any) -> int:
         raise NotImplementedError
 
+    def size_all(self, values: Sequence[Any]) -> int:
+        """The sizes of ``values`` added up (a list's items): :meth:`size` of each, or where the codec can,
+        in fewer Python steps (timing fidelity sizes every client's lists of ciphertexts)."""
+        if self.fixed is not None:
+            return len(values) * self.fixed
+        return sum(map(self.size, values))
+
     def write(self, value: Any, out: list[bytes]) -> None:
         raise NotImplementedError
 
@@ -263,6 +271,9 @@ class _Bytes(Codec):
 
     def size(self, value: Any) -> int:
         return 4 + len(value)
+
+    def size_all(self, values: Sequence[Any]) -> int:
+        return 4 * len(values) + sum(map(len, values))
 
     def write(self, value: Any, out: list[bytes]) -> None:
         if isinstance(value, Opaque):
@@ -363,9 +374,7 @@ class _List(Codec):
         self.name = f"list of {item.name}"
 
     def size(self, value: Any) -> int:
-        if self.item.fixed is not None:
-            return 4 + len(value) * self.item.fixed
-        return 4 + sum(self.item.size(v) for v in value)
+        return 4 + self.item.size_all(value)
 
     def write(self, value: Any, out: list[bytes]) -> None:
         out.append(struct.pack("<I", len(value)))
@@ -402,6 +411,16 @@ class _Tuple(Codec):
         if len(value) != len(self.items):
             raise ValueError(f"{self.name} needs {len(self.items)} values, not {len(value)}")
         return self._fixed_part + sum(c.size(value[k]) for k, c in self._sized)
+
+    def size_all(self, values: Sequence[Any]) -> int:
+        """The tuples' sizes field by field: each variable field's values sized together."""
+        if not set(map(len, values)) <= {len(self.items)}:
+            wrong = next(v for v in values if len(v) != len(self.items))
+            raise ValueError(f"{self.name} needs {len(self.items)} values, not {len(wrong)}")
+        total = len(values) * self._fixed_part
+        for k, c in self._sized:
+            total += c.size_all(list(map(itemgetter(k), values)))
+        return total
 
     def write(self, value: Any, out: list[bytes]) -> None:
         if len(value) != len(self.items):
@@ -491,12 +510,17 @@ class Message:
         return sum(codec.size(getattr(self, name)) for name, codec in self.FIELDS)
 
     def packed_elements(self) -> int:
-        """Values of this message that are bit-packed at a width other than 8, 16 or 32 (costly to pack)."""
-        return sum(
-            getattr(self, name).length
-            for name, codec in self.FIELDS
-            if isinstance(codec, _Packed) and getattr(self, name).bits not in (8, 16, 32)
-        )
+        """Values of this message that are bit-packed at a width other than 8, 16 or 32 (costly to pack;
+        counted once, as :meth:`wire_size`)."""
+        count = self.__dict__.get("_packed_elements")
+        if count is None:
+            count = sum(
+                getattr(self, name).length
+                for name, codec in self.FIELDS
+                if isinstance(codec, _Packed) and getattr(self, name).bits not in (8, 16, 32)
+            )
+            object.__setattr__(self, "_packed_elements", count)
+        return int(count)
 
     def wire_size(self) -> int:
         """Bytes of the encoded frame (header included), computed without encoding (once: a message is
