@@ -237,9 +237,16 @@ class CostModel:
 
     def work_seconds(self, work: tuple[Work, ...] | list[Work], role: str | None = None) -> float:
         """Reference-device seconds of a machine's reported work (by a party of ``role``: :meth:`seconds`),
-        added in order."""
+        added in order. An item listed several times (a SecAgg+ client's work per neighbour) is costed once."""
         found = self._found
-        return sum([(found.get((w.op, role)) or self.cost(w.op, role)).seconds(w.size) for w in work])
+        costed: dict[int, float] = {}
+        terms = []
+        for w in work:
+            seconds = costed.get(id(w))
+            if seconds is None:
+                seconds = costed[id(w)] = (found.get((w.op, role)) or self.cost(w.op, role)).seconds(w.size)
+            terms.append(seconds)
+        return sum(terms)
 
 
 def resolve_profile(path: str | Path | None) -> Path:

@@ -253,15 +253,17 @@ class SecAggClient:
         mask = suite.self_mask(self.mask_seed, cfg.dim, WORD, scratch=True)
         if suite.full:
             y = add_mod(y, mask, WORD)  # type: ignore[arg-type]  # a new vector: the masks go into it in place
+        pair_work = (  # the same for every neighbour: one set of objects (the cost model sizes it once)
+            Work("x25519.agree", {"count": 1}),
+            Work("prg.expand", {"elements": cfg.dim}),
+            Work("vector.add", {"elements": cfg.dim}),
+        )
+        neighbours = frozenset(cfg.neighbours[me])
         for v in sorted(self.ciphertexts):
-            if v not in cfg.neighbours[me]:
+            if v not in neighbours:
                 continue
             mask = suite.pair_mask(self.s_sk, self.peers[v].s_pk, cfg.round, me, v, cfg.dim, WORD, scratch=True)
-            work += [
-                Work("x25519.agree", {"count": 1}),
-                Work("prg.expand", {"elements": cfg.dim}),
-                Work("vector.add", {"elements": cfg.dim}),
-            ]
+            work += pair_work
             if suite.full:
                 y = add_mod_into(y, mask, WORD) if me > v else sub_mod_into(y, mask, WORD)  # type: ignore[arg-type]
         if suite.full:
