@@ -204,6 +204,27 @@ def test_cancel_stops_flow_and_others_speed_up() -> None:
     assert net.flows == {}
 
 
+def test_flows_that_start_at_one_instant_are_allocated_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A broadcast: 50 flows start at t = 0 and share the server's 8 Mbit/s. The rates are allocated once,
+    after the last of them (reading a rate earlier settles the instant at once, with the flows so far); the
+    flows end together, which allocates once more; and no completion timer is left over."""
+    env, net, log = _world()
+    allocations = []
+    allocate = Network._allocate
+    monkeypatch.setattr(Network, "_allocate", lambda self: (allocations.append(env.now), allocate(self))[1])
+    server = Link("server", 8e6, shared=True)
+    first = net.transfer(1_000, [server, Link("c0", 1e9)])
+    assert first.rate == 8e6 and allocations == [0.0]  # read at once: the one flow so far, allocated now
+    flows = [first] + [net.transfer(1_000, [server, Link(f"c{i}", 1e9)]) for i in range(1, 50)]
+    assert allocations == [0.0]  # the other 49 wait for the instant's end
+    env.run()
+    # After the 50th; then when all 50 end: 8,000 bits each at 8e6 / 50 bit/s, 0.05 s (the first flow ran
+    # alone for no time at all)
+    assert allocations == [0.0, 0.0, 8_000 / (8e6 / 50)]
+    assert all(f.done.triggered for f in flows) and env.now == 8_000 / (8e6 / 50)
+    assert net.flows == {}
+
+
 def test_invalid_inputs_are_rejected() -> None:
     _, net, _ = _world()
     with pytest.raises(ValueError, match="capacity"):

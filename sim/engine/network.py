@@ -5,7 +5,8 @@ link, in the transfer's direction). At every instant the rates are the max-min f
 links (progressive filling: the link whose equal share among its unfrozen flows is smallest fixes those
 flows at that share, and so on), the idealised behaviour of TCP flows sharing bottlenecks. Whenever a
 flow starts, ends or is cancelled, every flow's progress is advanced at its old rate and the rates are
-recomputed; a flow completes when its remaining bits reach zero. A lone flow of ``B`` bytes over links of
+recomputed, once per instant after its last change (a broadcast starts many flows at one instant); a flow
+completes when its remaining bits reach zero. A lone flow of ``B`` bytes over links of
 ``c1`` and ``c2`` bit/s therefore takes exactly ``8 B / min(c1, c2)`` seconds.
 
 Links are full-duplex: a node's uplink and downlink are separate :class:`Link` objects. Flows are kept
