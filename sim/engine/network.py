@@ -114,9 +114,6 @@ class Network:
         self._irregular = 0
         """Active flows that are not one own and one shared link, plus own links carrying several flows;
         while non-zero, rates come from :func:`allocate_max_min`."""
-        self._dirty: set[int] = set()
-        """Hub numbers whose set of flows changed since their rates were last allocated (a star's rates
-        depend on its own flows only, so the others keep theirs)."""
         self._slot_flow: list[Flow | None] = []
         self._free_slots: list[int] = []
         self._active = np.zeros(0, dtype=bool)
@@ -197,7 +194,6 @@ class Network:
             if id(hub) not in self._hubs:
                 self._hubs[id(hub)] = (hub, len(self._hubs))
             self._hub[slot] = self._hubs[id(hub)][1]
-            self._dirty.add(int(self._hub[slot]))
             self._own[slot] = own.capacity
             self._own_first[slot] = flow.path[0] is own
         else:
@@ -210,8 +206,6 @@ class Network:
         flow._net, flow._slot = None, -1
         if self._hub[slot] < 0:
             self._irregular -= 1
-        else:
-            self._dirty.add(int(self._hub[slot]))
         self._active[slot] = False
         self._rate[slot] = 0.0
         self._slot_flow[slot] = None
@@ -231,15 +225,11 @@ class Network:
     def _allocate(self) -> None:
         if self._irregular:
             allocate_max_min(self.flows.values())
-            self._dirty.update(number for _, number in self._hubs.values())  # once regular: every star anew
             return
         for hub, number in self._hubs.values():
-            if number not in self._dirty:
-                continue
             slots = np.flatnonzero(self._active & (self._hub == number))
             if slots.size:
                 self._allocate_star(hub, slots)
-        self._dirty.clear()
 
     def _allocate_star(self, hub: Link, slots: np.ndarray) -> None:
         """Max-min rates of the flows ``slots``, each crossing ``hub`` and an own link of its own.
