@@ -31,6 +31,34 @@ def test_missing_operation_names_it_and_the_profile(tmp_path):
         model.seconds("b", {})
 
 
+def test_work_seconds_adds_every_item_in_order_however_often_one_is_listed() -> None:
+    """The same float sum as charging each item in turn, whether an item object is listed once or several
+    times (a SecAgg+ client lists one set of work per neighbour), and for a server (its own costs)."""
+    model = CostModel(
+        {
+            "x": LinearCost({"const": 0.1, "n": 1e-7}),
+            "y": LinearCost({"n": 3.3e-9}),
+            "y@server": LinearCost({"n": 7.1e-9, "const": 0.3}),
+        },
+        {},
+        "test",
+    )
+    shared = (Work("x", {"n": 12345}), Work("y", {"n": 1e6 / 3}))
+    for work in (
+        [shared[0]],
+        list(shared),
+        [Work("y", {"n": 5}), *shared * 7, Work("x", {"n": 1})],
+        [*shared * 40],
+    ):
+        for role in (None, "client", "server"):
+            expected = 0.0
+            for w in work:
+                expected += model.seconds(w.op, w.size, role)
+            assert model.work_seconds(work, role) == expected
+            assert model.work_seconds(tuple(work), role) == expected
+    assert model.work_seconds([]) == 0
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [
