@@ -208,7 +208,7 @@ def test_flows_that_start_at_one_instant_are_allocated_once(monkeypatch: pytest.
     """A broadcast: 50 flows start at t = 0 and share the server's 8 Mbit/s. The rates are allocated once,
     after the last of them (reading a rate earlier settles the instant at once, with the flows so far); the
     flows end together, which allocates once more; and no completion timer is left over."""
-    env, net, log = _world()
+    env, net, _ = _world()
     allocations = []
     allocate = Network._allocate
     monkeypatch.setattr(Network, "_allocate", lambda self: (allocations.append(env.now), allocate(self))[1])
