@@ -206,8 +206,8 @@ def test_cancel_stops_flow_and_others_speed_up() -> None:
 
 def test_flows_that_start_at_one_instant_are_allocated_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """A broadcast: 50 flows start at t = 0 and share the server's 8 Mbit/s. The rates are allocated once,
-    after the last of them (reading a rate earlier settles the instant at once, with the flows so far); the
-    flows end together, which allocates once more; and no completion timer is left over."""
+    after the last of them (reading a rate earlier settles the instant at once, with the flows so far), and
+    once more when the flows end together."""
     env, net, _ = _world()
     allocations = []
     allocate = Network._allocate
@@ -223,6 +223,27 @@ def test_flows_that_start_at_one_instant_are_allocated_once(monkeypatch: pytest.
     assert allocations == [0.0, 0.0, 8_000 / (8e6 / 50)]
     assert all(f.done.triggered for f in flows) and env.now == 8_000 / (8e6 / 50)
     assert net.flows == {}
+
+
+def test_a_flow_cancelled_at_the_instant_it_would_end_leaves_the_other_on_time() -> None:
+    """B would end at 1 s; at exactly 1 s, before its completion is handled, its sender leaves. The
+    completion timer due then is stale: it must not end A, which runs on alone to its own end."""
+    env, net, log = _world()
+    server = Link("server", 2e6, shared=True)
+    flows: dict[str, Flow] = {}
+
+    def leaver() -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(1.0)  # made before the transfers start: due before their completion at 1 s
+        net.cancel(flows["B"])
+        log.append(("cancel B", env.now))
+
+    env.process(leaver())
+    _send(env, net, log, "A", 1_000_000, [Link("a", 4e6), server], flows=flows)
+    _send(env, net, log, "B", 125_000, [Link("b", 4e6), server], flows=flows)
+    env.run()
+    # A and B at 1e6 bit/s each; B's 1e6 bits would end at 1 s. A: 7e6 bits left at 1 s, alone at 2e6 bit/s
+    assert log == [("cancel B", 1.0), ("A", 4.5)]
+    assert not flows["B"].done.triggered
 
 
 def test_invalid_inputs_are_rejected() -> None:
@@ -439,5 +460,23 @@ def test_star_ties_decide_the_last_bit_as_progressive_filling_does() -> None:
     rates = _star_rates(c, [c / 7] * 7, own_first=True, shared=True)
     assert rates == [c / 7] + [(c - c / 7) / 6] * 6
     assert rates == _star_rates(c, [c / 7] * 7, own_first=True, shared=False)
-    rates = _star_rates(c, [1e9, c / 7, c / 7, 1e9, c / 7, 1e9, c / 7, c / 7, 1e9], own_first=False, shared=True)
-    assert rates == _star_rates(c, [1e9, c / 7, c / 7, 1e9, c / 7, 1e9, c / 7, c / 7, 1e9], False, shared=False)
+    # The same where the flows' slots are not in their start order: the first started still freezes.
+    rates = _rates_in_reused_slots(c, [c / 7] * 7, shared=True)
+    assert rates == [c / 7] + [(c - c / 7) / 6] * 6
+    assert rates == _rates_in_reused_slots(c, [c / 7] * 7, shared=False)
+    # Own links below, at and above the level where the filling stops, in reused slots
+    owns = [c / 9, c / 7, 2 * c / 7, c / 7, c / 9, c / 7, c / 7, 1e9]
+    assert _rates_in_reused_slots(c, owns, shared=True) == _rates_in_reused_slots(c, owns, shared=False)
+
+
+def _rates_in_reused_slots(hub_bps: float, owns: list[float], shared: bool) -> list[float]:
+    """Rates of flows over ``owns`` and one hub, in start order, started once three earlier flows have
+    ended: they take the freed slots last freed first, so their slots are not in their start order."""
+    env, net, _ = _world()
+    hub = Link("hub", hub_bps, shared=shared)
+    early = [net.transfer(1, [Link(f"early{i}", 1e9), hub]) for i in range(3)]
+    env.run()
+    assert all(f.done.triggered for f in early) and not net.flows
+    flows = [net.transfer(10**6, [Link(f"own{i}", c), hub]) for i, c in enumerate(owns)]
+    assert [f._slot for f in flows[:3]] == [2, 1, 0] or not shared
+    return [f.rate for f in flows]

@@ -15,8 +15,19 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 from sim.protocol.fedavg import ClientUpdate
-from sim.protocol.messages import ModelDownload
-from sim.protocol.wire import HEADER, MAGIC, VERSION, Blank, Message, Vector, WireError, decode, peek_header
+from sim.protocol.messages import MaskedInput, ModelDownload
+from sim.protocol.wire import (
+    HEADER,
+    MAGIC,
+    VERSION,
+    Blank,
+    Message,
+    ModVector,
+    Vector,
+    WireError,
+    decode,
+    peek_header,
+)
 
 # ------------------------------------------------------------------------------------------- helpers
 
@@ -121,6 +132,16 @@ def test_blank_has_the_size_of_the_real_vector(length: int) -> None:
     # 8 header + 4 round + 9 vector header + 4 * length
     assert ModelDownload(4, blank).wire_size() == 21 + 4 * length
     assert ClientUpdate(4, 1, 2.0, blank).wire_size() == len(ClientUpdate(4, 1, 2.0, real).encode())
+
+
+def test_packed_elements_counts_values_packed_at_other_widths_than_whole_bytes() -> None:
+    """The values costly to pack (``wire.encode``'s ``packed`` feature): a 20-bit vector's, not a 16-bit one's;
+    counted once per message, the same when asked again."""
+    for bits, expected in ((20, 1000), (16, 0), (1, 1000), (32, 0)):
+        message = MaskedInput(1, 2, ModVector(bits, Blank(1000, np.uint32)))
+        assert message.packed_elements() == expected
+        assert message.packed_elements() == expected
+    assert ModelDownload(1, Blank(1000, np.float32)).packed_elements() == 0
 
 
 def test_blank_cannot_be_encoded() -> None:

@@ -5,9 +5,14 @@ link, in the transfer's direction). At every instant the rates are the max-min f
 links (progressive filling: the link whose equal share among its unfrozen flows is smallest fixes those
 flows at that share, and so on), the idealised behaviour of TCP flows sharing bottlenecks. Whenever a
 flow starts, ends or is cancelled, every flow's progress is advanced at its old rate and the rates are
-recomputed, once per instant after its last change (a broadcast starts many flows at one instant); a flow
-completes when its remaining bits reach zero. A lone flow of ``B`` bytes over links of
+recomputed; a flow completes when its remaining bits reach zero. A lone flow of ``B`` bytes over links of
 ``c1`` and ``c2`` bit/s therefore takes exactly ``8 B / min(c1, c2)`` seconds.
+
+The recomputation waits for the events already due at the current instant (it is a zero-delay event), so
+the many flows of a broadcast, started at one instant, are allocated once; no time passes at the rates in
+between. (Flows that processes woken by a completion start at that same instant make a second
+allocation.) A flow's completion timer is therefore made after the events made at its start before that
+allocation: a timeout made just after a transfer started, due at exactly the transfer's end, comes first.
 
 Links are full-duplex: a node's uplink and downlink are separate :class:`Link` objects. Flows are kept
 in start order and ties are broken in that order, so a run is deterministic.
@@ -271,10 +276,10 @@ class Network:
             self._rate[slots[order[stop:]]] = share[stop]
 
     def _changed(self) -> None:
-        """Flows started or stopped: the rates and the next completion are allocated once, after the last
-        change at this instant (an event at the current time; :meth:`settle` does it at once). A broadcast
-        starts hundreds of flows at one instant, and the rates in between never act: no time passes at
-        them."""
+        """Flows started or stopped: the rates and the next completion are allocated by a zero-delay event,
+        once for every change made before it runs (:meth:`settle` does it at once). A broadcast starts
+        hundreds of flows at one instant, and the rates in between never act: no time passes at them. The
+        completion timer already scheduled is stale from now on (its flow may have been cancelled)."""
         self._timer_version += 1  # the next completion changes with the flows
         if not self._pending:
             self._pending = True
