@@ -16,6 +16,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Protocol
 
 import numpy as np
@@ -298,28 +299,44 @@ class RealSuite:
         return prg.expand(seed, length, bits, scratch)
 
 
+_KEY, _SEED, _SHARE, _SECRET = Opaque(KEY_BYTES), Opaque(SEED_BYTES), Opaque(SHARE_BYTES), Opaque(32)
+_SIGNATURE = Opaque(signatures.SIGNATURE_BYTES)
+
+
+@lru_cache(maxsize=64)
+def _sealed(shares: int) -> Opaque:
+    return Opaque(ciphertext_bytes(shares))
+
+
+@lru_cache(maxsize=64)
+def _opened(count: int) -> OpenedShares:
+    return OpenedShares(_SHARE, _SHARE, (_SHARE,) * (count - 2))
+
+
 class SizedSuite:
-    """The same operations by size only (``timing`` fidelity): nothing is computed."""
+    """The same operations by size only (``timing`` fidelity): nothing is computed. Its values are
+    immutable and carry only their length, so one object of each length serves every call (a round of
+    1,000 clients would otherwise make some 50,000 of them)."""
 
     full = False
 
     def keypair(self, rng: RandomSource) -> tuple[Data, Data]:
-        return Opaque(KEY_BYTES), Opaque(KEY_BYTES)
+        return _KEY, _KEY
 
     def seed(self, rng: RandomSource) -> Data:
-        return Opaque(SEED_BYTES)
+        return _SEED
 
     def sign(self, signing_key: Data, message: bytes) -> Data:
-        return Opaque(signatures.SIGNATURE_BYTES)
+        return _SIGNATURE
 
     def verify(self, public: Data, message: bytes, signature: Data) -> bool:
         return True
 
     def share(self, secret: Data, threshold: int, holders: Sequence[int], rng: RandomSource) -> list[Data]:
-        return [Opaque(SHARE_BYTES) for _ in holders]
+        return [_SHARE] * len(holders)
 
     def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data:
-        return Opaque(32)
+        return _SECRET
 
     def recover(
         self,
@@ -329,10 +346,10 @@ class SizedSuite:
         check: Callable[[Data], bool] | None = None,
         suspects: Collection[int] = (),
     ) -> Recovered:
-        return Recovered(Opaque(32) if len(shares) >= threshold else None)
+        return Recovered(_SECRET if len(shares) >= threshold else None)
 
     def public_of(self, private: Data) -> Data:
-        return Opaque(KEY_BYTES)
+        return _KEY
 
     def valid_key(self, public: Data) -> bool:
         return len(public) == KEY_BYTES
@@ -350,19 +367,17 @@ class SizedSuite:
         shares: Sequence[Data],
         rng: RandomSource,
     ) -> Data:
-        return Opaque(ciphertext_bytes(len(shares)))
+        return _sealed(len(shares))
 
     def open(
         self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data, count: int
     ) -> OpenedShares:
-        return OpenedShares(
-            Opaque(SHARE_BYTES), Opaque(SHARE_BYTES), tuple(Opaque(SHARE_BYTES) for _ in range(count - 2))
-        )
+        return _opened(count)
 
     def share_many(
         self, secrets: Sequence[Data], threshold: int, holders: Sequence[int], rng: RandomSource
     ) -> list[list[Data]]:
-        return [[Opaque(SHARE_BYTES) for _ in secrets] for _ in holders]
+        return [[_SHARE] * len(secrets) for _ in holders]
 
     def pair_mask(
         self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int, scratch: bool = False
