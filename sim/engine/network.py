@@ -77,7 +77,8 @@ class Flow:
 
     @property
     def rate(self) -> float:
-        """Current rate, bit/s."""
+        """Current rate, bit/s (read in a flow's network, it first allocates the instant's changes:
+        :meth:`Network.settle`)."""
         if self._net is None:
             return self._rate
         self._net.settle()
