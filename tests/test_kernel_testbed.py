@@ -10,12 +10,15 @@ segmentation offload, so htb shapes frames; its burst lets one frame through at 
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -133,6 +136,7 @@ def test_cgroups_are_removed_after_ctrl_c(tmp_path: Path) -> None:
                 time.sleep(60)
             finally:
                 child.kill()
+                child.wait()
         """
     )
     process = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, text=True)
@@ -221,6 +225,33 @@ def test_missing_says_what_a_machine_lacks(monkeypatch: pytest.MonkeyPatch, tmp_
     assert any("cgroup cpu controller" in p for p in problems)
     with pytest.raises(KernelTestbedError, match="lacks: root"):
         kernel.require()
+
+
+def test_a_command_interrupted_by_ctrl_c_is_reaped() -> None:
+    # subprocess.run kills its child on Ctrl-C without waiting for it: a zombie that outlives the command
+    # where init does not reap orphans. The kernel testbed's commands (tc, ip) are reaped.
+    before = set(_children(os.getpid()))
+
+    def interrupt(*_: object) -> None:
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.2)
+        with pytest.raises(KeyboardInterrupt):
+            kernel._run(["sleep", "30"], "sleep")
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert _described(set(_children(os.getpid())) - before) == []
+
+
+def test_a_commands_failure_names_what_failed() -> None:
+    with pytest.raises(KernelTestbedError, match=r"read it back: sh -c .*: no such thing"):
+        kernel._run(["sh", "-c", "cat >&2; exit 3"], "read it back", stdin="no such thing\n")
+    assert kernel._run(["sh", "-c", "cat"], "echo", stdin="a\nb\n") == "a\nb\n"
+    with pytest.raises(KernelTestbedError, match="no-such-program"):
+        kernel._run(["no-such-program-here"], "run no-such-program")
 
 
 def test_client_addresses_are_loopback_and_distinct() -> None:
@@ -351,7 +382,7 @@ def test_ctrl_c_during_a_kernel_deployment_removes_its_cgroups_and_workers(tmp_p
     assert process.returncode == 130, err
     assert "interrupted" in err
     assert not _ours(process.pid)
-    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+    assert _described(workers) == []  # every process it started is gone, none left a zombie
 
 
 @pytest.mark.slow
@@ -362,6 +393,15 @@ def test_an_error_in_a_kernel_deployment_removes_its_cgroups(tmp_path: Path) -> 
     assert process.returncode == 2, err
     assert "announced no key" in err
     assert not _ours(process.pid)
+
+
+def _described(pids: Iterable[int]) -> list[str]:
+    """Those of ``pids`` still in the process table (a zombie included), each as "pid (name) state"."""
+    found = []
+    for pid in sorted(pids):
+        with contextlib.suppress(OSError):
+            found.append(" ".join(Path(f"/proc/{pid}/stat").read_text().split()[:3]))
+    return found
 
 
 def _children(pid: int) -> list[int]:

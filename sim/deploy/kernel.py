@@ -59,15 +59,35 @@ class KernelTestbedError(InputError):
     """The machine cannot run the kernel emulation, or a step of it failed; the message says what."""
 
 
-def _run(command: list[str], what: str) -> str:
+def _completed(command: list[str], stdin: str | None = None, timeout_s: float = 30.0) -> tuple[int, str, str]:
+    """Run ``command`` (feeding it ``stdin``, if any) to its end: its exit status, output and error output.
+
+    The child is reaped whatever happens. :func:`subprocess.run` kills a child on Ctrl-C (or the kill this
+    command turns into Ctrl-C) but does not wait for it; once we exit, the orphan is the init process's to
+    reap, and an init that does not reap orphans (a container's or a micro-VM's) keeps it as a zombie
+    forever. Raises :class:`OSError` (no such program) or :class:`subprocess.TimeoutExpired`."""
+    with subprocess.Popen(
+        command, stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    ) as process:  # fmt: skip
+        try:
+            out, err = process.communicate(stdin, timeout=timeout_s)
+        except BaseException:
+            process.kill()
+            process.wait()
+            raise
+    return process.returncode, out, err
+
+
+def _run(command: list[str], what: str, stdin: str | None = None) -> str:
     """Run ``command``; its standard output, or :class:`KernelTestbedError` naming ``what`` failed."""
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=30, check=False)
+        code, out, err = _completed(command, stdin)
     except (OSError, subprocess.TimeoutExpired) as exc:
         raise KernelTestbedError(f"{what}: {' '.join(command)}: {exc}") from None
-    if done.returncode != 0:
-        raise KernelTestbedError(f"{what}: {' '.join(command)}: {(done.stderr or done.stdout).strip()}")
-    return done.stdout
+    if code != 0:
+        raise KernelTestbedError(f"{what}: {' '.join(command)}: {(err or out).strip()}")
+    return out
 
 
 # -- what the machine has ---------------------------------------------------------------------------------
@@ -390,15 +410,7 @@ class LinkShaper:
                 lines.append(" ".join(self._class_args(parent, classid, bps, "change")))
             self.clients[index] = (self.clients[index][0], bps)
         if lines:
-            try:
-                done = subprocess.run(
-                    ["tc", "-batch", "-"], input="\n".join(lines) + "\n", capture_output=True, text=True,
-                    timeout=30, check=False,
-                )  # fmt: skip
-            except (OSError, subprocess.TimeoutExpired) as exc:
-                raise KernelTestbedError(f"tc -batch: {exc}") from None
-            if done.returncode != 0:
-                raise KernelTestbedError(f"tc -batch: {(done.stderr or done.stdout).strip()}")
+            _run(["tc", "-batch", "-"], "retune the clients' links", stdin="\n".join(lines) + "\n")
 
     def retune(self, index: int, bps: float) -> None:
         """Shape client ``index`` (an address a worker keeps) at ``bps`` from now on: the client it plays this
