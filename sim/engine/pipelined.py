@@ -244,11 +244,13 @@ class Pipeline:
         r = self.r
         j = slot.index
         machine = r.client_machines[(c, j)] = r.client_machine(c, j)
+        if r.ahead is not None:
+            r.ahead.start(c, j, machine, x, weight)
         cpu = self.cpu_gate[c]
         departure = r.departure(c)
         try:
             yield cpu.admit(MASK, j)
-            reaction = machine.start(x, weight)
+            reaction = r.start(c, j, machine, x, weight)
             yield from self._chunk_react(c, j, reaction, STAGED, self._interference())
             inbox = r.client_inbox[(c, j)]
             while True:
@@ -256,6 +258,7 @@ class Pipeline:
                 if isinstance(message, AggregateChunk):
                     yield from self._decode_chunk(c, j, message)
                     return
+                message, ahead = r.arrived(c, j, message)
                 staged = (MASK, j) not in cpu.done
                 priority = STAGED if staged else SIDE
                 yield from r.client_compute(c, [Work("wire.decode", frame_size(message))], priority)
@@ -267,7 +270,7 @@ class Pipeline:
                         r.leave(c, departure.stage)
                     return
                 try:
-                    reaction = machine.receive(message)
+                    reaction = r.receive(c, j, machine, message, ahead)
                 except RemoteProtocolError as exc:
                     r.leave(c, f"aborted: {exc.reason}", notify=True)
                     return

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Generator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, cast
 
@@ -42,6 +43,7 @@ import simpy
 from sim.clients.population import MBPS, Population
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, frame_size, role
 from sim.engine.actors import ActorEngine
+from sim.engine.ahead import CallsAhead, Outcome
 from sim.engine.host import PartyQuotas, SharedCores
 from sim.engine.network import Flow, Link, Network
 from sim.engine.pipelined import Pipeline
@@ -116,6 +118,10 @@ class RoundSetup:
     that is TCP payload (:data:`sim.testbed.PAYLOAD_FRACTION`)."""
     engine: ActorEngine | None = None
     """The cost profile's simulation engine (``testbed: {emulation: engine}``), or None."""
+    ahead: ThreadPoolExecutor | None = None
+    """The threads on which clients' protocol calls are made ahead of virtual time (``full`` fidelity,
+    ``aggregation.threads`` > 1: :mod:`sim.engine.ahead`), or None: each call is made when its client reaches
+    it."""
 
 
 @dataclass(frozen=True)
@@ -164,6 +170,14 @@ class Round:
         """Frames of messages already encoded this round, by message identity (a broadcast is serialised
         once); the message is kept alive with its frame so that its id cannot be reused."""
         self._model: ModelDownload | None = None
+        self.ahead: CallsAhead | None = None
+        """The clients' calls made ahead on threads (:mod:`sim.engine.ahead`), or None."""
+        if setup.ahead is not None and self.full:
+            self.ahead = CallsAhead(setup.ahead, self._leaves_before, self.encoded)
+        self.early: dict[int, ClientMachine] = {}
+        """Client -> its machine, made when its update was trained so that its start could be made ahead."""
+        self.finished: set[tuple[int, int]] = set()
+        """(client, instance) whose machine has done its part, as of the calls taken so far."""
         self.held: dict[int, simpy.resources.resource.Request] = {}
         """Client -> the engine's worker it holds while it handles a message (``RoundSetup.engine``)."""
         pop = setup.population
@@ -429,6 +443,10 @@ class Round:
         update: wire.Vector
         if s.learner is not None:
             update, weight = s.learner.local_update(c, self.number)
+            if self.ahead is not None and self.pipeline is None:
+                machine = self.early[c] = self.client_machine(c)
+                if not self.departure(c).before(machine.first_step):
+                    self.ahead.start(c, 0, machine, update, weight)
         else:
             update, weight = Blank(s.dim, np.dtype("<f4")), float(rec.samples)
         if not late:
@@ -477,11 +495,12 @@ class Round:
             if self.pipeline is not None:
                 yield from self.pipeline.client(c, update, weight)
                 return
-            machine = self.client_machines[(c, 0)] = self.client_machine(c)
+            early = self.early.pop(c, None)
+            machine = self.client_machines[(c, 0)] = early if early is not None else self.client_machine(c)
             if departure.before(machine.first_step):
                 self.leave(c, departure.stage)
                 return
-            reaction = machine.start(update, weight)
+            reaction = self.start(c, 0, machine, update, weight)
             update_work: list[Work] = []
             upload_step = None
             if self._model_with_upload():  # the update's work waits for the model, with the upload request
@@ -493,6 +512,7 @@ class Round:
             inbox = self.client_inbox[(c, 0)]
             while True:
                 message = yield inbox.get()
+                message, ahead = self.arrived(c, 0, message)
                 yield from self._take_worker(c)
                 late = upload_step is not None and machine.stage_of(message) == upload_step
                 work = [Work("wire.decode", frame_size(message))]
@@ -511,7 +531,7 @@ class Round:
                     yield from self._train(c)
                     yield from self.client_compute(c, update_work)
                 try:
-                    reaction = machine.receive(message)
+                    reaction = self.receive(c, 0, machine, message, ahead)
                 except RemoteProtocolError as exc:
                     rec.dropped_stage = f"aborted: {exc.reason}"
                     self._notify_gone(c)
@@ -560,6 +580,50 @@ class Round:
         assert self.instances is not None
         return self.instances.client(c, chunk)
 
+    # -- the clients' machine calls, made now or ahead ----------------------------------------------
+    def start(self, c: int, j: int, machine: ClientMachine, update: wire.Vector, weight: float) -> Reaction:
+        """``machine.start(update, weight)`` of client ``c`` (instance ``j``), or that call made ahead."""
+        ahead = self.ahead.take_start(c, j) if self.ahead is not None else None
+        return self._made(c, j, machine, ahead, lambda: machine.start(update, weight))
+
+    def arrived(self, c: int, j: int, message: Message) -> tuple[Message, Outcome | None]:
+        """What client ``c`` (instance ``j``) decodes of ``message`` from the server, with the receipt made
+        ahead (None: it is made in turn). Without calls made ahead the message came decoded already."""
+        if self.ahead is None:
+            return message, None
+        ahead = self.ahead.take(c, j, message)
+        if ahead is None:
+            return wire.decode(self._frame(message)), None
+        assert ahead.received is not None
+        return ahead.received, ahead
+
+    def receive(self, c: int, j: int, machine: ClientMachine, message: Message, ahead: Outcome | None) -> Reaction:
+        """``machine.receive(message)`` of client ``c`` (instance ``j``), or that call made ahead
+        (:meth:`arrived`); raises what it raised."""
+        return self._made(c, j, machine, ahead, lambda: machine.receive(message))
+
+    def _made(
+        self, c: int, j: int, machine: ClientMachine, ahead: Outcome | None, call: Callable[[], Reaction]
+    ) -> Reaction:
+        if ahead is None:
+            try:
+                return call()
+            finally:
+                if machine.finished:
+                    self.finished.add((c, j))
+        if ahead.finished:
+            self.finished.add((c, j))
+        return ahead.result()
+
+    def _leaves_before(self, c: int, machine: ClientMachine, message: Message) -> bool:
+        """Whether client ``c`` leaves before handling ``message`` (its planned dropout)."""
+        return self.departure(c).before(machine.stage_of(message))
+
+    def release(self) -> None:
+        """The round is over: calls made ahead and not taken are dropped or waited for."""
+        if self.ahead is not None:
+            self.ahead.close()
+
     def client_compute(
         self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0
     ) -> Generator[simpy.Event, Any, None]:
@@ -603,6 +667,8 @@ class Round:
             self.spawn_delivery(c, send.to, send.message)
 
     def spawn_delivery(self, sender: int, to: int, message: Message, chunk: int = 0) -> simpy.Process:
+        if sender == SERVER and self.ahead is not None:
+            self.ahead.sent(to, chunk, message, self._frame(message))
         proc = self.env.process(self.deliver(sender, to, message, chunk))
         self.procs.append(proc)
         self.transfers.setdefault(to if sender == SERVER else sender, []).append(proc)
@@ -657,8 +723,7 @@ class Round:
     def _has_finished(self, c: int) -> bool:
         """Whether client ``c`` has done its whole part of the protocol (pipelined: every chunk's instance,
         and decoded every sum sent to it)."""
-        machines = [self.client_machines.get((c, j)) for j in range(self.m)]
-        protocol_done = all(m is not None and m.finished for m in machines)
+        protocol_done = all((c, j) in self.finished for j in range(self.m))
         return protocol_done and (self.pipeline is None or not self.pipeline.decoding(c))
 
     def leave(self, c: int, stage: str, notify: bool = False) -> None:
@@ -693,10 +758,11 @@ class Round:
 
     # -- network ----------------------------------------------------------------------------------
     def transfer(
-        self, sender: int, to: int, message: Message, sent: Callable[[], None] | None = None
+        self, sender: int, to: int, message: Message, sent: Callable[[], None] | None = None, decode: bool = True
     ) -> Generator[simpy.Event, Any, Message]:
-        """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes. ``sent`` is called
-        when its last bit has left (before the server's ``latency_ms``)."""
+        """Carry ``message`` from ``sender`` to ``to``; returns what the receiver decodes (``message`` itself
+        without ``decode``: it is decoded elsewhere). ``sent`` is called when its last bit has left (before the
+        server's ``latency_ms``)."""
         data = b""
         if self.full:
             data = self._frame(message)
@@ -716,7 +782,7 @@ class Round:
             yield self.env.timeout(engine.delivery_wait_s if sender == SERVER else engine.next_poll(now) - now)
             if sent is not None:
                 sent()
-            return wire.decode(data) if self.full else message
+            return wire.decode(data) if self.full and decode else message
         flow = self.s.network.transfer(nbytes, path)
         self.flows[id(flow)] = flow
         meters = (self.link_meters[client], self.server_link)
@@ -746,7 +812,7 @@ class Round:
             sent()
         if self.s.latency_s > 0:
             yield self.env.timeout(self.s.latency_s)  # sent, the link free, the message not there yet
-        return wire.decode(data) if self.full else message
+        return wire.decode(data) if self.full and decode else message
 
     def _frame(self, message: Message) -> bytes:
         """``message`` encoded (once per message and round: a broadcast is serialised once)."""
@@ -768,7 +834,13 @@ class Round:
     ) -> Generator[simpy.Event, Any, None]:
         try:
             start = self.env.now
-            received = yield from self.transfer(sender, to, message, sent)
+            ahead = self.ahead
+            # with calls made ahead, a client decodes the server's messages, and the server its replies, there
+            decoded = ahead.for_server_of(message) if ahead is not None and sender != SERVER else None
+            decode = decoded is None and (ahead is None or sender != SERVER)
+            received = yield from self.transfer(sender, to, message, sent, decode)
+            if decoded is not None:
+                received = decoded
             if sender == SERVER:
                 self.client_inbox[(to, chunk)].put(received)
             else:

@@ -65,7 +65,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         latency_ms=s.number("latency_ms", 0.0, lo=0),
     )
     s.finish()
-    aggregation = _aggregation(r.section("aggregation"), sampling)
+    aggregation, protocol_threads = _aggregation(r.section("aggregation"), sampling)
     privacy = _privacy(r.section("privacy"), aggregation, sampling, population)
     aggregation = dataclasses.replace(aggregation, strategy=privacy.strategy, collusion=privacy.collusion)
     steps = aggregation.steps()
@@ -157,6 +157,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
         trace=trace,
         pipeline=pipeline,
         testbed=testbed,
+        protocol_threads=protocol_threads,
         document=doc,
     )
 
@@ -194,7 +195,9 @@ def _clients(r: Reader) -> Clients:
     return Clients(compute=compute, bandwidth=bandwidth)
 
 
-def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
+def _aggregation(r: Reader, sampling: Sampling) -> tuple[AggregationParams, int]:
+    """The protocol's parameters, and the threads its clients' calls are made on (``threads``: resolved only
+    when given, so that a scenario without it keeps its digest)."""
     protocol = r.choice("protocol", tuple(PROTOCOLS), AggregationParams.protocol)
     bits = r.integer("bits", 20, lo=2, hi=32)
     clip = r.number("clip", 1.0, lo=0, lo_open=True)
@@ -205,8 +208,9 @@ def _aggregation(r: Reader, sampling: Sampling) -> AggregationParams:
     adversary = r.choice("adversary", ("semi-honest", "malicious"), "semi-honest")
     params = AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
     params.spec.check_aggregation(params, sampling.clients_per_round, r.fail)
+    threads = r.integer("threads", lo=1, hi=256) if r.has("threads") else 1
     r.finish()
-    return params
+    return params, threads
 
 
 def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, population: int | None) -> Privacy:

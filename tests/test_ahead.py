@@ -1,0 +1,358 @@
+"""Clients' protocol calls made ahead on threads (``aggregation.threads``, sim.engine.ahead): the same tables,
+byte for byte, as every call made in turn, over protocols, dropout stages, silent leavers, a malicious
+adversary, XNoise, pipelined rounds, trace replay and a testbed; and the lanes' own rules (order, a lane
+closed by a leaver, an error stopping its lane, the round's end)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sim.engine.ahead import THREAD_NAME, CallsAhead
+from sim.engine.round import Round
+from sim.protocol.machine import SERVER, Reaction, RemoteProtocolError, Send, Work
+from sim.protocol.wire import Message
+from sim.runner import Simulation, run_scenario
+from sim.scenario import ScenarioError, load
+
+ROOT = Path(__file__).resolve().parents[1]
+TABLES = ("rounds.csv", "clients.csv", "stages.csv")
+
+BASE = """
+name: ahead
+seed: 5
+rounds: 2
+population: 30
+sampling: {clients_per_round: 8}
+clients:
+  compute: {zipf_a: 1.2, slowdown: [1.0, 3.0]}
+  bandwidth_mbps: {zipf_a: 1.2, range: [21, 210]}
+dropout: {rate: 0.25, stage: before_upload}
+data: {dataset: synthetic, samples_per_client: 10, input_shape: [1, 27, 37], classes: 10}
+model: {name: linear}
+training: {local_epochs: 1, batch_size: 10}
+aggregation: {protocol: secagg+, bits: 20}
+fidelity: full
+"""
+
+
+def _tables(tmp_path: Path, name: str, overrides: list[str], threads: int) -> dict[str, bytes]:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    scenario = load(tmp_path / "ahead.yaml", [*overrides, f"aggregation.threads={threads}"]).base()
+    out = tmp_path / f"{name}-{threads}"
+    run_scenario(scenario, out, progress=False)
+    return {table: (out / table).read_bytes() for table in TABLES}
+
+
+def _same_tables(tmp_path: Path, name: str, overrides: list[str], threads: tuple[int, ...] = (2,)) -> None:
+    alone = _tables(tmp_path, name, overrides, 1)
+    assert alone["clients.csv"].count(b"\n") > 1
+    for count in threads:
+        assert _tables(tmp_path, name, overrides, count) == alone, (overrides, count)
+
+
+CASES = {
+    "secagg+": [],
+    "secagg, three threads": ["aggregation.protocol=secagg"],
+    "plain": ["aggregation.protocol=plain"],
+    "fedavg": ["aggregation.protocol=fedavg"],
+    "before share_keys": ["dropout.stage=before_share_keys", "dropout.rate=0.4"],
+    "during unmasking": ["dropout.stage=during_unmasking", "dropout.rate=0.3"],
+    "after sampling": ["dropout.stage=after_sampling"],
+    "silent, timed out": ["dropout.silent=true", "timeouts.masked_input=5", "dropout.rate=0.3"],
+    "malicious": ["aggregation.adversary=malicious", "dropout.stage=during_unmasking"],
+    "xnoise": [
+        "aggregation.protocol=secagg",
+        "privacy={strategy: xnoise, epsilon: 6, delta: 0.001, clip: 1.0, tolerance: 0.5}",
+    ],
+    "pipelined xnoise": [
+        "aggregation.protocol=secagg",
+        "privacy={strategy: xnoise, epsilon: 6, delta: 0.001, clip: 1.0, tolerance: 0.5}",
+        "pipeline={chunks: 3}",
+        "dropout.stage=during_unmasking",
+    ],
+    "pipelined, no dispatch": ["pipeline={chunks: 2, dispatch: false}"],
+    "shared cores": ["testbed={cores: 2}"],
+    # clients 0-29 online from 0 until 0.02 s, 0.022 s, ... (TRACE): they go offline at every step of the
+    # rounds, some after their part is done
+    "trace replay": ["dropout.rate=0", "trace={file: TRACE}", "rounds=3", "sampling.clients_per_round=20"],
+    "trace replay, silent": [
+        "dropout.rate=0",
+        "trace={file: TRACE}",
+        "rounds=3",
+        "sampling.clients_per_round=20",
+        "dropout.silent=true",
+        "timeouts={advertise_keys: 0.05, share_keys: 0.05, masked_input: 0.05, unmasking: 0.05}",
+    ],
+}
+
+
+@pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
+def test_calls_made_ahead_give_the_same_tables(tmp_path: Path, case: str) -> None:
+    overrides = CASES[case]
+    if case.startswith("trace replay"):
+        trace = tmp_path / "trace.csv"
+        rows = [f"{c},0,{0.02 + 0.002 * c:.6g}" for c in range(30)]
+        trace.write_text("\n".join(["# dropsim availability trace v1", "client,start_s,end_s", *rows]) + "\n")
+        overrides = [o.replace("TRACE", str(trace)) for o in overrides]
+    _same_tables(tmp_path, case.split(",", maxsplit=1)[0], overrides, (3,) if "three" in case else (2,))
+
+
+@pytest.mark.slow
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    protocol=st.sampled_from(["secagg", "secagg+"]),
+    stage=st.sampled_from(["before_share_keys", "before_upload", "during_unmasking"]),
+    rate=st.sampled_from([0.0, 0.125, 0.375]),
+    seed=st.integers(0, 2**16),
+    silent=st.booleans(),
+    chunks=st.sampled_from([None, 2]),
+)
+def test_calls_made_ahead_give_the_same_tables_whatever_the_dropouts(
+    tmp_path_factory: pytest.TempPathFactory,
+    protocol: str,
+    stage: str,
+    rate: float,
+    seed: int,
+    silent: bool,
+    chunks: int | None,
+) -> None:
+    overrides = [f"aggregation.protocol={protocol}", f"dropout.stage={stage}", f"dropout.rate={rate}", f"seed={seed}"]
+    if silent:
+        timeouts = "timeouts={advertise_keys: 5, share_keys: 5, masked_input: 5, unmasking: 5}"
+        overrides += ["dropout.silent=true", timeouts]
+    if chunks is not None:
+        overrides.append(f"pipeline={{chunks: {chunks}}}")
+    _same_tables(tmp_path_factory.mktemp("ahead"), "h", overrides)
+
+
+def test_the_calls_are_made_on_threads_and_taken(tmp_path: Path) -> None:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    scenario = load(tmp_path / "ahead.yaml", ["aggregation.threads=2", "rounds=1"]).base()
+    rounds: list[Round] = []
+    simulation = Simulation(scenario, observe=rounds.append)
+    names: set[str] = set()
+    try:
+        record = simulation.step().record
+        ahead = rounds[0].ahead
+        assert ahead is not None
+        # every start and receipt of the round's survivors was made ahead: 8 starts, then 3 receipts each
+        # for the 6 that stay (the 2 leavers leave before the masked input, their lanes closed)
+        assert record.survivors == 6
+        assert ahead.taken == 8 + 6 * 3 + 2 * 1
+        names = ahead.thread_names
+    finally:
+        simulation.close()
+    assert names and all(name.startswith(THREAD_NAME) for name in names)
+
+
+def test_one_thread_makes_no_call_ahead(tmp_path: Path) -> None:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    scenario = load(tmp_path / "ahead.yaml", ["rounds=1"]).base()
+    rounds: list[Round] = []
+    simulation = Simulation(scenario, observe=rounds.append)
+    try:
+        simulation.step()
+    finally:
+        simulation.close()
+    assert rounds[0].ahead is None
+    assert scenario.protocol_threads == 1
+    assert "threads" not in scenario.resolved["aggregation"]  # a scenario without the key keeps its digest
+
+
+def test_timing_fidelity_makes_no_call_ahead(tmp_path: Path) -> None:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    scenario = load(tmp_path / "ahead.yaml", ["rounds=1", "fidelity=timing", "aggregation.threads=2"]).base()
+    rounds: list[Round] = []
+    simulation = Simulation(scenario, observe=rounds.append)
+    try:
+        simulation.step()
+    finally:
+        simulation.close()
+    assert rounds[0].ahead is None
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "many", "300"])
+def test_a_bad_thread_count_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    with pytest.raises(ScenarioError, match=r"aggregation\.threads"):
+        load(tmp_path / "ahead.yaml", [f"aggregation.threads={value}"]).base()
+
+
+# -- the lanes ------------------------------------------------------------------------------------
+class _Note(Message):
+    """A message of the lanes' tests: a number."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+
+
+class _Machine:
+    """A client machine that notes its calls (with the thread they ran on) and replies to each message with
+    nothing; a message numbered ``bad`` raises."""
+
+    first_step = "one"
+    finished = False
+
+    def __init__(self, bad: int = -1, slow_s: float = 0.0) -> None:
+        self.calls: list[tuple[object, str]] = []
+        self.bad = bad
+        self.slow_s = slow_s
+
+    def start(self, update: Any, weight: float) -> Reaction:
+        time.sleep(self.slow_s)
+        self.calls.append(("start", threading.current_thread().name))
+        return Reaction(work=(Work("x", {}),))
+
+    def receive(self, message: Message) -> Reaction:
+        assert isinstance(message, _Note)
+        time.sleep(self.slow_s)
+        if message.n == self.bad:
+            raise RemoteProtocolError(SERVER, "bad message")
+        self.calls.append((message.n, threading.current_thread().name))
+        return Reaction(sends=(), work=(Work("x", {"n": message.n}),))
+
+    def stage_of(self, message: Message) -> str:
+        return "two" if isinstance(message, _Note) and message.n >= 100 else "one"
+
+
+Leaves = Callable[[int, Any, Message], bool]
+
+
+def _lanes(leaves: Leaves = lambda c, m, msg: False) -> tuple[CallsAhead, ThreadPoolExecutor]:
+    executor = ThreadPoolExecutor(2, thread_name_prefix=THREAD_NAME)
+    return CallsAhead(executor, leaves, {}, decode=lambda frame: _Note(int(frame))), executor
+
+
+def test_a_lane_makes_its_calls_in_order_and_gives_them_in_order() -> None:
+    calls, executor = _lanes()
+    machine = _Machine(slow_s=0.01)
+    try:
+        notes = [_Note(i) for i in range(5)]
+        calls.sent(7, 0, notes[0], b"0")  # before the start: held until the client starts
+        calls.start(7, 0, machine, None, 1.0)  # type: ignore[arg-type]
+        for note in notes[1:]:
+            calls.sent(7, 0, note, str(note.n).encode())
+        start = calls.take_start(7, 0)
+        assert start is not None and start.result().work == (Work("x", {}),)
+        for note in notes:
+            taken = calls.take(7, 0, note)
+            assert taken is not None and taken.result().work == (Work("x", {"n": note.n}),)
+            assert isinstance(taken.received, _Note) and taken.received.n == note.n
+    finally:
+        calls.close()
+        executor.shutdown()
+    assert [what for what, _ in machine.calls] == ["start", 0, 1, 2, 3, 4]
+    assert all(name.startswith(THREAD_NAME) for _, name in machine.calls)
+
+
+def test_a_message_taken_out_of_order_is_an_error() -> None:
+    calls, executor = _lanes()
+    try:
+        first, second = _Note(1), _Note(2)
+        calls.start(3, 0, _Machine(), None, 1.0)  # type: ignore[arg-type]
+        calls.sent(3, 0, first, b"1")
+        calls.sent(3, 0, second, b"2")
+        assert calls.take_start(3, 0) is not None
+        with pytest.raises(RuntimeError, match="before the _Note sent to it earlier"):
+            calls.take(3, 0, second)
+    finally:
+        calls.close()
+        executor.shutdown()
+
+
+def test_a_leaver_closes_its_lane_and_its_later_messages_are_not_made_ahead() -> None:
+    calls, executor = _lanes(leaves=lambda c, m, msg: m.stage_of(msg) == "two")
+    machine = _Machine()
+    try:
+        calls.start(1, 0, machine, None, 1.0)  # type: ignore[arg-type]
+        early, leaving, after = _Note(5), _Note(100), _Note(6)
+        for note in (early, leaving, after):
+            calls.sent(1, 0, note, str(note.n).encode())
+        assert calls.take_start(1, 0) is not None
+        assert calls.take(1, 0, early) is not None
+        assert calls.take(1, 0, leaving) is None  # made in turn, if at all: the client leaves first
+        assert calls.take(1, 0, after) is None
+    finally:
+        calls.close()
+        executor.shutdown()
+    assert [what for what, _ in machine.calls] == ["start", 5]
+
+
+def test_an_error_is_raised_where_the_call_is_taken_and_stops_its_lane() -> None:
+    calls, executor = _lanes()
+    machine = _Machine(bad=2)
+    try:
+        calls.start(4, 0, machine, None, 1.0)  # type: ignore[arg-type]
+        notes = [_Note(i) for i in range(1, 4)]
+        for note in notes:
+            calls.sent(4, 0, note, str(note.n).encode())
+        assert calls.take_start(4, 0) is not None
+        assert calls.take(4, 0, notes[0]) is not None
+        failed = calls.take(4, 0, notes[1])
+        assert failed is not None
+        with pytest.raises(RemoteProtocolError, match="bad message"):
+            failed.result()
+        skipped = calls.take(4, 0, notes[2])
+        assert skipped is not None and skipped.skipped
+    finally:
+        calls.close()
+        executor.shutdown()
+    assert [what for what, _ in machine.calls] == ["start", 1]  # nothing after the error
+
+
+def test_the_rounds_end_drops_the_calls_not_begun() -> None:
+    calls, executor = _lanes()
+    machines = [_Machine(slow_s=0.05) for _ in range(4)]
+    try:
+        for c, machine in enumerate(machines):
+            calls.start(c, 0, machine, None, 1.0)  # type: ignore[arg-type]
+            for n in range(5):
+                calls.sent(c, 0, _Note(n), str(n).encode())
+        calls.close()  # two threads: at most two calls under way, waited for; the rest never begin
+        made = sum(len(m.calls) for m in machines)
+        assert made <= 4
+        time.sleep(0.1)
+        assert sum(len(m.calls) for m in machines) == made
+    finally:
+        executor.shutdown()
+
+
+def test_replies_are_encoded_and_decoded_ahead_for_the_server() -> None:
+    frames: dict[int, tuple[Message, bytes]] = {}
+    executor = ThreadPoolExecutor(2, thread_name_prefix=THREAD_NAME)
+
+    class Replier(_Machine):
+        def receive(self, message: Message) -> Reaction:
+            assert isinstance(message, _Note)
+            return Reaction(sends=(Send(SERVER, _Encodable(message.n * 10)),))
+
+    calls = CallsAhead(executor, lambda c, m, msg: False, frames, decode=lambda frame: _Note(int(frame)))
+    try:
+        calls.start(0, 0, Replier(), None, 1.0)  # type: ignore[arg-type]
+        note = _Note(4)
+        calls.sent(0, 0, note, b"4")
+        assert calls.take_start(0, 0) is not None
+        taken = calls.take(0, 0, note)
+        assert taken is not None
+        (reply,) = taken.result().sends
+        assert frames[id(reply.message)] == (reply.message, b"40")
+        decoded = calls.for_server_of(reply.message)
+        assert isinstance(decoded, _Note) and decoded.n == 40
+        assert calls.for_server_of(reply.message) is None  # handed over once
+    finally:
+        calls.close()
+        executor.shutdown()
+
+
+class _Encodable(_Note):
+    def encode(self) -> bytes:
+        return str(self.n).encode()
