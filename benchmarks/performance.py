@@ -1,7 +1,7 @@
 """Speed and scale in one command: the simulator's overhead, a peer's SecAgg+, populations of 10^6 and 10^9, and noise.
 
-Five sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
-``peer.csv``, ``scale.csv``, ``noise.csv``, ``cores.csv``), with the machine in ``machine.txt``:
+Six sections, each printed as a table and written as CSV under ``--out`` (``overhead.csv``,
+``peer.csv``, ``scale.csv``, ``noise.csv``, ``cores.csv``, ``ahead.csv``), with the machine in ``machine.txt``:
 
 1. **overhead** (:mod:`overhead`): full-fidelity rounds (real training, SecAgg and SecAgg+, XNoise) against
    the same primitive calls replayed alone; ``overhead`` = wall / primitives - 1, target at most 15 %.
@@ -19,6 +19,9 @@ Five sections, each printed as a table and written as CSV under ``--out`` (``ove
 5. **cores** (:mod:`cores`): the same full-fidelity jobs (a SecAgg+ round at d = 10^6, XNoise sampling, and
    a pure Python loop for reference) one after another and at once on every core: the most that running
    clients' work in parallel could gain on this host.
+6. **ahead** (:mod:`ahead`): the simulator's full-fidelity SecAgg+ rounds (real training, n in {16, 100}, d in
+   {10^5, 10^6}) with its clients' protocol calls made ahead on every core (``aggregation.threads``) against
+   every call made in turn, alternated round by round; the rounds checked identical.
 
 Ratios are measured side by side in one run; absolute times on a shared machine drift.
 
@@ -46,13 +49,14 @@ from sim.results.writer import write_atomic
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ahead
 import cores
 import overhead
 import scale
 import secagg
 import skellam
 
-SECTIONS = ("overhead", "peer", "scale", "noise", "cores")
+SECTIONS = ("overhead", "peer", "scale", "noise", "cores", "ahead")
 PEER_POINTS = ((16, 100_000, 0.0), (16, 100_000, 0.1), (100, 100_000, 0.0), (16, 1_000_000, 0.0), (100, 1_000_000, 0.0))
 """(clients, dimension, dropout) compared with Flower."""
 
@@ -199,6 +203,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         table.to_csv(args.out / "cores.csv", index=False)
         title = "cores: the same jobs one after another and at once"
         blocks["cores"] = stamp + "\n\n" + markdown(_show(title, table, cores.SHOWN))
+    if "ahead" in args.sections:
+        table = ahead.run(ahead.POINTS, max(2, noise.usable_cores()), args.rounds)
+        table.to_csv(args.out / "ahead.csv", index=False)
+        title = "ahead: the simulator's full-fidelity rounds, clients' calls made ahead on threads and in turn"
+        blocks["ahead"] = stamp + "\n\n" + markdown(_show(title, table, ahead.SHOWN))
     if args.doc is not None:
         rewrite_doc(args.doc, blocks)
     print(f"\nwritten: {args.out}/", file=sys.stderr)
