@@ -105,7 +105,9 @@ def _point(text: str) -> tuple[int, int]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--points", type=_point, nargs="+", default=list(POINTS), help="CLIENTS:DIM, DIM 100000 or 1000000")
+    parser.add_argument(
+        "--points", type=_point, nargs="+", default=list(POINTS), help="CLIENTS:DIM, with DIM 100000 or 1000000"
+    )
     parser.add_argument("--threads", type=int, default=noise.usable_cores())
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--csv", type=Path, default=Path("ahead.csv"))

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from sim.dp.noise import usable_cores
 from sim.engine.ahead import THREAD_NAME, CallsAhead
 from sim.engine.round import Round
 from sim.protocol.machine import SERVER, Reaction, RemoteProtocolError, Send, Work
@@ -180,7 +181,25 @@ def test_timing_fidelity_makes_no_call_ahead(tmp_path: Path) -> None:
     assert rounds[0].ahead is None
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "1.5", "many", "300"])
+def test_auto_takes_the_cores_this_run_may_use(tmp_path: Path) -> None:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    scenario = load(tmp_path / "ahead.yaml", ["rounds=1", "aggregation.threads=auto"]).base()
+    assert scenario.protocol_threads is None and scenario.resolved["aggregation"]["threads"] == "auto"
+    rounds: list[Round] = []
+    simulation = Simulation(scenario, observe=rounds.append)
+    try:
+        simulation.step()
+        executor = simulation.driver.setup.ahead
+        if usable_cores() > 1:
+            assert executor is not None and executor._max_workers == usable_cores()
+            assert rounds[0].ahead is not None and rounds[0].ahead.taken > 0
+        else:
+            assert executor is None and rounds[0].ahead is None
+    finally:
+        simulation.close()
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "1.5", "many", "300", "true"])
 def test_a_bad_thread_count_is_refused_naming_the_key(tmp_path: Path, value: str) -> None:
     (tmp_path / "ahead.yaml").write_text(BASE)
     with pytest.raises(ScenarioError, match=r"aggregation\.threads"):

@@ -31,6 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from sim.dp.noise import usable_cores
 from sim.protocol import wire
 from sim.protocol.machine import ClientMachine, Reaction
 from sim.protocol.wire import Message, Vector
@@ -40,9 +41,11 @@ __all__ = ["CallsAhead", "Outcome", "ahead_threads"]
 THREAD_NAME = "dropsim-ahead"
 
 
-def ahead_threads(threads: int) -> ThreadPoolExecutor | None:
-    """The threads that make a run's calls ahead (``aggregation.threads``; 1: none, every call in turn)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix=THREAD_NAME) if threads > 1 else None
+def ahead_threads(threads: int | None) -> ThreadPoolExecutor | None:
+    """The threads that make a run's calls ahead (``aggregation.threads``; None: as many as the cores this
+    process may use; 1, or one core: none, every call in turn)."""
+    count = usable_cores() if threads is None else threads
+    return ThreadPoolExecutor(count, thread_name_prefix=THREAD_NAME) if count > 1 else None
 
 
 @dataclass(frozen=True)

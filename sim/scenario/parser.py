@@ -195,7 +195,7 @@ def _clients(r: Reader) -> Clients:
     return Clients(compute=compute, bandwidth=bandwidth)
 
 
-def _aggregation(r: Reader, sampling: Sampling) -> tuple[AggregationParams, int]:
+def _aggregation(r: Reader, sampling: Sampling) -> tuple[AggregationParams, int | None]:
     """The protocol's parameters, and the threads its clients' calls are made on (``threads``: resolved only
     when given, so that a scenario without it keeps its digest)."""
     protocol = r.choice("protocol", tuple(PROTOCOLS), AggregationParams.protocol)
@@ -208,7 +208,9 @@ def _aggregation(r: Reader, sampling: Sampling) -> tuple[AggregationParams, int]
     adversary = r.choice("adversary", ("semi-honest", "malicious"), "semi-honest")
     params = AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
     params.spec.check_aggregation(params, sampling.clients_per_round, r.fail)
-    threads = r.integer("threads", lo=1, hi=256) if r.has("threads") else 1
+    threads: int | None = 1
+    if r.has("threads"):
+        threads = r.custom("threads", threads, _threads)
     r.finish()
     return params, threads
 
@@ -321,6 +323,15 @@ def _built_in(r: Reader, key: str, names: tuple[str, ...], default: str, kind: s
 def _or(value: Any, default: Any) -> Any:
     """A reader's value, or the default where the reader failed (returned None)."""
     return default if value is None else value
+
+
+def _threads(value: Any) -> tuple[int | None, Any]:
+    """``aggregation.threads``: a count, or ``auto`` (None: the cores the run may use, found when it starts)."""
+    if value == "auto":
+        return None, "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= 256:
+        return value, value
+    raise ValueError("allowed: auto (the cores this run may use), or a whole number of threads from 1 to 256")
 
 
 def _neighbours(value: Any) -> tuple[int | None, Any]:

@@ -344,9 +344,10 @@ class Scenario:
     testbed: Testbed | None = None
     """The single-host testbed whose shared cores every party computes on, or None (each party has its
     own processor)."""
-    protocol_threads: int = 1
+    protocol_threads: int | None = 1
     """Threads on which the simulator makes its clients' protocol calls ahead of virtual time (``full``
-    fidelity; ``aggregation.threads``): the same results whatever the count (:mod:`sim.engine.ahead`)."""
+    fidelity; ``aggregation.threads``), None for the cores the run may use: the same results whatever the
+    count (:mod:`sim.engine.ahead`)."""
     swept: dict[str, Any] = field(default_factory=dict)
     """Values of the sweep keys for this run (``{}`` outside a sweep)."""
     run_id: str = ""
