@@ -5,6 +5,7 @@ closed by a leaver, an error stopping its lane, the round's end)."""
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -17,6 +18,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sim.dp.noise import usable_cores
+from sim.engine import ahead as ahead_module
 from sim.engine.ahead import THREAD_NAME, CallsAhead
 from sim.engine.round import Round
 from sim.protocol.machine import SERVER, Reaction, RemoteProtocolError, Send, Work
@@ -49,15 +51,28 @@ def _tables(tmp_path: Path, name: str, overrides: list[str], threads: int) -> di
     (tmp_path / "ahead.yaml").write_text(BASE)
     scenario = load(tmp_path / "ahead.yaml", [*overrides, f"aggregation.threads={threads}"]).base()
     out = tmp_path / f"{name}-{threads}"
-    run_scenario(scenario, out, progress=False)
+    rounds: list[Round] = []
+    run_scenario(scenario, out, progress=False, engine=lambda sc: Simulation(sc, observe=rounds.append))
+    made_ahead = sum(r.ahead.taken for r in rounds if r.ahead is not None)
+    assert (made_ahead > 0) == (threads > 1), made_ahead  # the calls were made ahead (and only then)
     return {table: (out / table).read_bytes() for table in TABLES}
 
 
-def _same_tables(tmp_path: Path, name: str, overrides: list[str], threads: tuple[int, ...] = (2,)) -> None:
+def _same_tables(tmp_path: Path, name: str, overrides: list[str], threads: tuple[int, ...] = (2,)) -> dict[str, bytes]:
     alone = _tables(tmp_path, name, overrides, 1)
     assert alone["clients.csv"].count(b"\n") > 1
     for count in threads:
         assert _tables(tmp_path, name, overrides, count) == alone, (overrides, count)
+    return alone
+
+
+def _trace(tmp_path: Path, overrides: list[str]) -> list[str]:
+    """``overrides`` with TRACE made a trace in which client c is online from 0 until 0.02 + 0.002 c seconds:
+    clients go offline at every step of the first rounds, some after their part is done."""
+    trace = tmp_path / "trace.csv"
+    rows = [f"{c},0,{0.02 + 0.002 * c:.6g}" for c in range(30)]
+    trace.write_text("\n".join(["# dropsim availability trace v1", "client,start_s,end_s", *rows]) + "\n")
+    return [o.replace("TRACE", str(trace)) for o in overrides]
 
 
 CASES = {
@@ -82,9 +97,32 @@ CASES = {
     ],
     "pipelined, no dispatch": ["pipeline={chunks: 2, dispatch: false}"],
     "shared cores": ["testbed={cores: 2}"],
-    # clients 0-29 online from 0 until 0.02 s, 0.022 s, ... (TRACE): they go offline at every step of the
-    # rounds, some after their part is done
+    # clients that abort: too few of their holders left to go on (threshold 6 of a key list of 5, say)
+    "clients abort": [
+        "seed=3347",
+        "dropout.stage=before_share_keys",
+        "dropout.rate=0.375",
+        "rounds=1",
+        "sampling.clients_per_round=20",
+    ],
+    "engine testbed": [
+        "costs={profile: flower}",
+        "testbed={cores: 2, emulation: engine}",
+        "dropout.stage=before_share_keys",
+        "dropout.rate=0.3",
+    ],
+    "engine testbed, model with the upload request": [
+        "costs={profile: flower}",
+        "testbed={cores: 2, emulation: engine}",
+    ],
     "trace replay": ["dropout.rate=0", "trace={file: TRACE}", "rounds=3", "sampling.clients_per_round=20"],
+    "pipelined trace replay": [
+        "dropout.rate=0",
+        "trace={file: TRACE}",
+        "rounds=3",
+        "sampling.clients_per_round=20",
+        "pipeline={chunks: 3}",
+    ],
     "trace replay, silent": [
         "dropout.rate=0",
         "trace={file: TRACE}",
@@ -98,13 +136,32 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES), ids=list(CASES))
 def test_calls_made_ahead_give_the_same_tables(tmp_path: Path, case: str) -> None:
-    overrides = CASES[case]
-    if case.startswith("trace replay"):
-        trace = tmp_path / "trace.csv"
-        rows = [f"{c},0,{0.02 + 0.002 * c:.6g}" for c in range(30)]
-        trace.write_text("\n".join(["# dropsim availability trace v1", "client,start_s,end_s", *rows]) + "\n")
-        overrides = [o.replace("TRACE", str(trace)) for o in overrides]
-    _same_tables(tmp_path, case.split(",", maxsplit=1)[0], overrides, (3,) if "three" in case else (2,))
+    overrides = _trace(tmp_path, CASES[case])
+    alone = _same_tables(tmp_path, case.split(",", maxsplit=1)[0], overrides, (3,) if "three" in case else (2,))
+    if "abort" in case:
+        assert b"aborted: " in alone["clients.csv"]  # the case does what it says
+    if "trace" in case:
+        assert b",offline:" in alone["clients.csv"]
+
+
+@pytest.fixture
+def jitter(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every call made ahead sleeps 0-3 ms before and after: the threads finish in other orders and later than
+    the simulator reaches their calls."""
+    made = ahead_module._made
+
+    def late(*args: Any) -> Any:
+        time.sleep(random.random() * 0.003)
+        outcome = made(*args)
+        time.sleep(random.random() * 0.003)
+        return outcome
+
+    monkeypatch.setattr(ahead_module, "_made", late)
+
+
+@pytest.mark.parametrize("case", ["secagg+", "clients abort", "pipelined xnoise", "pipelined trace replay"])
+def test_calls_made_late_and_out_of_step_give_the_same_tables(tmp_path: Path, jitter: None, case: str) -> None:
+    _same_tables(tmp_path, case, _trace(tmp_path, CASES[case]), (2, 4))
 
 
 @pytest.mark.slow
@@ -304,6 +361,23 @@ def test_a_leaver_closes_its_lane_and_its_later_messages_are_not_made_ahead() ->
         calls.close()
         executor.shutdown()
     assert [what for what, _ in machine.calls] == ["start", 5]
+
+
+def test_a_message_not_made_ahead_while_earlier_calls_wait_is_an_error() -> None:
+    # the lane closed at its second message (the client leaves there): handling that one before the first,
+    # made ahead, would mean handling them in another order than they were sent
+    calls, executor = _lanes(leaves=lambda c, m, msg: m.stage_of(msg) == "two")
+    try:
+        calls.start(2, 0, _Machine(), None, 1.0)  # type: ignore[arg-type]
+        first, leaving = _Note(1), _Note(100)
+        calls.sent(2, 0, first, b"1")
+        calls.sent(2, 0, leaving, b"100")
+        assert calls.take_start(2, 0) is not None
+        with pytest.raises(RuntimeError, match="handles a _Note before the _Note sent to it earlier"):
+            calls.take(2, 0, leaving)
+    finally:
+        calls.close()
+        executor.shutdown()
 
 
 def test_an_error_is_raised_where_the_call_is_taken_and_stops_its_lane() -> None:

@@ -30,6 +30,7 @@ from collections import deque
 from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from sim.dp.noise import usable_cores
 from sim.protocol import wire
@@ -118,7 +119,7 @@ class CallsAhead:
         lane = self.lanes.setdefault((c, j), Lane())
         assert lane.machine is None, f"client {c} (instance {j}) started twice"
         lane.machine = machine
-        self._submit(lane, None, lambda: (None, machine.start(update, weight)))
+        self._submit(lane, None, None, lambda _: machine.start(update, weight))
         pending, lane.pending = lane.pending, []
         for message, frame in pending:
             self._receive(c, lane, message, frame)
@@ -138,16 +139,14 @@ class CallsAhead:
         if lane.closed or self.leaves(c, machine, message):
             lane.closed = True
             return
+        self._submit(lane, message, frame, machine.receive)
 
-        def call() -> tuple[Message, Reaction]:
-            received = self.decode(frame)
-            return received, machine.receive(received)
-
-        self._submit(lane, message, call)
-
-    def _submit(self, lane: Lane, message: Message | None, call: Callable[[], tuple[Message | None, Reaction]]) -> None:
+    def _submit(
+        self, lane: Lane, message: Message | None, frame: bytes | None, call: Callable[[Any], Reaction]
+    ) -> None:
+        """Make ``call`` (of the message decoded from ``frame``; None: the start) after the lane's last call."""
         assert lane.machine is not None
-        lane.last = self.executor.submit(_made, lane.last, lane.machine, call, self.decode)
+        lane.last = self.executor.submit(_made, lane.last, lane.machine, frame, call, self.decode)
         lane.calls.append((message, lane.last))
 
     def take_start(self, c: int, j: int) -> Outcome | None:
@@ -165,13 +164,13 @@ class CallsAhead:
             return None
         made, future = lane.calls[0]
         if made is not message:
-            if any(m is message for m, _ in lane.calls):
-                raise RuntimeError(
-                    f"client {c} (instance {j}) handles a {type(message).__name__} before the "
-                    f"{type(made).__name__ if made is not None else 'start'} sent to it earlier: its calls were "
-                    "made ahead in the order sent; run with aggregation.threads: 1"
-                )
-            return None
+            # Not made ahead (its lane closed before it) can only follow every call that was: one still
+            # waiting means the client would handle its messages in another order than the calls were made.
+            raise RuntimeError(
+                f"client {c} (instance {j}) handles a {type(message).__name__ if message is not None else 'start'} "
+                f"before the {type(made).__name__ if made is not None else 'start'} sent to it earlier: its calls "
+                "were made ahead in the order sent; run with aggregation.threads: 1"
+            )
         lane.calls.popleft()
         outcome = future.result()
         self.taken += 1
@@ -203,11 +202,14 @@ class CallsAhead:
 def _made(
     before: Future[Outcome] | None,
     machine: ClientMachine,
-    call: Callable[[], tuple[Message | None, Reaction]],
+    frame: bytes | None,
+    call: Callable[[Any], Reaction],
     decode: Callable[[bytes], Message],
 ) -> Outcome:
-    """Make ``call`` once the call before it in its lane has been made (on a thread: the executor's queue is
-    first in, first out, so the one before has begun). Errors are carried, not raised."""
+    """``call`` of the message decoded from ``frame`` (None: of None), once the call before it in its lane has
+    been made (on a thread: the executor's queue is first in, first out, so the one before has begun).
+    Errors are carried, not raised: the client decoded the message (``received``) even if handling it
+    raised."""
     if before is not None:
         try:
             earlier = before.result()
@@ -218,7 +220,9 @@ def _made(
     received: Message | None = None
     thread = threading.current_thread().name
     try:
-        received, reaction = call()
+        if frame is not None:
+            received = decode(frame)
+        reaction = call(received)
         replies = tuple((frame, decode(frame)) for frame in (send.message.encode() for send in reaction.sends))
     except Exception as exc:  # raised where the client makes the call, in virtual time
         return Outcome(received, error=exc, finished=machine.finished, thread=thread)

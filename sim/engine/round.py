@@ -594,6 +594,8 @@ class Round:
         ahead = self.ahead.take(c, j, message)
         if ahead is None:
             return wire.decode(self._frame(message)), None
+        if ahead.received is None:  # decoding the frame failed: raised here, as it would have been on arrival
+            ahead.result()
         assert ahead.received is not None
         return ahead.received, ahead
 
