@@ -23,7 +23,7 @@ from sim.engine.ahead import THREAD_NAME, CallsAhead
 from sim.engine.round import Round
 from sim.protocol.machine import SERVER, Reaction, RemoteProtocolError, Send, Work
 from sim.protocol.wire import Message
-from sim.runner import Simulation, run_scenario
+from sim.runner import Simulation, run_scenario, scenario_digest
 from sim.scenario import ScenarioError, load
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -254,6 +254,16 @@ def test_auto_takes_the_cores_this_run_may_use(tmp_path: Path) -> None:
             assert executor is None and rounds[0].ahead is None
     finally:
         simulation.close()
+
+
+def test_the_thread_count_leaves_the_scenario_digest_alone(tmp_path: Path) -> None:
+    (tmp_path / "ahead.yaml").write_text(BASE)
+    digests = {
+        scenario_digest(load(tmp_path / "ahead.yaml", [f"aggregation.threads={v}"] if v else []).base())
+        for v in ("", "1", "2", "auto")
+    }
+    assert len(digests) == 1  # a run finished on one thread is finished for two
+    assert scenario_digest(load(tmp_path / "ahead.yaml", ["aggregation.bits=16"]).base()) not in digests
 
 
 @pytest.mark.parametrize("value", ["0", "-1", "1.5", "many", "300", "true"])

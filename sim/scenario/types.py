@@ -359,10 +359,20 @@ class Scenario:
         return self.document.origin(path) if self.document is not None else self.name
 
 
+EXECUTION_KEYS = (("aggregation", "threads"),)
+"""Keys that choose how a run is computed, never what it computes (the same tables whatever their value):
+left out of the digest, so that a run finished with one value counts as finished for another."""
+
+
 def scenario_digest(scenario: Scenario) -> str:
-    """SHA-256 of the resolved scenario: a finished run with the same digest need not run again."""
+    """SHA-256 of the resolved scenario, less :data:`EXECUTION_KEYS`: a finished run with the same digest need
+    not run again."""
     import hashlib
     import json
 
-    text = json.dumps(scenario.resolved, sort_keys=True, default=str)
+    resolved = dict(scenario.resolved)
+    for section, key in EXECUTION_KEYS:
+        if isinstance(resolved.get(section), dict) and key in resolved[section]:
+            resolved[section] = {k: v for k, v in resolved[section].items() if k != key}
+    text = json.dumps(resolved, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
