@@ -12,7 +12,9 @@ testbed (``RoundSetup.host``) every compute charge is instead a job on the host'
 for a client by the sleep that emulates its slow-down (:mod:`sim.engine.host`). On a simulation engine's
 testbed (``RoundSetup.engine``: ``testbed: {emulation: engine}``) messages cross no link: they wait for the
 engine's sweep or the server's poll, and each client handles every message it receives on one of the
-engine's workers, with the engine's own cost per message (:mod:`sim.engine.actors`).
+engine's workers, with the engine's own cost per message (:mod:`sim.engine.actors`). In ``full`` fidelity with
+``aggregation.threads`` > 1 the clients' machine calls are made ahead of virtual time on threads and taken
+where each client reaches them (:mod:`sim.engine.ahead`): the same round whatever the count.
 
 Collection steps end when every client the server machine still expects has answered or has left, or
 when the step's timeout passes; clients that have not answered by then are late (``timeout:<step>``) and
