@@ -3,6 +3,7 @@ it cannot fit, and independent of the population's size (a billion clients, boun
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import subprocess
@@ -53,6 +54,9 @@ def test_the_sampled_clients_are_charged_by_protocol_and_fidelity() -> None:
     sc = _scale("sampling.clients_per_round=300", "aggregation.protocol=secagg", "fidelity=full")
     (need,) = footprint.needs(sc, dim=1000)
     assert need.bytes == 300 * (footprint.CLIENT_BYTES + 299 * footprint.PAIR_BYTES + 1000 * 16)
+    # calls made ahead on threads hold each reply's decoded copy for the server too
+    (ahead,) = footprint.needs(dataclasses.replace(sc, protocol_threads=2), dim=1000)
+    assert ahead.bytes == need.bytes + 300 * 1000 * 4
     # plain federated averaging exchanges no keys
     (need,) = footprint.needs(_scale("sampling.clients_per_round=50", "aggregation={protocol: fedavg}"))
     assert need.bytes == 50 * footprint.CLIENT_BYTES
