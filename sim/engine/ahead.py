@@ -14,7 +14,7 @@ When the client reaches the call in virtual time, the simulator takes the result
 if need be) and charges its work as it would have: every virtual time, record and table is the same
 whatever the number of threads (``tests/test_ahead.py``). Numpy and AES-CTR, the bulk of a call at large
 dimensions, release Python's lock, so the calls of a broadcast's clients, the server's work and the next
-clients' training overlap (docs/performance.md, section 2).
+clients' training overlap (docs/performance.md, section 6).
 
 Each client (and chunk, in a pipelined round) has a :class:`Lane`: its calls run one after another, in the
 order the client will make them. A message the client will never handle (it leaves before that step) closes
