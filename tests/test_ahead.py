@@ -8,8 +8,9 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -313,15 +314,23 @@ class _Machine:
 Leaves = Callable[[int, Any, Message], bool]
 
 
-def _lanes(leaves: Leaves = lambda c, m, msg: False) -> tuple[CallsAhead, ThreadPoolExecutor]:
+@contextmanager
+def _lanes(
+    leaves: Leaves = lambda c, m, msg: False, frames: dict[int, tuple[Message, bytes]] | None = None
+) -> Iterator[CallsAhead]:
+    """Calls made ahead on two threads, frames decoded as :class:`_Note`; closed, and the threads ended, after."""
     executor = ThreadPoolExecutor(2, thread_name_prefix=THREAD_NAME)
-    return CallsAhead(executor, leaves, {}, decode=lambda frame: _Note(int(frame))), executor
+    calls = CallsAhead(executor, leaves, {} if frames is None else frames, decode=lambda frame: _Note(int(frame)))
+    try:
+        yield calls
+    finally:
+        calls.close()
+        executor.shutdown()
 
 
 def test_a_lane_makes_its_calls_in_order_and_gives_them_in_order() -> None:
-    calls, executor = _lanes()
     machine = _Machine(slow_s=0.01)
-    try:
+    with _lanes() as calls:
         notes = [_Note(i) for i in range(5)]
         calls.sent(7, 0, notes[0], b"0")  # before the start: held until the client starts
         calls.start(7, 0, machine, None, 1.0)  # type: ignore[arg-type]
@@ -333,16 +342,12 @@ def test_a_lane_makes_its_calls_in_order_and_gives_them_in_order() -> None:
             taken = calls.take(7, 0, note)
             assert taken is not None and taken.result().work == (Work("x", {"n": note.n}),)
             assert isinstance(taken.received, _Note) and taken.received.n == note.n
-    finally:
-        calls.close()
-        executor.shutdown()
     assert [what for what, _ in machine.calls] == ["start", 0, 1, 2, 3, 4]
     assert all(name.startswith(THREAD_NAME) for _, name in machine.calls)
 
 
 def test_a_message_taken_out_of_order_is_an_error() -> None:
-    calls, executor = _lanes()
-    try:
+    with _lanes() as calls:
         first, second = _Note(1), _Note(2)
         calls.start(3, 0, _Machine(), None, 1.0)  # type: ignore[arg-type]
         calls.sent(3, 0, first, b"1")
@@ -350,15 +355,11 @@ def test_a_message_taken_out_of_order_is_an_error() -> None:
         assert calls.take_start(3, 0) is not None
         with pytest.raises(RuntimeError, match="before the _Note sent to it earlier"):
             calls.take(3, 0, second)
-    finally:
-        calls.close()
-        executor.shutdown()
 
 
 def test_a_leaver_closes_its_lane_and_its_later_messages_are_not_made_ahead() -> None:
-    calls, executor = _lanes(leaves=lambda c, m, msg: m.stage_of(msg) == "two")
     machine = _Machine()
-    try:
+    with _lanes(leaves=lambda c, m, msg: m.stage_of(msg) == "two") as calls:
         calls.start(1, 0, machine, None, 1.0)  # type: ignore[arg-type]
         early, leaving, after = _Note(5), _Note(100), _Note(6)
         for note in (early, leaving, after):
@@ -367,17 +368,13 @@ def test_a_leaver_closes_its_lane_and_its_later_messages_are_not_made_ahead() ->
         assert calls.take(1, 0, early) is not None
         assert calls.take(1, 0, leaving) is None  # made in turn, if at all: the client leaves first
         assert calls.take(1, 0, after) is None
-    finally:
-        calls.close()
-        executor.shutdown()
     assert [what for what, _ in machine.calls] == ["start", 5]
 
 
 def test_a_message_not_made_ahead_while_earlier_calls_wait_is_an_error() -> None:
     # the lane closed at its second message (the client leaves there): handling that one before the first,
     # made ahead, would mean handling them in another order than they were sent
-    calls, executor = _lanes(leaves=lambda c, m, msg: m.stage_of(msg) == "two")
-    try:
+    with _lanes(leaves=lambda c, m, msg: m.stage_of(msg) == "two") as calls:
         calls.start(2, 0, _Machine(), None, 1.0)  # type: ignore[arg-type]
         first, leaving = _Note(1), _Note(100)
         calls.sent(2, 0, first, b"1")
@@ -385,15 +382,11 @@ def test_a_message_not_made_ahead_while_earlier_calls_wait_is_an_error() -> None
         assert calls.take_start(2, 0) is not None
         with pytest.raises(RuntimeError, match="handles a _Note before the _Note sent to it earlier"):
             calls.take(2, 0, leaving)
-    finally:
-        calls.close()
-        executor.shutdown()
 
 
 def test_an_error_is_raised_where_the_call_is_taken_and_stops_its_lane() -> None:
-    calls, executor = _lanes()
     machine = _Machine(bad=2)
-    try:
+    with _lanes() as calls:
         calls.start(4, 0, machine, None, 1.0)  # type: ignore[arg-type]
         notes = [_Note(i) for i in range(1, 4)]
         for note in notes:
@@ -406,16 +399,12 @@ def test_an_error_is_raised_where_the_call_is_taken_and_stops_its_lane() -> None
             failed.result()
         skipped = calls.take(4, 0, notes[2])
         assert skipped is not None and skipped.skipped
-    finally:
-        calls.close()
-        executor.shutdown()
     assert [what for what, _ in machine.calls] == ["start", 1]  # nothing after the error
 
 
 def test_the_rounds_end_drops_the_calls_not_begun() -> None:
-    calls, executor = _lanes()
     machines = [_Machine(slow_s=0.05) for _ in range(4)]
-    try:
+    with _lanes() as calls:
         for c, machine in enumerate(machines):
             calls.start(c, 0, machine, None, 1.0)  # type: ignore[arg-type]
             for n in range(5):
@@ -425,21 +414,17 @@ def test_the_rounds_end_drops_the_calls_not_begun() -> None:
         assert made <= 4
         time.sleep(0.1)
         assert sum(len(m.calls) for m in machines) == made
-    finally:
-        executor.shutdown()
 
 
 def test_replies_are_encoded_and_decoded_ahead_for_the_server() -> None:
     frames: dict[int, tuple[Message, bytes]] = {}
-    executor = ThreadPoolExecutor(2, thread_name_prefix=THREAD_NAME)
 
     class Replier(_Machine):
         def receive(self, message: Message) -> Reaction:
             assert isinstance(message, _Note)
             return Reaction(sends=(Send(SERVER, _Encodable(message.n * 10)),))
 
-    calls = CallsAhead(executor, lambda c, m, msg: False, frames, decode=lambda frame: _Note(int(frame)))
-    try:
+    with _lanes(frames=frames) as calls:
         calls.start(0, 0, Replier(), None, 1.0)  # type: ignore[arg-type]
         note = _Note(4)
         calls.sent(0, 0, note, b"4")
@@ -451,9 +436,6 @@ def test_replies_are_encoded_and_decoded_ahead_for_the_server() -> None:
         decoded = calls.for_server_of(reply.message)
         assert isinstance(decoded, _Note) and decoded.n == 40
         assert calls.for_server_of(reply.message) is None  # handed over once
-    finally:
-        calls.close()
-        executor.shutdown()
 
 
 class _Encodable(_Note):

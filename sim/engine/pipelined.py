@@ -262,7 +262,7 @@ class Pipeline:
                 staged = (MASK, j) not in cpu.done
                 priority = STAGED if staged else SIDE
                 yield from r.client_compute(c, [Work("wire.decode", frame_size(message))], priority)
-                if departure.before(machine.stage_of(message)):
+                if r.leaves_before(c, machine, message):
                     if departure.waits_for_uploads:
                         # it drops after uploading: whatever the timing, all its masked inputs go out first
                         yield self.all_sent[c]

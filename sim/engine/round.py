@@ -175,7 +175,7 @@ class Round:
         self.ahead: CallsAhead | None = None
         """The clients' calls made ahead on threads (:mod:`sim.engine.ahead`), or None."""
         if setup.ahead is not None and self.full:
-            self.ahead = CallsAhead(setup.ahead, self._leaves_before, self.encoded)
+            self.ahead = CallsAhead(setup.ahead, self.leaves_before, self.encoded)
         self.early: dict[int, ClientMachine] = {}
         """Client -> its machine, made when its update was trained so that its start could be made ahead."""
         self.finished: set[tuple[int, int]] = set()
@@ -526,7 +526,7 @@ class Round:
                 else:
                     extra = self._engine_in(message)
                 yield from self.client_compute(c, work, extra=extra)
-                if departure.before(machine.stage_of(message)):
+                if self.leaves_before(c, machine, message):
                     self.leave(c, departure.stage)
                     return
                 if late:
@@ -619,8 +619,9 @@ class Round:
             self.finished.add((c, j))
         return ahead.result()
 
-    def _leaves_before(self, c: int, machine: ClientMachine, message: Message) -> bool:
-        """Whether client ``c`` leaves before handling ``message`` (its planned dropout)."""
+    def leaves_before(self, c: int, machine: ClientMachine, message: Message) -> bool:
+        """Whether client ``c`` leaves before handling ``message`` (its planned dropout): where it leaves, and
+        where its lane of calls made ahead closes."""
         return self.departure(c).before(machine.stage_of(message))
 
     def release(self) -> None:
