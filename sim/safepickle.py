@@ -56,7 +56,10 @@ and what the stand-ins build from one pickle (bytes, bytearrays, arrays and scal
 :data:`MIN_DECODED_BYTES` (1 MiB) and never more than :data:`MAX_DECODED_BYTES` (1 GiB). The budget is
 checked before each allocation, so a 33-byte ``bytearray(2**28)`` or a loop of ``_codecs.encode`` calls on
 one large string is refused without allocating. An array's shape may have at most :data:`MAX_NDIM`
-dimensions, and the product of its non-zero dimensions times its item size must fit the budget.
+dimensions, each a size from 0 to :data:`MAX_DIMENSION` (2**30), and the product of its non-zero sizes times
+its item size must fit the budget. Each size is compared with that bound before any product is formed: the
+file chooses how many digits an int has, and comparing it with a small int takes one step whatever its
+length, while multiplying such ints takes time that grows faster than their length.
 
 What pickle builds natively has a budget of its own, because Python objects are large next to their
 pickle: a 1-byte ``}`` makes a 64-byte dict, ``\\x8f`` a 216-byte set, and a FedScale trace of short
@@ -120,6 +123,7 @@ __all__ = [
     "KEY_WORK_PER_INPUT_BYTE",
     "MAX_DECODED_BYTES",
     "MAX_DEPTH",
+    "MAX_DIMENSION",
     "MAX_NATIVE_BYTES",
     "MAX_NDIM",
     "MAX_PICKLE_BYTES",
@@ -144,6 +148,9 @@ MIN_DECODED_BYTES = 1 << 20
 """...but at least this many (1 MiB), so that tiny pickles of arrays and sets load."""
 MAX_NDIM = 32
 """Most dimensions a loaded array may have."""
+MAX_DIMENSION = MAX_DECODED_BYTES
+"""Largest size of one dimension of a loaded array (2**30): a larger one belongs only to an array over every
+pickle's budget, or to an empty one. With :data:`MAX_NDIM`, it bounds the product of the sizes at 2**960."""
 NATIVE_BYTES_PER_INPUT_BYTE = 32
 """What pickle builds natively (objects, stack slots, container and memo growth) may take this many bytes
 per byte of the pickle (FedScale traces take 5 to 25)."""
@@ -655,7 +662,16 @@ class _Decoder:
             )
         assert isinstance(shape, tuple) and raw is not None  # for mypy: checked just above
         dtype = spec.dtype
-        span = math.prod(d for d in shape if d) * dtype.itemsize
+        # Compared before they are multiplied (a comparison with a small int is one step, whatever its digits).
+        big = next((d for d in shape if d > MAX_DIMENSION), None)
+        if big is not None:
+            raise self.refuse(
+                "numpy.ndarray",
+                f"refusing numpy array of shape {short_repr(shape)} and dtype {dtype}: a size of {short_repr(big)} "
+                f"is over the {MAX_DIMENSION} any size may be (an array of it would be over every pickle's cap of "
+                f"at most {MAX_DECODED_BYTES} bytes)",
+            )
+        span = math.prod(d for d in shape if d) * dtype.itemsize  # at most MAX_NDIM factors of 2**30
         if span > self.budget:
             raise self.refuse(
                 "numpy.ndarray",

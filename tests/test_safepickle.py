@@ -32,6 +32,7 @@ from numpy._core.multiarray import _reconstruct, scalar
 from sim.errors import InputError
 from sim.safepickle import (
     MAX_DEPTH,
+    MAX_DIMENSION,
     MAX_NDIM,
     MAX_PICKLE_BYTES,
     MIN_DECODED_BYTES,
@@ -361,9 +362,11 @@ def test_reconstruct_and_scalar_accept_only_what_numpy_writes() -> None:
 def test_array_states_are_checked_before_anything_is_allocated() -> None:
     f8 = _dtype("f8", (3, "<", None, None, None, -1, -1, 0))
     cases = [
-        (_array(f8, (2**40,), b""), "8796093022208 bytes is over this pickle's cap of 1048576 bytes"),
+        (_array(f8, (2**27,), b""), "1073741824 bytes is over this pickle's cap of 1048576 bytes"),
+        (_array(f8, (2**40,), b""), f"a size of 1099511627776 is over the {MAX_DIMENSION} any size may be"),
         (_array(f8, (3,), b"\x00" * 8), "it needs 24 bytes of data, the pickle gives 8"),
-        (_array(f8, (0, 2**62), b""), "over this pickle's cap"),
+        (_array(f8, (0, 2**62), b""), "a size of 4611686018427387904 is over the"),
+        (_array(f8, (0, 2**30, 2**30), b""), "over this pickle's cap"),
         (_array(f8, (0,) * (MAX_NDIM + 1), b""), f"a tuple of at most {MAX_NDIM} sizes"),
         (_array(f8, (-1,), b""), "sizes >= 0"),
         (_array(f8, (True,), b"\x00" * 8), "sizes >= 0"),
@@ -378,6 +381,19 @@ def test_array_states_are_checked_before_anything_is_allocated() -> None:
         assert words in str(info.value)
     old_style = pickle.dumps(_array(f8, (1,), b"\x00" * 8, version=None))  # a state without its version
     assert restricted_loads(old_style, allow_numpy=True).tolist() == [0.0]
+
+
+def test_shape_sizes_are_compared_before_they_are_multiplied() -> None:
+    """A shape of 32 sizes of 4096 random bytes each (a 131 KB pickle): refused at the first size, naming its
+    bits. Before the fix every size was multiplied into the array's span first, superlinear in their digits
+    (tests/test_fuzz_files.py measures the CPU time of larger ones)."""
+    rng = np.random.default_rng(5)
+    sizes = tuple(int.from_bytes(rng.bytes(4096), "little") | 1 << (8 * 4096 - 1) for _ in range(MAX_NDIM))
+    f8 = _dtype("f8", (3, "<", None, None, None, -1, -1, 0))
+    with pytest.raises(UnsafePickleError) as info:
+        restricted_loads(pickle.dumps(_array(f8, sizes, b""), protocol=2), allow_numpy=True)
+    assert f"a size of <int of 32768 bits> is over the {MAX_DIMENSION} any size may be" in str(info.value)
+    assert len(str(info.value)) < 700
 
 
 def test_an_array_state_given_twice_is_refused() -> None:
