@@ -3,13 +3,20 @@ is allowed; overrides and sweeps expand as documented; defaults are resolved."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+import yaml
 
 from sim.scenario import ScenarioError, load
 from sim.scenario.grid import parse_override, run_label
+from sim.scenario.reader import as_number, shown
+from sim.scenario.source import MAX_NUMBER_CHARS, load_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
 
 BASE = """\
 name: t
@@ -229,22 +236,112 @@ def test_data_keys_belong_to_their_data_set(tmp_path):
     assert ok.data.samples_per_client == 5 and "test_fraction" not in ok.resolved["data"]
 
 
-def test_integers_beyond_floats_and_beyond_repr_are_named_not_raised(tmp_path: Path) -> None:
-    """A 5000-digit seed (more than Python converts from text) and a 60,000-digit hexadecimal exponent (more
-    than a float holds, and than ``repr`` shows) are scenario errors with file and key, not tracebacks."""
-    long_seed = tmp_path / "seed.yaml"
-    long_seed.write_text("seed: " + "9" * 5000 + "\nrounds: 1\npopulation: 10\n")
+def test_numbers_are_bounded_before_they_are_converted(tmp_path: Path) -> None:
+    """A 5000-digit seed, and the 200,000 hexadecimal digits of ``rounds: 0x...``, are refused by the loader
+    before conversion, naming file and line, whatever the interpreter's digit limit (lifted here). Before the
+    fix the first was Python's own ValueError without a line (and with the limit lifted, a quadratic
+    conversion); the second was read, and ``dropsim check`` printed the rounds: a traceback."""
     limit = sys.get_int_max_str_digits()
-    sys.set_int_max_str_digits(4300)  # Python's default (the test run may have lifted it)
+    sys.set_int_max_str_digits(0)
     try:
-        with pytest.raises(ScenarioError, match="holds a value that cannot be read: Exceeds the limit"):
-            load(long_seed)
+        for text, line, characters in (
+            ("seed: " + "9" * 5000 + "\nrounds: 1\npopulation: 10\n", 1, 5000),
+            ("name: x\nrounds: 0x" + "f" * 200_000 + "\npopulation: 10\n", 2, 200_002),
+            ("a: !!float " + "1" * 2000 + ".5\n", 1, 2002),
+        ):
+            with pytest.raises(ScenarioError) as info:
+                load(write(tmp_path, text))
+            assert str(info.value) == (
+                f"{tmp_path / 's.yaml'}:{line}: (file): holds {'a float' if 'float' in text else 'an integer'} of "
+                f"{characters} characters; a number may have at most {MAX_NUMBER_CHARS}"
+            )
     finally:
         sys.set_int_max_str_digits(limit)
-    huge = tmp_path / "huge.yaml"
-    huge.write_text("rounds: 1\npopulation: 10\nclients: {compute: {zipf_a: 0x" + "f" * 50000 + "}}\n")
-    with pytest.raises(ScenarioError, match=r"huge.yaml:3: clients.compute.zipf_a: is an integer of 60206 digits"):
-        load(huge).base()
+
+
+def test_whole_numbers_are_64_bit_and_huge_ones_are_named_not_raised(tmp_path: Path) -> None:
+    """A key without a bound of its own takes at most 2^63 - 1; a number beyond any float, or a list holding
+    one beyond ``repr``, is shown in its message, not raised."""
+    text = f"rounds: 0x{'f' * 900}\npopulation: {2**63}\nclients: {{compute: {{zipf_a: 0x{'f' * 998}}}}}\n"
+    text += "data: {dataset: digits, partition: {dirichlet: 0x" + "f" * 998 + "}}\n"
+    found = problems(tmp_path, text)
+    assert any(f":1: rounds: is {str(16**900 - 1)[:60]}" in m for m in found)
+    assert any(m.endswith("out of range; allowed: a whole number >= 1, at most 2^63 - 1 (64 bits)") for m in found)
+    assert any(f"population: is {2**63}, out of range; allowed: a whole number in [1, {2**62}]" in m for m in found)
+    assert any(":3: clients.compute.zipf_a: is 5149234739" in m and "a number >= 0 is expected" in m for m in found)
+    assert any(":4: data.partition: is {'dirichlet': 5149234739" in m and "allowed: iid, natural" in m for m in found)
+    assert shown(1 << 20_000) == "an integer of 6021 digits"
+    assert shown({"a": [1 << 20_000]}) == "{'a': [an integer of 6021 digits]}"
+
+
+def test_base_60_numbers_are_text(tmp_path: Path) -> None:
+    """YAML 1.1's ``1:30`` (90) is read as the text it looks like; a tag asking for it as a number is refused.
+    Before, 160,000 groups of ``:1`` took seconds to convert (quadratic: each group multiplies the value)."""
+    (message,) = problems(tmp_path, BASE.replace("rounds: 2", "rounds: 1:30"))
+    assert message.endswith(":3: rounds: is '1:30'; a whole number >= 1 is expected")
+    for tag in ("!!int", "!!float"):
+        with pytest.raises(ScenarioError) as info:
+            load(write(tmp_path, f"name: x\nrounds: {tag} 1:30\n"))
+        assert str(info.value).endswith(
+            ":2: (file): holds the base-60 number '1:30', which is not read; write it in base 10"
+        )
+    assert load_yaml("a: 1:30\nb: 1:30.5\nc: 0x1F\nd: 010\ne: 1_000\nf: 0b11\ng: yes\n", "t") == {
+        "a": "1:30",
+        "b": "1:30.5",
+        "c": 31,
+        "d": 8,
+        "e": 1000,
+        "f": 3,
+        "g": True,
+    }
+
+
+def test_numbers_written_as_text_are_read_in_linear_time(tmp_path: Path) -> None:
+    """``rounds: '111...1x'``: the former pattern tried every split of the digits between two of its runs, so a
+    failed match was quadratic (50,000 digits: most of a minute; tests/test_fuzz_files.py counts CPU time). Text
+    is now matched only up to MAX_NUMBER_CHARS characters, by a pattern with one way to match."""
+    (message,) = problems(tmp_path, BASE.replace("rounds: 2", f"rounds: '{'1' * 50_000}x'"))
+    assert message.endswith("rounds: is '" + "1" * 76 + "...; a whole number >= 1 is expected")
+    assert as_number("1" * 900 + ".5e3") == float("1" * 900 + ".5e3")
+    assert as_number("1" * (MAX_NUMBER_CHARS + 1)) is None
+    assert [as_number(t) for t in ("1.", ".5", "-2e3", "+1.5E-2", "1e", ".", "1.2.3")] == [
+        1.0,
+        0.5,
+        -2000.0,
+        0.015,
+        None,
+        None,
+        None,
+    ]
+
+
+def _shipped_yaml() -> list[tuple[str, str]]:
+    """Every YAML text the project ships: scenarios/**, and the yaml blocks of README.md, docs/ and traces/."""
+    texts = [
+        (str(p.relative_to(ROOT)), p.read_text(encoding="utf-8")) for p in sorted(ROOT.glob("scenarios/**/*.y*ml"))
+    ]
+    for page in [ROOT / "README.md", *sorted(ROOT.glob("docs/**/*.md")), *sorted(ROOT.glob("traces/**/*.md"))]:
+        blocks = re.findall(r"^```ya?ml\n(.*?)^```", page.read_text(encoding="utf-8"), flags=re.M | re.S)
+        texts += [(f"{page.relative_to(ROOT)} block {i}", block) for i, block in enumerate(blocks)]
+    return texts
+
+
+def _typed(value: Any) -> Any:
+    """``value`` with every scalar paired with its type: ``1 == 1.0 == True``, but the loaders must agree."""
+    if isinstance(value, dict):
+        return {_typed(k): _typed(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    return (type(value).__name__, value)
+
+
+def test_every_shipped_yaml_reads_as_the_safe_loader_reads_it() -> None:
+    """The bounded loader drops only base-60 numbers and numbers over MAX_NUMBER_CHARS: every scenario and
+    YAML example the project ships is the same data, type for type, through both."""
+    texts = _shipped_yaml()
+    assert len(texts) > 25
+    for name, text in texts:
+        assert _typed(load_yaml(text, name)) == _typed(yaml.safe_load(text)), name
 
 
 def test_whole_numbers_beyond_2_53_are_read_exactly(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from sim.plugins import GROUPS, PluginError, is_import_path, is_installed, resol
 from sim.protocol.registry import PROTOCOLS, AggregationParams, either, optional_stages
 from sim.scenario.dropout_modes import DEFAULT_MODE, MODES, dropout_mode, may_drop
 from sim.scenario.errors import ScenarioError
-from sim.scenario.reader import Reader, shown
+from sim.scenario.reader import MAX_INTEGER, Reader, as_number, shown
 from sim.scenario.source import Document
 from sim.scenario.types import (
     DATASETS,
@@ -337,9 +337,9 @@ def _threads(value: Any) -> tuple[int | None, Any]:
 def _neighbours(value: Any) -> tuple[int | None, Any]:
     if value == "auto":
         return None, "auto"
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 2:
+    if isinstance(value, int) and not isinstance(value, bool) and 2 <= value <= MAX_INTEGER:
         return value, value
-    raise ValueError("allowed: auto, or a whole number >= 2 (the SecAgg+ degree, rounded up to even)")
+    raise ValueError("allowed: auto, or a whole number >= 2 (the SecAgg+ degree, rounded up to even), at most 2^63 - 1")
 
 
 def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
@@ -424,8 +424,9 @@ def _partition(value: Any) -> tuple[Partition, Any]:
         return Partition(value), value
     if isinstance(value, dict) and list(value) == ["dirichlet"]:
         alpha = value["dirichlet"]
-        if isinstance(alpha, int | float) and not isinstance(alpha, bool) and alpha > 0 and math.isfinite(alpha):
-            return Partition("dirichlet", float(alpha)), {"dirichlet": float(alpha)}
+        number = as_number(alpha) if isinstance(alpha, int | float) else None  # (an int beyond floats: inf)
+        if number is not None and number > 0 and math.isfinite(number):
+            return Partition("dirichlet", number), {"dirichlet": number}
     raise ValueError(allowed)
 
 
@@ -526,7 +527,7 @@ def _model(r: Reader) -> Model:
     if r.has("name"):
         r.fail(
             "name",
-            f"is {r.raw('name')!r}, given with params; give one: name (a real model) or params (an abstract "
+            f"is {shown(r.raw('name'))}, given with params; give one: name (a real model) or params (an abstract "
             "model of that many parameters, for fidelity timing)",
         )
     params = r.integer("params", lo=1)

@@ -5,6 +5,11 @@ A :class:`Reader` walks one mapping. Each getter checks a value's type and range
 (and returns the default so reading goes on and every problem is reported at once), and writes the
 resolved value (defaults filled) into a parallel "resolved" mapping that becomes the manifest's copy of
 the scenario. :meth:`Reader.finish` reports keys nobody asked for, suggesting the closest known key.
+
+Whole numbers are 64-bit: a key without a bound of its own takes at most :data:`MAX_INTEGER`. Numbers
+written as text (``"0.5"``) are read only up to :data:`~sim.scenario.source.MAX_NUMBER_CHARS` characters,
+with a pattern that takes time linear in its length; values are shown in messages cut short, whatever
+their size.
 """
 
 from __future__ import annotations
@@ -12,16 +17,22 @@ from __future__ import annotations
 import difflib
 import math
 import re
+import reprlib
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from sim.scenario.errors import Problem
-from sim.scenario.source import Document, KeyPath, format_path
+from sim.scenario.source import MAX_NUMBER_CHARS, Document, KeyPath, format_path
 
 T = TypeVar("T")
 
+MAX_INTEGER = 2**63 - 1
+"""Largest whole number a key takes when it names no bound of its own: a 64-bit signed integer, as every
+count and id of a run is."""
+
 _MISSING: Any = object()
-_FLOAT_TEXT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")
+# One way to match each text (no optional part can take what another takes), so a failed match is linear.
+_FLOAT_TEXT = re.compile(r"^[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?$")
 
 
 class Reader:
@@ -105,7 +116,7 @@ class Reader:
             self._put(key, default)
             return self._fallback(default)
         allowed = _range_text("a number", lo, hi, lo_open, hi_open)
-        number = _as_number(value)
+        number = as_number(value)
         if number is None or not math.isfinite(number):
             self.fail(key, f"is {shown(value)}; {allowed} is expected")
             return self._fallback(default)
@@ -124,12 +135,15 @@ class Reader:
         allowed = _range_text("a whole number", lo, hi, False, False)
         number: float | int | None = value if isinstance(value, int) and not isinstance(value, bool) else None
         if number is None:  # not an int as written: a float or a number in text, whole or not
-            number = _as_number(value)
+            number = as_number(value)
             if number is None or not math.isfinite(number) or number != int(number):
                 self.fail(key, f"is {shown(value)}; {allowed} is expected")
                 return self._fallback(default)
         if not _in_range(number, lo, hi, False, False):  # an int compared exactly, beyond 2^53 too
             self.fail(key, f"is {shown(value)}, out of range; allowed: {allowed}")
+            return self._fallback(default)
+        if hi is None and number > MAX_INTEGER:
+            self.fail(key, f"is {shown(value)}, out of range; allowed: {allowed}, at most 2^63 - 1 (64 bits)")
             return self._fallback(default)
         self._put(key, int(number))
         return int(number)
@@ -186,7 +200,7 @@ class Reader:
         if not isinstance(value, list | tuple) or len(value) != 2:
             self.fail(key, f"is {shown(value)}; {allowed} is expected")
             return self._fallback(default)
-        low, high = (_as_number(v) for v in value)
+        low, high = (as_number(v) for v in value)
         if (
             low is None
             or high is None
@@ -278,17 +292,33 @@ def _not_plain(value: Any, path: tuple[str, ...] = ()) -> tuple[tuple[str, ...],
     return path, value
 
 
+class _Bounded(reprlib.Repr):
+    """reprlib's bounded repr, with integers too long for ``repr`` given by their number of digits."""
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return repr(x)
+        except ValueError:  # more digits than Python writes (4300 unless lifted)
+            return f"an integer of {int(x.bit_length() * math.log10(2)) + 1} digits"
+
+
+_BOUNDED = _Bounded()
+_BOUNDED.maxstring = _BOUNDED.maxother = 80
+
+
 def shown(value: Any, limit: int = 80) -> str:
     """``repr(value)`` for an error message, cut to ``limit`` characters (a file may hold values of any size,
     and integers too long for ``repr``)."""
     try:
         text = repr(value)
-    except ValueError:  # an integer of more than 4300 digits
-        return f"an integer of {int(value.bit_length() * math.log10(2)) + 1} digits"
+    except ValueError:  # an integer of more than 4300 digits, alone or within a list or mapping
+        text = _BOUNDED.repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def _as_number(value: Any) -> float | None:
+def as_number(value: Any) -> float | None:
+    """An int, a float or a number written as text as a float (an int beyond floats is infinite, so out of
+    every range); None for anything else, booleans and text longer than MAX_NUMBER_CHARS included."""
     if isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -296,7 +326,7 @@ def _as_number(value: Any) -> float | None:
             return float(value)
         except OverflowError:  # an integer beyond any float: out of every range, and said so
             return math.inf if value > 0 else -math.inf
-    if isinstance(value, str) and _FLOAT_TEXT.match(value.strip()):
+    if isinstance(value, str) and len(value) <= MAX_NUMBER_CHARS and _FLOAT_TEXT.match(value.strip()):
         return float(value)
     return None
 

@@ -1,20 +1,33 @@
 """Scenario documents: YAML text to plain data, remembering where each key came from.
 
-A scenario is read twice from the same text: ``yaml.safe_load`` gives the plain data (only mappings,
-lists, strings, numbers, booleans and null: no Python objects are ever constructed), and ``yaml.compose``
-gives the node tree whose marks tell, for every key path, the file and line it was written on. Errors
-name that origin. Keys given on the command line (``--set``) or by a sweep carry their own origin.
+A scenario is composed once into PyYAML's node tree, whose marks tell, for every key path, the file and
+line it was written on (errors name that origin), and the tree is then constructed into plain data (only
+mappings, lists, strings, numbers, booleans, null and timestamps: no Python objects are ever made). Keys
+given on the command line (``--set``) or by a sweep carry their own origin.
 
-Before either, the text's event stream (PyYAML's parser is iterative) is checked for what would make the
+Before that, the text's event stream (PyYAML's parser is iterative) is checked for what would make the
 recursive composer, the key-path walk or a later deep copy fail or blow up: lists and mappings nested
 deeper than :data:`MAX_DEPTH`, an alias inside the node it names (a document that contains itself), and
 aliases that expand to more than :data:`MAX_VALUES` values ("billion laughs"). Each is a
 :class:`ScenarioError` naming the line.
+
+The loader (:func:`load_yaml`, the one every YAML file and value of a scenario goes through) is PyYAML's
+safe loader, which reads YAML 1.1, with two changes that bound the work of turning a scalar into a number:
+
+* YAML 1.1's base-60 numbers (``1:30`` for 90, ``1:30.5`` for 90.5) are not taken: such a scalar is text.
+  Each ``:`` group multiplies the whole value read so far, so that conversion takes time quadratic in the
+  scalar's length, and YAML 1.2 dropped the form. Every other YAML 1.1 form is kept (``0x1F``, ``0b101``,
+  ``010`` for 8, ``1_000``, ``.inf``, ``yes``/``no``...): each converts in linear time, and dropping one
+  would change what a file already written means.
+* An integer or float, implicit or tagged (``!!int``), may be written with at most :data:`MAX_NUMBER_CHARS`
+  characters, checked before it is converted (and ``!!int``/``!!float`` refuse a base-60 value), whatever
+  limit on digits the interpreter has.
 """
 
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +43,67 @@ MAX_DEPTH = 50
 """Deepest nesting of lists and mappings a scenario document may have (the shipped ones nest 4 deep)."""
 MAX_VALUES = 100_000
 """Most values (scalars, lists and mappings) a document may hold once its aliases are expanded."""
+MAX_NUMBER_CHARS = 1000
+"""Most characters an integer or float may be written with (sign, prefix and underscores included): far
+more than any 64-bit value or float needs."""
+
+_INT = "tag:yaml.org,2002:int"
+_FLOAT = "tag:yaml.org,2002:float"
+_WITHOUT_BASE_60 = {
+    # PyYAML's YAML 1.1 patterns (yaml/resolver.py), less their base-60 alternatives.
+    _INT: re.compile(
+        r"""^(?:[-+]?0b[0-1_]+
+            |[-+]?0[0-7_]+
+            |[-+]?(?:0|[1-9][0-9_]*)
+            |[-+]?0x[0-9a-fA-F_]+)$""",
+        re.X,
+    ),
+    _FLOAT: re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?
+            |\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?
+            |[-+]?\.(?:inf|Inf|INF)
+            |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+}
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A scalar the loader refuses to convert (a number too long, a base-60 number); names its line."""
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without base-60 numbers, and with numbers of at most MAX_NUMBER_CHARS characters."""
+
+    def _number_text(self, node: yaml.ScalarNode, kind: str) -> None:
+        """Refuse the scalar of an ``int`` or ``float`` node before it is converted, if too long or base-60."""
+        text = str(node.value)
+        problem = ""
+        if len(text) > MAX_NUMBER_CHARS:
+            problem = (
+                f"holds {'an integer' if kind == 'int' else 'a float'} of {len(text)} characters; a number may "
+                f"have at most {MAX_NUMBER_CHARS}"
+            )
+        elif ":" in text:
+            problem = f"holds the base-60 number {text!r}, which is not read; write it in base 10"
+        if problem:
+            raise _Refused(problem=problem, problem_mark=node.start_mark)
+
+    def construct_bounded_int(self, node: yaml.ScalarNode) -> int:
+        self._number_text(node, "int")
+        return int(self.construct_yaml_int(node))
+
+    def construct_bounded_float(self, node: yaml.ScalarNode) -> float:
+        self._number_text(node, "float")
+        return float(self.construct_yaml_float(node))
+
+
+_Loader.yaml_implicit_resolvers = {  # the safe loader's, in their order, the two patterns replaced
+    first: [(tag, _WITHOUT_BASE_60.get(tag, pattern)) for tag, pattern in resolvers]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_constructor(_INT, _Loader.construct_bounded_int)
+_Loader.add_constructor(_FLOAT, _Loader.construct_bounded_float)
 
 
 def format_path(path: KeyPath) -> str:
@@ -90,32 +164,55 @@ class Document:
         self.origins[path] = origin
 
 
+def load_yaml(text: str, name: str) -> Any:
+    """The plain data of YAML ``text`` (from ``name``, a file or an option), read as a scenario is: shape
+    checked, base-60 numbers not taken, numbers bounded (see the module's docstring). Raises
+    :class:`ScenarioError` naming ``name`` and the line."""
+    return _read(text, name, None)
+
+
 def parse_text(text: str, name: str) -> Document:
     """Parse YAML ``text`` (from file ``name``) into a :class:`Document`."""
-    try:
-        _check_shape(text, name)
-        data = yaml.safe_load(text)
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{name}:{mark.line + 1}" if mark is not None else name
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ScenarioError([Problem(where, "(file)", f"is not valid YAML: {problem}")]) from None
-    except ValueError as exc:  # a value YAML cannot construct, e.g. an integer of more than 4300 digits
-        raise ScenarioError([Problem(name, "(file)", f"holds a value that cannot be read: {exc}")]) from None
+    origins: dict[KeyPath, str] = {}
+    problems: list[Problem] = []
+    data = _read(text, name, (origins, problems))
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise ScenarioError(
             [Problem(name, "(file)", f"must be a mapping of keys to values, not a {type(data).__name__}")]
         )
-    origins: dict[KeyPath, str] = {}
-    problems: list[Problem] = []
-    if root is not None:
-        _walk(root, (), name, origins, problems)
     if problems:
         raise ScenarioError(problems)
     return Document(data, origins, name)
+
+
+def _read(text: str, name: str, walk: tuple[dict[KeyPath, str], list[Problem]] | None) -> Any:
+    """The plain data of ``text``, after its shape is checked. With ``walk``, the node tree's origins and
+    duplicate keys are recorded there first, before constructing merges ``<<`` keys into their mappings."""
+    try:
+        _check_shape(text, name)
+        loader = _Loader(text)
+        try:
+            root = loader.get_single_node()
+            if root is None:
+                return None
+            if walk is not None:
+                _walk(root, (), name, *walk)
+            return loader.construct_document(root)
+        finally:
+            loader.dispose()
+    except _Refused as exc:
+        mark = exc.problem_mark
+        where = f"{name}:{mark.line + 1}" if mark is not None else name
+        raise ScenarioError([Problem(where, "(file)", str(exc.problem))]) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{name}:{mark.line + 1}" if mark is not None else name
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ScenarioError([Problem(where, "(file)", f"is not valid YAML: {problem}")]) from None
+    except ValueError as exc:  # a value YAML cannot construct (a date that does not exist, say)
+        raise ScenarioError([Problem(name, "(file)", f"holds a value that cannot be read: {exc}")]) from None
 
 
 def _check_shape(text: str, name: str) -> None:
@@ -126,7 +223,7 @@ def _check_shape(text: str, name: str) -> None:
     ``yaml.YAMLError`` through."""
     expanded: dict[str, int] = {}
     open_nodes: list[tuple[str | None, list[int]]] = []  # (anchor, [expanded size so far])
-    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+    for event in yaml.parse(text, Loader=_Loader):
         problem = ""
         if isinstance(event, yaml.CollectionStartEvent):
             if len(open_nodes) >= MAX_DEPTH:
