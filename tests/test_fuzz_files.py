@@ -578,12 +578,14 @@ def test_regression_scenario_alias_expansion_is_bounded(tmp_path: Path) -> None:
         ),
         ({"\u00b2": {}}, "client key '²' is not a client id"),
         ({"1" * 5000: {}}, "...111111111111111111' is not a client id"),
+        ({(10**5001 - 1) // 9: {}}, "client id <int of 16610 bits> is outside 0..2^63-1"),
     ],
-    ids=["huge-time", "huge-period", "superscript-digit", "5000-digits"],
+    ids=["huge-time", "huge-period", "superscript-digit", "5000-digits", "5001-digit-int"],
 )
 def test_regression_fedscale_numbers_that_float_or_int_refuse(tmp_path: Path, behave: object, words: str) -> None:
     """Before the fix: OverflowError from float(), ValueError from int("²"), ValueError from int() of more
-    than 4300 digits -- tracebacks from ``dropsim trace import-fedscale``."""
+    than 4300 digits, and ValueError from str() of a 5001-digit int key in the message that refused it --
+    tracebacks from ``dropsim trace import-fedscale``."""
     path = _write_bytes(tmp_path / "behave", pickle.dumps(behave, protocol=2))
     with pytest.raises(FedScaleError) as info:
         import_fedscale_report(path)

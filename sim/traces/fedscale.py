@@ -85,8 +85,8 @@ def _client_id(key: object, path: Path) -> int:
         raise FedScaleError(
             f"{path}: client key {short_repr(key)} is not a client id; expected an integer or a numeric string"
         )
-    if value < 0 or value > 2**63 - 1:
-        raise FedScaleError(f"{path}: client id {value} is outside 0..2^63-1")
+    if value < 0 or value > 2**63 - 1:  # (a file's int may have more digits than str() will write)
+        raise FedScaleError(f"{path}: client id {short_repr(value)} is outside 0..2^63-1")
     return value
 
 
@@ -127,7 +127,7 @@ def _keyed(data: Mapping[Any, Any], path: Path) -> dict[int, Any]:
     for key, entry in data.items():
         client = _client_id(key, path)
         if client in out:
-            raise FedScaleError(f"{path}: client {client} appears twice (as {key!r} and another spelling)")
+            raise FedScaleError(f"{path}: client {client} appears twice (as {short_repr(key)} and another spelling)")
         out[client] = entry
     return out
 
