@@ -8,6 +8,7 @@ import functools
 import json
 import os
 import pickle
+import sys
 import tempfile
 import warnings
 from pathlib import Path
@@ -172,6 +173,58 @@ def test_femnist_bad_json_names_file_and_line(femnist_dir: tuple[Path, dict[str,
     with pytest.raises(DataError, match="invalid JSON at line 2") as info:
         load_femnist(root)
     assert str(bad) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ('{"users": ' + "[" * 100_000 + "]" * 100_000 + "}", "nested more deeply than the JSON parser follows"),
+        ('{"users": ["ua"], "num_samples": [' + "1" * 5000 + "]}", "an integer of more than 4300 digits"),
+    ],
+    ids=["deep", "5000-digits"],
+)
+def test_femnist_json_the_parser_refuses_is_a_data_error(
+    femnist_dir: tuple[Path, dict[str, Any]], text: str, words: str
+) -> None:
+    """Before the fix, RecursionError and ValueError from ``json`` (tracebacks from ``dropsim run``; the
+    command itself is tested in test_fuzz_files.py)."""
+    root, _ = femnist_dir
+    bad = root / "train" / "0.json"
+    bad.write_text(text, encoding="utf-8")
+    limit = sys.get_int_max_str_digits()
+    sys.set_int_max_str_digits(4300)  # Python's default (the test run may have lifted it)
+    try:
+        with pytest.raises(DataError) as info:
+            load_femnist(root)
+    finally:
+        sys.set_int_max_str_digits(limit)
+    assert str(info.value).startswith(f"{bad}: ")
+    assert words in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "pixels",
+    [[[0.5]] * 784, [[0.5]] * 783 + [[1.5]], [[0.5]] * 783 + [[0.5, 0.5]], [[[[0.5]]]] * 784],
+    ids=["nested", "nested-out-of-range", "ragged", "deeper"],
+)
+def test_femnist_pixels_that_are_lists_are_refused(femnist_dir: tuple[Path, dict[str, Any]], pixels: Any) -> None:
+    """Before the fix, a row of 784 one-element lists was read as if flat, and the others raised ValueError
+    from numpy or from unpacking a 3-D index."""
+    root, _ = femnist_dir
+    bad = root / "train" / "0.json"
+    _edit_leaf(bad, lambda d: d["user_data"]["ub"]["x"].__setitem__(1, pixels))
+    with pytest.raises(DataError, match="'ub': x rows must hold 784 numbers each") as info:
+        load_femnist(root)
+    assert str(info.value).startswith(f"{bad}: ")
+
+
+def test_femnist_messages_show_file_values_cut_short(femnist_dir: tuple[Path, dict[str, Any]]) -> None:
+    root, _ = femnist_dir
+    bad = root / "train" / "0.json"
+    _edit_leaf(bad, lambda d: d["user_data"].__setitem__("u" * 100_000, {}))
+    with pytest.raises(DataError, match="is in 'user_data' but not listed in 'users'") as info:
+        load_femnist(root)
+    assert len(str(info.value)) < len(str(bad)) + 200
 
 
 @pytest.mark.parametrize("missing", ["train", "test"])

@@ -11,6 +11,7 @@ each client one writer's data, as LEAF does.
 
 Every input is validated as it is read; a malformed file raises :class:`DataError` (a ``ValueError``) whose
 message names the file -- and the user, key, row or byte offset where it helps -- and what was expected.
+Values from a file are shown in messages cut short (:func:`sim.safepickle.short_repr`), whatever their size.
 
 File formats
 ------------
@@ -32,6 +33,11 @@ FEMNIST (LEAF)
     ``writers[i]`` is the index of training sample ``i``'s user, counted in order of first appearance across
     the train files.
 
+    Each file is at most :data:`MAX_LEAF_FILE_BYTES` (checked before it is read) and parsed by Python's
+    ``json`` (C, linear in the file). Nesting deeper than that parser follows (the interpreter's recursion
+    limit) and an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300 by
+    default) are a DataError naming the file.
+
 CIFAR-10
     "Python version": ``data_batch_1`` .. ``data_batch_5`` and ``test_batch`` in ``path`` or in
     ``path/cifar-10-batches-py``. Each is a Python 2 pickle of a dict with ``b"data"`` (``uint8`` ndarray
@@ -47,6 +53,7 @@ CIFAR-10
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -55,7 +62,7 @@ from typing import Any
 import numpy as np
 
 from sim.errors import InputError
-from sim.safepickle import PickleFormatError, restricted_load
+from sim.safepickle import PickleFormatError, restricted_load, short_repr
 
 __all__ = ["DataError", "Dataset", "load_cifar10", "load_digits", "load_femnist"]
 
@@ -169,6 +176,8 @@ def load_digits(test_fraction: float, rng: np.random.Generator) -> Dataset:
 FEMNIST_SIDE = 28
 FEMNIST_PIXELS = FEMNIST_SIDE * FEMNIST_SIDE
 FEMNIST_CLASSES = 62
+MAX_LEAF_FILE_BYTES = 1 << 30
+"""Largest LEAF JSON file read (1 GiB; LEAF writes FEMNIST in files of a few tens of MB)."""
 
 
 @dataclass
@@ -193,12 +202,30 @@ def _json_files(folder: Path) -> list[Path]:
 def _read_json(file: Path) -> Any:
     """Parse one JSON file; DataError (with line and column for syntax errors) if it cannot be read."""
     try:
+        size = file.stat().st_size
+    except OSError as exc:
+        raise DataError(f"{file}: cannot read: {exc}") from exc
+    if size > MAX_LEAF_FILE_BYTES:
+        raise DataError(
+            f"{file}: {size} bytes is larger than the {MAX_LEAF_FILE_BYTES} bytes a LEAF JSON file may have"
+        )
+    try:
         with file.open(encoding="utf-8") as stream:
             return json.load(stream)
     except json.JSONDecodeError as exc:
         raise DataError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     except (OSError, UnicodeDecodeError) as exc:
         raise DataError(f"{file}: cannot read as UTF-8 JSON: {exc}") from exc
+    except RecursionError:  # json's parser recurses per level, up to the interpreter's limit
+        raise DataError(
+            f"{file}: arrays and objects nested more deeply than the JSON parser follows (about "
+            f"{sys.getrecursionlimit()} levels); a LEAF file nests 5"
+        ) from None
+    except ValueError:  # json's only other ValueError: an integer with more digits than Python converts
+        raise DataError(
+            f"{file}: an integer of more than {sys.get_int_max_str_digits()} digits, more than Python reads; a LEAF "
+            "file holds labels and sample counts (small whole numbers) and pixels in [0, 1]"
+        ) from None
 
 
 def _require_key(doc: dict[str, Any], key: str, kind: type, where: str) -> Any:
@@ -223,9 +250,12 @@ def _leaf_rows(rows: Any, where: str) -> np.ndarray:
             raise DataError(f"{where}: x row {i} must be a list of {FEMNIST_PIXELS} numbers, got {got}")
     if not rows:
         return np.zeros((0, FEMNIST_PIXELS), dtype=np.float32)
-    values = np.array(rows)
-    if values.dtype.kind not in "iuf":
-        raise DataError(f"{where}: x rows must hold numbers, got values of dtype {values.dtype}")
+    try:
+        values = np.array(rows)
+    except ValueError:  # pixels that are lists of different lengths, or nested past numpy's 32 dimensions
+        values = np.zeros(0, dtype=object)
+    if values.dtype.kind not in "iuf" or values.ndim != 2:
+        raise DataError(f"{where}: x rows must hold {FEMNIST_PIXELS} numbers each, got values of dtype {values.dtype}")
     outside = np.argwhere(~((values >= 0.0) & (values <= 1.0)))  # NaN counts as outside
     if outside.size:
         i, j = outside[0]
@@ -246,7 +276,7 @@ def _leaf_labels(labels: Any, where: str) -> np.ndarray:
 
 def _read_leaf_user(file: Path, user: str, count: Any, user_data: dict[str, Any]) -> tuple[np.ndarray, np.ndarray]:
     """Validate and parse one user's block; return ``(x (n, 784) float32, y (n,) int64)``."""
-    where = f"{file}: user {user!r}"
+    where = f"{file}: user {short_repr(user)}"
     if user not in user_data:
         raise DataError(f"{where}: listed in 'users' but missing from 'user_data'")
     entry = user_data[user]
@@ -257,7 +287,7 @@ def _read_leaf_user(file: Path, user: str, count: Any, user_data: dict[str, Any]
     if x.shape[0] != y.shape[0]:
         raise DataError(f"{where}: 'x' has {x.shape[0]} rows but 'y' has {y.shape[0]} labels")
     if isinstance(count, bool) or not isinstance(count, int) or count != y.shape[0]:
-        raise DataError(f"{where}: num_samples says {count!r} but the user has {y.shape[0]} samples")
+        raise DataError(f"{where}: num_samples says {short_repr(count)} but the user has {y.shape[0]} samples")
     return x, y
 
 
@@ -277,7 +307,7 @@ def _read_leaf_file(file: Path, split: _Split) -> None:
         raise DataError(f"{file}: 'users' lists a user more than once")
     unlisted = sorted(set(user_data) - set(users))
     if unlisted:
-        raise DataError(f"{file}: user {unlisted[0]!r} is in 'user_data' but not listed in 'users'")
+        raise DataError(f"{file}: user {short_repr(unlisted[0])} is in 'user_data' but not listed in 'users'")
     for user, count in zip(users, counts, strict=True):
         x, y = _read_leaf_user(file, user, count, user_data)
         writer = split.writer_index.setdefault(user, len(split.writer_index))
