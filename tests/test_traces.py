@@ -21,7 +21,16 @@ from sim.errors import InputError
 from sim.safepickle import UnsafePickleError
 from sim.traces.cli import add_trace_parser, cmd_trace
 from sim.traces.fedscale import FedScaleError, import_fedscale, import_fedscale_report
-from sim.traces.io import TraceError, check_clients, load_trace, sidecar_path, write_trace
+from sim.traces.io import (
+    MIN_PARQUET_ROWS,
+    PARQUET_ROWS_PER_BYTE,
+    SHOWN_CHARS,
+    TraceError,
+    check_clients,
+    load_trace,
+    sidecar_path,
+    write_trace,
+)
 from sim.traces.model import Trace
 from sim.traces.stats import dominant_period_h, online_counts, online_series, plot_online, session_stats
 from sim.traces.synth import Calibration, expected_online, synthesize
@@ -340,6 +349,44 @@ def test_parquet_round_trip(tmp_path, tiny):
     frame.to_parquet(tmp_path / "bad.parquet", index=False)
     with pytest.raises(TraceError, match=r"bad\.parquet: row 2: client 0: interval \[5, 20\) overlaps"):
         load_trace(tmp_path / "bad.parquet")
+
+
+def test_parquet_footer_is_checked_before_any_column_is_read(tmp_path):
+    """A run of one value is stored once: 2 million rows of ``0,0,1`` (48 MB as arrays) take some 27 KB of
+    Parquet. Refused from the footer, before pandas reads the columns (before the fix they were read, then
+    refused as overlapping); so is a column that is not numbers (one long string repeated)."""
+    pytest.importorskip("pyarrow")
+    n = 2_000_000
+    runs = pd.DataFrame({"client": np.zeros(n, np.int64), "start_s": np.zeros(n), "end_s": np.ones(n)})
+    runs.to_parquet(tmp_path / "runs.parquet", index=False)
+    size = (tmp_path / "runs.parquet").stat().st_size
+    assert size * PARQUET_ROWS_PER_BYTE < MIN_PARQUET_ROWS < n
+    with pytest.raises(TraceError, match=rf"runs\.parquet: claims {n} rows in {size} bytes; a Parquet trace may"):
+        load_trace(tmp_path / "runs.parquet")
+    text = pd.DataFrame({"client": ["x" * 100_000] * 3, "start_s": [0.0] * 3, "end_s": [1.0] * 3})
+    text.to_parquet(tmp_path / "text.parquet", index=False)
+    with pytest.raises(TraceError, match=r"text\.parquet: column client holds (large_)?string; a trace's columns"):
+        load_trace(tmp_path / "text.parquet")
+    indexed = pd.DataFrame({"client": [3], "start_s": [0.0], "end_s": [1.0]}, index=pd.Index([7], name="row"))
+    indexed.to_parquet(tmp_path / "indexed.parquet")  # pandas' own index column is not a trace column
+    assert load_trace(tmp_path / "indexed.parquet").clients.tolist() == [3]
+
+
+def test_text_from_the_file_is_quoted_cut_short(tmp_path):
+    """A 100,000-character cell, header or first line is quoted by its first SHOWN_CHARS characters."""
+    cases = [
+        ("client,start_s,end_s\n" + "1" * 100_000 + "x,0,1\n", ":2: client '" + "1" * SHOWN_CHARS + "'... (100001"),
+        ("client,start_s,end_s\n0,a" + "1" * 100_000 + ",1\n", ":2: start_s 'a" + "1" * (SHOWN_CHARS - 1) + "'..."),
+        ("client,start_s," + "e" * 100_000 + "\n0,0,1\n", ":1: header 'client,start_s,eeee"),
+        ("client,start_s,end_s\n0,0,1," + "9" * 100_000 + "\n", ":2: 4 fields; expected 3"),
+    ]
+    for text, words in cases:
+        path = tmp_path / "long.csv"
+        path.write_text(text)
+        with pytest.raises(TraceError) as info:
+            load_trace(path)
+        assert f"{path}{words}" in str(info.value)
+        assert len(str(info.value)) < len(str(path)) + 300
 
 
 # ------------------------------------------------------------------------------------------- FedScale

@@ -10,8 +10,14 @@ intervals repeat every ``period_s`` seconds (FedScale's ``finish_time``) and giv
 
 Loading is vectorised (pandas' C parser, then whole-array checks), so a million clients and ten million
 intervals load in seconds. Every defect is reported as :class:`TraceError` naming the file and line (the
-row's position plus the comment and header lines above it; ``row N`` for Parquet), the value, and what is
-allowed. Nothing is repaired silently: a file either loads exactly as written or is refused.
+row's position plus the comment and header lines above it; ``row N`` for Parquet), the value (text from
+the file cut to :data:`SHOWN_CHARS` characters), and what is allowed. Nothing is repaired silently: a file
+either loads exactly as written or is refused.
+
+A CSV file costs time and memory in proportion to its size. A Parquet file can describe far more rows than
+it has bytes (a run of one value is stored once), so its footer is read first: its columns must be numbers
+(integers or floats) and it may have at most :data:`PARQUET_ROWS_PER_BYTE` rows per byte of file (at least
+:data:`MIN_PARQUET_ROWS`), checked before any column is read.
 """
 
 from __future__ import annotations
@@ -49,6 +55,13 @@ TRACE_COLUMNS = ("client", "start_s", "end_s")
 """Header of the main file, in this order."""
 CLIENT_COLUMNS = ("client", "period_s", "compute_ms_per_sample", "bandwidth_kbps")
 """Columns a sidecar may have: ``client`` first, then any of the others, each at most once."""
+SHOWN_CHARS = 60
+"""Most characters of a file's text (a cell, a header, a line) that an error message quotes."""
+PARQUET_ROWS_PER_BYTE = 8
+"""Most rows a Parquet trace or sidecar may have per byte of file (traces that dropsim writes, however
+regular, have fewer than 2)."""
+MIN_PARQUET_ROWS = 1 << 20
+"""...but at least this many rows may be read from any Parquet file."""
 _EXTRA = "__extra__"
 _HeaderCheck = Callable[[list[str], "int | None"], None]
 """Checks a table's column names (the header line's number, or None for Parquet); raises TraceError."""
@@ -100,6 +113,18 @@ def _fail(path: Path, message: str, line: int | None = None) -> TraceError:
     return TraceError(f"{where}: {message}", path=str(path), line=line)
 
 
+def _cut(text: str) -> str:
+    """``text`` (a library's message, say) cut to SHOWN_CHARS characters."""
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}..."
+
+
+def _quoted(text: str) -> str:
+    """``repr(text)`` for a message, cut to SHOWN_CHARS characters of the text (a cell may be megabytes)."""
+    if len(text) <= SHOWN_CHARS:
+        return repr(text)
+    return f"{text[:SHOWN_CHARS]!r}... ({len(text)} characters)"
+
+
 def _prelude(path: Path) -> tuple[list[str], int, str | None]:
     """Header fields, the file line of the header, and the first data line's text (None if there is none).
 
@@ -128,7 +153,7 @@ def _read_csv(path: Path, check_header: _HeaderCheck) -> _Table:
         # pandas would silently take the surplus leading fields of a first row as an index
         raise _fail(
             path,
-            f"{len(first.split(','))} fields; expected {len(header)} ({','.join(header)}): {first.strip()!r}",
+            f"{len(first.split(','))} fields; expected {len(header)} ({','.join(header)}): {_quoted(first.strip())}",
             header_line + 1,
         )
     try:
@@ -182,10 +207,32 @@ def _require_pyarrow(path: Path, doing: str) -> None:
 
 def _read_parquet(path: Path, check_header: _HeaderCheck) -> _Table:
     _require_pyarrow(path, "reading")
+    parquet = importlib.import_module("pyarrow.parquet")  # optional: only Parquet needs it (checked just above)
+    types = importlib.import_module("pyarrow.types")
+    try:
+        footer = parquet.read_metadata(path)
+        schema = footer.schema.to_arrow_schema()
+        rows = footer.num_rows
+        index = {c for c in (schema.pandas_metadata or {}).get("index_columns", []) if isinstance(c, str)}
+    except Exception as exc:  # pyarrow raises its own error types for damaged files
+        raise _fail(path, f"cannot be read as Parquet: {type(exc).__name__}: {_cut(str(exc))}") from None
+    columns = [field for field in schema if field.name not in index]
+    check_header([str(field.name) for field in columns], None)
+    for field in columns:
+        kind = field.type
+        if not (types.is_integer(kind) or types.is_floating(kind) or types.is_null(kind)):
+            raise _fail(path, f"column {field.name} holds {_cut(str(kind))}; a trace's columns hold numbers")
+    most = max(MIN_PARQUET_ROWS, PARQUET_ROWS_PER_BYTE * path.stat().st_size)
+    if rows > most:
+        raise _fail(
+            path,
+            f"claims {rows} rows in {path.stat().st_size} bytes; a Parquet trace may have at most "
+            f"{PARQUET_ROWS_PER_BYTE} rows per byte (at least {MIN_PARQUET_ROWS}), here {most}",
+        )
     try:
         frame = pd.read_parquet(path)
     except Exception as exc:  # pyarrow raises its own error types for damaged files
-        raise _fail(path, f"cannot be read as Parquet: {type(exc).__name__}: {exc}") from None
+        raise _fail(path, f"cannot be read as Parquet: {type(exc).__name__}: {_cut(str(exc))}") from None
     check_header([str(c) for c in frame.columns], None)
     frame = frame.reset_index(drop=True)
     frame[_EXTRA] = pd.Series([None] * len(frame), dtype=object)
@@ -199,7 +246,7 @@ def _read_table(path: Path, check_header: _HeaderCheck) -> _Table:
 def _fmt(value: object) -> str:
     """A cell's value for a message: text quoted as written, numbers plainly (``20``, ``2.5``, ``inf``)."""
     if isinstance(value, str):
-        return repr(value)
+        return _quoted(value)
     x = float(value)  # type: ignore[arg-type]
     return str(int(x)) if x.is_integer() and abs(x) < 1e16 else repr(x)
 
@@ -250,7 +297,9 @@ def _check_trace_header(path: Path) -> _HeaderCheck:
         if tuple(fields) != TRACE_COLUMNS:
             where = "columns" if line is None else "header"
             raise _fail(
-                path, f"{where} {','.join(fields)!r}; a trace's {where} must be {','.join(TRACE_COLUMNS)!r}", line
+                path,
+                f"{where} {_quoted(','.join(fields))}; a trace's {where} must be {','.join(TRACE_COLUMNS)!r}",
+                line,
             )
 
     return check
@@ -261,12 +310,12 @@ def _check_sidecar_header(path: Path) -> _HeaderCheck:
         allowed = ", ".join(CLIENT_COLUMNS[1:])
         what = "columns" if line is None else "header"
         if not fields or fields[0] != "client":
-            raise _fail(path, f"{what} {','.join(fields)!r}: the first column must be 'client'", line)
+            raise _fail(path, f"{what} {_quoted(','.join(fields))}: the first column must be 'client'", line)
         for name in fields[1:]:
             if name not in CLIENT_COLUMNS[1:]:
-                raise _fail(path, f"{what}: unknown column {name!r}; allowed after 'client': {allowed}", line)
+                raise _fail(path, f"{what}: unknown column {_quoted(name)}; allowed after 'client': {allowed}", line)
         if len(set(fields)) != len(fields):
-            raise _fail(path, f"{what} {','.join(fields)!r} names a column twice", line)
+            raise _fail(path, f"{what} {_quoted(','.join(fields))} names a column twice", line)
 
     return check
 
