@@ -35,8 +35,8 @@ FEMNIST (LEAF)
 
     Each file is at most :data:`MAX_LEAF_FILE_BYTES` (checked before it is read) and parsed by Python's
     ``json`` (C, linear in the file). Nesting deeper than that parser follows (the interpreter's recursion
-    limit) and an integer of more digits than Python converts (``sys.get_int_max_str_digits()``, 4300 by
-    default) are a DataError naming the file.
+    limit) and an integer of more than :data:`MAX_LEAF_INT_DIGITS` digits (refused before it is converted,
+    whatever limit the interpreter sets) are a DataError naming the file.
 
 CIFAR-10
     "Python version": ``data_batch_1`` .. ``data_batch_5`` and ``test_batch`` in ``path`` or in
@@ -178,6 +178,19 @@ FEMNIST_PIXELS = FEMNIST_SIDE * FEMNIST_SIDE
 FEMNIST_CLASSES = 62
 MAX_LEAF_FILE_BYTES = 1 << 30
 """Largest LEAF JSON file read (1 GiB; LEAF writes FEMNIST in files of a few tens of MB)."""
+MAX_LEAF_INT_DIGITS = 100
+"""Most characters of an integer in a LEAF file (labels and sample counts take a few)."""
+
+
+class _LongIntegerError(Exception):
+    """An integer of more than MAX_LEAF_INT_DIGITS characters, met by the JSON parser."""
+
+
+def _leaf_int(text: str) -> int:
+    """``json``'s conversion of an integer, refusing one too long before converting it."""
+    if len(text) > MAX_LEAF_INT_DIGITS:
+        raise _LongIntegerError(len(text))
+    return int(text)
 
 
 @dataclass
@@ -211,7 +224,7 @@ def _read_json(file: Path) -> Any:
         )
     try:
         with file.open(encoding="utf-8") as stream:
-            return json.load(stream)
+            return json.load(stream, parse_int=_leaf_int)
     except json.JSONDecodeError as exc:
         raise DataError(f"{file}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from exc
     except (OSError, UnicodeDecodeError) as exc:
@@ -221,10 +234,10 @@ def _read_json(file: Path) -> Any:
             f"{file}: arrays and objects nested more deeply than the JSON parser follows (about "
             f"{sys.getrecursionlimit()} levels); a LEAF file nests 5"
         ) from None
-    except ValueError:  # json's only other ValueError: an integer with more digits than Python converts
+    except _LongIntegerError as exc:
         raise DataError(
-            f"{file}: an integer of more than {sys.get_int_max_str_digits()} digits, more than Python reads; a LEAF "
-            "file holds labels and sample counts (small whole numbers) and pixels in [0, 1]"
+            f"{file}: an integer of {exc.args[0]} characters, more than the {MAX_LEAF_INT_DIGITS} read; a LEAF file "
+            "holds labels and sample counts (small whole numbers) and pixels in [0, 1]"
         ) from None
 
 
