@@ -16,6 +16,11 @@ times outside ``[0, F]`` each raise :class:`FedScaleError` naming the file and t
 documented, counted normalisations: zero-length intervals (``active == inactive``, online for an instant)
 are dropped, and intervals that touch (``inactive[i] == active[i+1]``) are merged into one session.
 Clients without any interval left are left out of the trace. Client ids are kept as they are.
+
+A pickle can name one list for many clients (through its memo), so its size alone does not bound the work of
+converting it: before converting, the intervals of all clients are counted (a shared list for each client
+naming it), and a trace may hold at most :data:`INTERVALS_PER_BYTE` per byte of its file (at least
+:data:`MIN_INTERVALS`).
 """
 
 from __future__ import annotations
@@ -37,6 +42,11 @@ __all__ = ["FedScaleError", "ImportReport", "import_fedscale", "import_fedscale_
 
 _MAX_ID_DIGITS = 19
 """Digits of the largest client id, 2^63 - 1."""
+INTERVALS_PER_BYTE = 1
+"""Most intervals a behaviour trace may hold per byte of its file: an interval written out takes at least 4
+bytes (two one-byte ints), so only lists shared between clients come near it."""
+MIN_INTERVALS = 1 << 16
+"""...but at least this many may be read from any file."""
 
 
 class FedScaleError(InputError):
@@ -132,6 +142,23 @@ def _keyed(data: Mapping[Any, Any], path: Path) -> dict[int, Any]:
     return out
 
 
+def _check_intervals(behave: Mapping[int, Any], path: Path) -> None:
+    """Refuse a trace of more intervals than its file's size allows, counted before any is converted (an
+    entry that is not a dict of lists is refused later, with its client)."""
+    total = 0
+    for entry in behave.values():
+        active = entry.get("active") if isinstance(entry, Mapping) else None
+        if isinstance(active, list | tuple) or (isinstance(active, np.ndarray) and active.ndim):
+            total += len(active)
+    size = path.stat().st_size
+    most = max(MIN_INTERVALS, INTERVALS_PER_BYTE * size)
+    if total > most:
+        raise FedScaleError(
+            f"{path}: {total} intervals (a list that clients share counted for each) in a file of {size} bytes; a "
+            f"trace may hold at most {INTERVALS_PER_BYTE} per byte (at least {MIN_INTERVALS}), here {most}"
+        )
+
+
 def import_fedscale_report(
     behave_path: str | Path, capacity_path: str | Path | None = None
 ) -> tuple[Trace, ImportReport]:
@@ -142,6 +169,7 @@ def import_fedscale_report(
     """
     bpath = Path(behave_path)
     behave = _keyed(_load_dict(bpath, "client_behave_trace"), bpath)
+    _check_intervals(behave, bpath)
     ids = sorted(behave)
     counts = np.zeros(len(ids), dtype=np.int64)
     periods = np.empty(len(ids))
