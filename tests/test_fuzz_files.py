@@ -17,12 +17,23 @@ the FedScale and CIFAR-10 readers behind the unpickler.
 Inputs the fuzzer found that escaped, hung or allocated without bound are kept below as regression tests,
 with what they did before their fix; so are those a review found in the unpickler, which also seed a fuzz
 test of their own.
+
+Every parser is also held to a bound on CPU time per byte of input, LEAF JSON (sim.learning.datasets)
+included: the section "CPU per input byte" says how the bounds were chosen. Last, the commands that gave a
+traceback for a file are run in a subprocess: they exit 2 with ``dropsim: FILE: ...``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import gc
+import json
 import pickle
+import resource
+import struct
+import subprocess
+import sys
 import tempfile
 import time
 import tracemalloc
@@ -35,11 +46,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
+from test_safepickle import _array, _dtype
 
 from sim.cli import main
 from sim.errors import InputError
-from sim.learning.datasets import DataError, load_cifar10
-from sim.safepickle import MIN_NATIVE_BYTES, NATIVE_BYTES_PER_INPUT_BYTE, PickleFormatError, UnsafePickleError
+from sim.learning.datasets import DataError, load_cifar10, load_femnist
+from sim.safepickle import (
+    MIN_NATIVE_BYTES,
+    NATIVE_BYTES_PER_INPUT_BYTE,
+    PickleFormatError,
+    UnsafePickleError,
+    restricted_loads,
+)
 from sim.scenario import ScenarioError, load
 from sim.traces.fedscale import FedScaleError, import_fedscale_report
 from sim.traces.io import load_trace, write_trace
@@ -601,6 +619,399 @@ def test_regression_fedscale_messages_stay_short(tmp_path: Path) -> None:
     with pytest.raises(FedScaleError, match=r"active\[0\] is \[\[\[") as info:
         import_fedscale_report(path)
     assert len(str(info.value)) < 300
+
+
+# ------------------------------------------------------------------------------------------- CPU per input byte
+#
+# Each parser is fed inputs built to make it work hard -- the forms found by review (base-60 numbers, a shape
+# of huge ints, long runs of digits, deep nesting, lists shared by many clients) and others like them, with
+# seeded sizes and contents, and seeded mutations of valid files -- and the CPU time of each parse
+# (time.process_time around the call, the garbage collector paused so that collecting the test process's own
+# objects is not charged to it; for a command, the child's getrusage) per byte of input must stay under a
+# bound. There are two bounds, by what a parser does for each byte:
+#
+# * SCAN_BOUND, 10 us a byte, for every parser but YAML's structure: scanning a scalar, a cell, a pickle's
+#   opcodes, a JSON document. The 2-core shared machine these bounds were set on measured at most 0.7 us a
+#   byte over all these inputs: 14 times under the bound, room for a CI host several times slower.
+# * YAML_STRUCTURE_BOUND, 300 us a byte, for YAML's keys, flow collections, nesting and aliases: PyYAML is
+#   pure Python, and its scanner looks ahead for possible keys; that machine measured at most 26 us a byte
+#   (flow collections nested side by side), 12 times under the bound.
+#
+# Every input counts as at least MIN_COUNTED_BYTES (a parse has fixed costs). The forms found by review cost
+# more than in proportion to their size, and exceed the bound on the code before their fixes at the sizes
+# here, measured on that machine: base-60 numbers of 1 MiB 5 times (53 us a byte, 55 s), numbers as text of
+# 4 KiB 4 times (42 us a byte; quadratic: 796 at 40 KiB), a 32 KiB shape of huge ints 14 times (4.8 s), the
+# same in a 64 KiB FedScale trace 21 times (14 s), through the command 10 times (stopped at its CPU limit),
+# and 96 KB of lists shared by clients 12 times (12 s, 1 GB). A failure names the input's kind and size,
+# its CPU seconds and its CPU per byte, so that a slower host can be told from a regression.
+
+MIN_COUNTED_BYTES = 8192
+"""Every input counts as at least this many bytes: a parse has a fixed cost (opening files, the checks run
+once per document, PyYAML's look-ahead of up to 1024 characters) that a tiny input cannot pay for."""
+SCAN_BOUND = 10e-6
+"""CPU seconds a parse may take per byte of its input, for every parser but YAML's structure."""
+YAML_STRUCTURE_BOUND = 300e-6
+"""CPU seconds a YAML parse of keys, collections, nesting or aliases may take per byte."""
+_COMMAND_START_CPU = 10.0
+"""CPU seconds a command may take to start (Python and dropsim's imports), on top of its bound per byte."""
+
+
+def _cpu_seconds(parse: Callable[[], object], errors: type[Exception] | tuple[type[Exception], ...]) -> float:
+    """CPU seconds ``parse()`` takes, the garbage collector paused; ``errors`` are one of its outcomes."""
+    enabled = gc.isenabled()
+    gc.disable()
+    start = time.process_time()
+    try:
+        parse()
+    except errors:
+        pass
+    finally:
+        cpu = time.process_time() - start
+        if enabled:
+            gc.enable()
+    return cpu
+
+
+def _within(kind: str, size: int, cpu: float, bound: float, allowance: float = 0.0) -> None:
+    """Assert ``cpu`` seconds (less ``allowance``) for ``size`` bytes is under ``bound`` seconds a byte."""
+    per_byte = (cpu - allowance) / max(size, MIN_COUNTED_BYTES)
+    assert per_byte < bound, (
+        f"{kind} ({size} bytes): {cpu:.3f} s of CPU{f' (less {allowance} s to start)' if allowance else ''}, "
+        f"{per_byte * 1e6:.2f} us per byte (counting at least {MIN_COUNTED_BYTES} bytes), over the bound of "
+        f"{bound * 1e6:.0f} us per byte"
+    )
+
+
+def _parse_each(
+    inputs: Iterator[tuple[str, bytes]],
+    parse: Callable[[bytes], object],
+    errors: type[Exception] | tuple[type[Exception], ...],
+    bound: float,
+) -> int:
+    """Parse each ``(kind, data)``, asserting its CPU per byte; returns how many were parsed."""
+    count = 0
+    for kind, data in inputs:
+        _within(kind, len(data), _cpu_seconds(lambda data=data: parse(data), errors), bound)
+        count += 1
+    return count
+
+
+def _random_text(rng: np.random.Generator, n: int, alphabet: bytes = b"0123456789") -> bytes:
+    """``n`` characters of ``alphabet`` drawn by ``rng``, the first never ``0``."""
+    text = bytes(np.frombuffer(alphabet, np.uint8)[rng.integers(0, len(alphabet), n)])
+    return b"1" + text[1:] if n else b""
+
+
+_HEAD = b"name: x\npopulation: 10\n"
+_YAML_SCALARS: dict[str, Callable[[np.random.Generator, int], bytes]] = {
+    "base-60 integer": lambda rng, n: _HEAD + b"rounds: 1" + b":1" * (n // 2) + b"\n",
+    "base-60 float": lambda rng, n: _HEAD + b"rounds: 1" + b":1" * (n // 2) + b".5\n",
+    "tagged base-60 integer": lambda rng, n: _HEAD + b"rounds: !!int 1" + b":1" * (n // 2) + b"\n",
+    "decimal digits": lambda rng, n: _HEAD + b"seed: " + _random_text(rng, n) + b"\n",
+    "hexadecimal digits": lambda rng, n: _HEAD + b"rounds: 0x" + _random_text(rng, n, b"0123456789abcdef") + b"\n",
+    "float digits": lambda rng, n: _HEAD + b"rounds: 1." + _random_text(rng, n) + b"\n",
+    "number as text": lambda rng, n: _HEAD + b"rounds: '" + _random_text(rng, n) + b"x'\n",
+    "long text": lambda rng, n: _HEAD + b"name: " + _random_text(rng, n, b"abcdefghij") + b"\n",
+    "long key": lambda rng, n: _HEAD + _random_text(rng, n, b"abcdefghij") + b": 1\n",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(_YAML_SCALARS))
+def test_cpu_per_byte_of_long_scenario_scalars(tmp_path: Path, kind: str) -> None:
+    """One long scalar of each form, at 64 KiB and 1 MiB (numbers as text, whose former matching was
+    quadratic with a larger constant, at 4 and 32 KiB): scanned in linear time, refused or read."""
+    rng = np.random.default_rng(list(_YAML_SCALARS).index(kind))
+    path = tmp_path / "scenario.yaml"
+    sizes = (4 << 10, 32 << 10) if kind == "number as text" else (64 << 10, 1 << 20)
+    inputs = ((kind, _YAML_SCALARS[kind](rng, n)) for n in sizes)
+    assert _parse_each(inputs, lambda data: load(_write_bytes(path, data)).base(), ScenarioError, SCAN_BOUND) == 2
+
+
+def _nested_flows(rng: np.random.Generator, n: int, opening: bytes, closing: bytes) -> bytes:
+    """Flow collections nested 2 to 48 deep (under MAX_DEPTH), side by side in one flow list on one line."""
+    depth = int(rng.integers(2, 49))
+    unit = opening * depth + b"1" + closing * depth
+    return b"x: [" + b", ".join([unit] * max(1, n // len(unit))) + b"]\n"
+
+
+def _aliases(rng: np.random.Generator, n: int) -> bytes:
+    """Anchors of 11, 111, 1,111 and 11,111 values, aliased up to the 100,000 values a document may expand to
+    (or once more)."""
+    lines = [b"a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [b"a%d: &a%d [" % (k, k) + b", ".join([b"*a%d" % (k - 1)] * 10) + b"]" for k in range(1, 4)]
+    return b"\n".join([*lines, b"b: [" + b", ".join([b"*a3"] * int(rng.integers(1, 10))) + b"]\n"])
+
+
+_YAML_STRUCTURES: dict[str, Callable[[np.random.Generator, int], bytes]] = {
+    "deep nesting": lambda rng, n: b"x: " + b"[" * (n // 2) + b"]" * (n // 2) + b"\n",
+    "nested flow lists": lambda rng, n: _nested_flows(rng, n, b"[", b"]"),
+    "nested flow mappings": lambda rng, n: _nested_flows(rng, n, b"{a: ", b"}"),
+    "many keys": lambda rng, n: b"".join(b"k%d: %d\n" % (i, i) for i in range(n // 12)),
+    "unknown keys of a section": lambda rng, n: b"server:\n" + b"".join(b"  speed%d: 1\n" % i for i in range(n // 14)),
+    "flow list": lambda rng, n: b"rounds: [" + b", ".join([b"1"] * (n // 3)) + b"]\n",
+    "aliases": _aliases,
+    "merge keys": lambda rng, n: (
+        b"a: &a {"
+        + b", ".join(b"k%d: %d" % (i, i) for i in range(50))
+        + b"}\n"
+        + b"".join(b"b%d: {<<: *a, z: 1}\n" % i for i in range(n // 20))
+    ),
+    "comment and blank lines": lambda rng, n: b"name: x\n" + b"# c\n\n" * (n // 5) + b"rounds: 1\n",
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kind", list(_YAML_STRUCTURES))
+def test_cpu_per_byte_of_scenario_structure(tmp_path: Path, kind: str) -> None:
+    """Keys, collections, nesting and aliases at two seeded sizes from 4 to 32 KiB: linear in their size."""
+    rng = np.random.default_rng(100 + list(_YAML_STRUCTURES).index(kind))
+    path = tmp_path / "scenario.yaml"
+    sizes = (int(rng.integers(4 << 10, 8 << 10)), int(rng.integers(16 << 10, 32 << 10)))
+    inputs = ((kind, _YAML_STRUCTURES[kind](rng, n)) for n in sizes)
+    parsed = _parse_each(
+        inputs, lambda data: load(_write_bytes(path, data)).base(), ScenarioError, YAML_STRUCTURE_BOUND
+    )
+    assert parsed == 2
+
+
+@pytest.mark.slow
+def test_cpu_per_byte_of_mutated_scenarios(tmp_path: Path) -> None:
+    valid = [(ROOT / "scenarios" / name).read_bytes() for name in _SCENARIOS] + [_ANCHORED]
+    tokens = [*_YAML_TOKENS, b"1:1:1:1:1:1:1:1", b"0x" + b"f" * 2000, b"'" + b"1" * 2000 + b"x'", b"!!int "]
+    path = tmp_path / "scenario.yaml"
+    inputs = ((f"mutated scenario {i} of seed 18", data) for i, data in _inputs(18, 150, valid, tokens))
+    assert (
+        _parse_each(inputs, lambda data: load(_write_bytes(path, data)).base(), ScenarioError, YAML_STRUCTURE_BOUND)
+        == 150
+    )
+
+
+def _huge_int(rng: np.random.Generator, n: int) -> int:
+    """An int of ``n`` random bytes (its top bit set)."""
+    return int.from_bytes(rng.bytes(n), "little") | 1 << (8 * n - 1)
+
+
+def _shape_of(big: int, ndim: int) -> Any:
+    """A float64 array whose shape is ``big``, ``ndim`` times, as numpy pickles one (no data: it is refused)."""
+    return _array(_dtype("f8", (3, "<", None, None, None, -1, -1, 0)), (big,) * ndim, b"")
+
+
+def _once(value: Any, big: int) -> bytes:
+    """``value`` pickled, ``big`` written once and then fetched from the memo wherever it recurs: a pickle
+    about the size of ``big`` whose sizes the old code multiplied as if each were written out."""
+    data = pickle.dumps(value, protocol=2)
+    raw = pickle.encode_long(big)
+    long4 = b"\x8b" + struct.pack("<i", len(raw)) + raw
+    end = data.index(long4) + len(long4)
+    slot = struct.pack("<I", 1 << 20)  # above the memo slots the pickler used
+    return data[:end] + b"r" + slot + data[end:].replace(long4, b"j" + slot)  # LONG_BINPUT, then LONG_BINGETs
+
+
+def _shape_bomb_trace(rng: np.random.Generator, n: int) -> bytes:
+    """A FedScale trace whose one client's ``active`` times have a shape of 32 references to an n-byte int."""
+    big = _huge_int(rng, n)
+    return _once({1: {"active": _shape_of(big, 32), "inactive": [], "finish_time": 5}}, big)
+
+
+def _unpickler_inputs(seed: int) -> Iterator[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    for n, ndim in ((32 << 10, 32), (128 << 10, 32), (256 << 10, 2)):
+        big = _huge_int(rng, n)
+        yield f"a shape of {ndim} references to an int of {n} bytes", _once([_shape_of(big, ndim)], big)
+    f8 = _dtype("f8", (3, "<", None, None, None, -1, -1, 0))
+    sizes = tuple(_huge_int(rng, 4096) for _ in range(32))
+    yield "a shape of 32 distinct ints of 4096 bytes", pickle.dumps([_array(f8, sizes, b"")], protocol=2)
+    yield "a shape of 10,000 sizes", pickle.dumps([_array(f8, (0,) * 10_000, b"")], protocol=2)
+    yield "a text int of 4,000 digits, 100 times", b"(" + (b"I" + _random_text(rng, 4000) + b"\n") * 100 + b"l."
+    yield "a PUT of a 4,000-digit index", b"N" + b"p" + _random_text(rng, 4000) + b"\n."
+    yield from _HOSTILE.items()
+    yield from (
+        (f"mutated pickle {i} of seed {seed}", data)
+        for i, data in _inputs(seed, 200, list(_HOSTILE.values()), _PICKLE_TOKENS)
+    )
+
+
+def test_cpu_per_byte_of_the_safe_unpickler() -> None:
+    """Shapes of huge ints (before the fix multiplied before they were checked: 43 s for 128 KiB), shapes of
+    many sizes, long text ints, the review's hostile pickles and their mutations."""
+    parse = functools.partial(restricted_loads, allow_numpy=True)
+    assert _parse_each(_unpickler_inputs(19), parse, InputError, SCAN_BOUND) > 200
+
+
+def _shared_sessions(clients: int, sessions: int) -> bytes:
+    """A FedScale trace of ``clients`` that all name one entry of ``sessions`` sessions (pickle's memo writes
+    it once): a file of some 8 bytes a client that the conversion reads as ``clients * sessions`` intervals."""
+    entry = {
+        "active": list(range(0, 2 * sessions, 2)),
+        "inactive": list(range(1, 2 * sessions, 2)),
+        "finish_time": 2 * sessions,
+    }
+    return pickle.dumps(dict.fromkeys(range(clients), entry), protocol=4)
+
+
+def test_regression_fedscale_lists_shared_by_clients_are_counted_before_conversion(tmp_path: Path) -> None:
+    """96 KB naming one entry of 1,000 sessions for 10,000 clients: refused before any is converted. Before the
+    fix it was converted, 10 million intervals (over 10 s of CPU and 1 GB)."""
+    behave = _write_bytes(tmp_path / "behave", _shared_sessions(10_000, 1000))
+    cpu = _cpu_seconds(lambda: import_fedscale_report(behave), FedScaleError)
+    with pytest.raises(FedScaleError) as info:
+        import_fedscale_report(behave)
+    size = behave.stat().st_size
+    assert str(info.value).startswith(
+        f"{behave}: 10000000 intervals (a list that clients share counted for each) in a file of {size} bytes"
+    )
+    _within("10,000 clients sharing one list of 1,000 sessions", size, cpu, SCAN_BOUND)
+
+
+def _fedscale_inputs(seed: int) -> Iterator[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    yield "a trace whose times have a shape of 32 references to an int of 64 KiB", _shape_bomb_trace(rng, 64 << 10)
+    for digits in (5001, 100_000):
+        big = int(_random_text(rng, min(digits, 4000))) * 10 ** (digits - min(digits, 4000))
+        yield f"a client id of {digits} digits", pickle.dumps({big: {"active": [0], "inactive": [1], "finish_time": 2}})
+    yield "a client id of 100,000 digits as text", pickle.dumps({_random_text(rng, 100_000).decode(): {}})
+    sessions = [
+        {"active": list(range(0, 40, 2)), "inactive": list(range(1, 41, 2)), "finish_time": 50} for _ in range(5000)
+    ]
+    yield "5,000 clients of 20 sessions", pickle.dumps(dict(enumerate(sessions)), protocol=4)
+    yield "10,000 clients sharing one list of 1,000 sessions", _shared_sessions(10_000, 1000)
+    pool = _BEHAVE_PICKLES + list(_HOSTILE.values())
+    yield from ((f"mutated trace {i} of seed {seed}", data) for i, data in _inputs(seed, 150, pool, _PICKLE_TOKENS))
+
+
+def test_cpu_per_byte_of_fedscale_import(tmp_path: Path) -> None:
+    behave = tmp_path / "client_behave_trace"
+    parse = lambda data: import_fedscale_report(_write_bytes(behave, data))  # noqa: E731
+    assert _parse_each(_fedscale_inputs(20), parse, InputError, SCAN_BOUND) > 150
+
+
+@pytest.mark.slow
+def test_cpu_per_byte_of_the_fedscale_import_command(tmp_path: Path) -> None:
+    """``dropsim trace import-fedscale`` in a child process, its CPU time from getrusage, given 10 s to start:
+    a trace whose times have a shape of 32 references to a 128 KiB int. Before the fix the command took some
+    43 s of CPU; a CPU limit of twice the bound stops it sooner."""
+    behave = _write_bytes(tmp_path / "client_behave_trace", _shape_bomb_trace(np.random.default_rng(21), 128 << 10))
+    size = behave.stat().st_size
+    limit = int(2 * (_COMMAND_START_CPU + SCAN_BOUND * max(size, MIN_COUNTED_BYTES))) + 1
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(
+        [sys.executable, "-m", "sim", "trace", "import-fedscale", str(behave), "--out", str(tmp_path / "t.csv")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=600,
+        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_CPU, (limit, limit)),
+    )
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    _within("trace import-fedscale of a shape of huge ints", size, cpu, SCAN_BOUND, _COMMAND_START_CPU)
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr.startswith(f"dropsim: {behave}: refusing numpy array of shape (<int of ")
+
+
+def _leaf_inputs(seed: int) -> Iterator[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    for depth in (1000, 500_000):
+        yield f"arrays nested {depth} deep", b'{"users": ' + b"[" * depth + b"]" * depth + b"}"
+    yield "objects nested 500,000 deep", b'{"users": ' + b'{"a": ' * 500_000 + b"1" + b"}" * 500_000 + b"}"
+    for digits in (5000, 1_000_000):
+        yield f"a label of {digits} digits", b'{"users": [], "num_samples": [' + _random_text(rng, digits) + b"]}"
+    yield "a pixel of 1,000,000 digits", b'{"users": [0.' + _random_text(rng, 1_000_000) + b"]}"
+    users = [f"u{i}" for i in range(300)]
+    rows = rng.random((3, 784)).round(3).tolist()
+    many = {"users": users, "num_samples": [3] * 300, "user_data": {u: {"x": rows, "y": [1, 2, 3]} for u in users}}
+    yield "300 users of 3 images", json.dumps(many).encode()
+    valid = json.dumps({"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": rows[:1], "y": [7]}}}).encode()
+    tokens = [b"[", b"]", b"{", b"}", b",", b'"', b"1" * 200, b"0.5", b"[" * 2000, b"-1e999"]
+    yield from ((f"mutated LEAF file {i} of seed {seed}", data) for i, data in _inputs(seed, 150, [valid], tokens))
+
+
+def test_cpu_per_byte_of_leaf_json(tmp_path: Path) -> None:
+    rows = np.random.default_rng(0).random((1, 784)).round(3).tolist()
+    test = {"users": ["t"], "num_samples": [1], "user_data": {"t": {"x": rows, "y": [1]}}}
+    (tmp_path / "test").mkdir()
+    (tmp_path / "train").mkdir()
+    (tmp_path / "test" / "t.json").write_text(json.dumps(test))
+    parse = lambda data: load_femnist(_write_bytes(tmp_path / "train" / "a.json", data).parent.parent)  # noqa: E731
+    assert _parse_each(_leaf_inputs(22), parse, InputError, SCAN_BOUND) > 150
+
+
+def _csv_inputs(seed: int) -> Iterator[tuple[str, bytes]]:
+    rng = np.random.default_rng(seed)
+    header = b"client,start_s,end_s\n"
+    yield "a client id of 1,000,000 digits", header + _random_text(rng, 1_000_000) + b",0,1\n"
+    yield "a time of 1,000,000 digits", header + b"0,0." + _random_text(rng, 1_000_000) + b",1\n"
+    yield "a row of 500,000 fields", header + b"0,0,1" + b",1" * 500_000 + b"\n"
+    yield "a comment line of 1,000,000 characters", b"#" + _random_text(rng, 1_000_000, b"ab ") + b"\n" + header
+    yield "a header of 500,000 columns", b"client" + b",x" * 500_000 + b"\n0\n"
+    yield "200,000 rows", header + b"".join(b"%d,0,10\n" % i for i in range(200_000))
+    yield from (
+        (f"mutated trace file {i} of seed {seed}", data) for i, data in _inputs(seed, 200, [_TRACE], _CSV_TOKENS)
+    )
+
+
+def test_cpu_per_byte_of_trace_csv(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    assert _parse_each(_csv_inputs(23), lambda data: load_trace(_write_bytes(path, data)), InputError, SCAN_BOUND) > 200
+
+
+# ------------------------------------------------------------------------------------------- commands, no traceback
+
+
+def _command(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "sim", *args], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
+
+
+def test_regression_rounds_of_200000_hex_digits_exit_2(tmp_path: Path) -> None:
+    """``dropsim check``: before the fix the scenario was read and printing its rounds raised ValueError (a
+    traceback, status 1)."""
+    path = _write_bytes(tmp_path / "s.yaml", b"name: x\nrounds: 0x" + b"f" * 200_000 + b"\npopulation: 10\n")
+    done = _command(tmp_path, "check", str(path))
+    assert done.returncode == 2, done.stderr[-500:]
+    assert (
+        done.stderr
+        == f"dropsim: {path}:2: (file): holds an integer of 200002 characters; a number may have at most 1000\n"
+    )
+
+
+def test_regression_fedscale_client_id_of_5001_digits_exits_2(tmp_path: Path) -> None:
+    """``dropsim trace import-fedscale``: before the fix the message refusing the id raised ValueError."""
+    path = _write_bytes(tmp_path / "behave", pickle.dumps({(10**5001 - 1) // 9: {"active": [0], "inactive": [1]}}))
+    done = _command(tmp_path, "trace", "import-fedscale", str(path), "--out", str(tmp_path / "t.csv"))
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr == f"dropsim: {path}: client id <int of 16610 bits> is outside 0..2^63-1\n"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        (b'{"users": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "arrays and objects nested more deeply than"),
+        (
+            b'{"users": ["u"], "num_samples": [1], "user_data": {"u": {"x": [], "y": [' + b"1" * 5000 + b"]}}}",
+            "an integer of 5000 characters, more than the 100 read",
+        ),
+    ],
+    ids=["deep", "5000-digit-label"],
+)
+def test_regression_leaf_json_the_parser_refuses_exits_2(tmp_path: Path, text: bytes, words: str) -> None:
+    """``dropsim run`` of a FEMNIST scenario: before the fix RecursionError and ValueError from json."""
+    (tmp_path / "leaf" / "test").mkdir(parents=True)
+    (tmp_path / "leaf" / "train").mkdir()
+    bad = _write_bytes(tmp_path / "leaf" / "train" / "a.json", text)
+    _write_bytes(tmp_path / "leaf" / "test" / "t.json", b'{"users": [], "num_samples": [], "user_data": {}}')
+    scenario = _write_bytes(
+        tmp_path / "s.yaml",
+        b"name: f\nrounds: 1\npopulation: 1\nsampling: {clients_per_round: 1}\nfidelity: full\n"
+        b"data: {dataset: femnist, path: leaf, partition: iid}\nmodel: {name: cnn}\noutput: out\n",
+    )
+    done = _command(tmp_path, "run", str(scenario))
+    assert done.returncode == 2, done.stderr[-500:]
+    assert done.stderr.startswith(f"dropsim: {bad.relative_to(tmp_path)}: {words}"), done.stderr[-500:]  # as given
+    assert "Traceback" not in done.stderr
 
 
 def test_fuzz_inputs_are_reproducible() -> None:
