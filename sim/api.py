@@ -44,6 +44,15 @@ class RunResult:
         """False when the folder already held this scenario's complete run and it was not run again."""
         self._summary = summary
 
+    @property
+    def verified(self) -> bool:
+        """Whether the run's tables are checked against its manifest's digests when read: True for a run made
+        by this version; False for one an earlier dropsim finished, whose manifest holds none (it is read as
+        found)."""
+        from sim.results.integrity import is_verifiable
+
+        return is_verifiable(self.manifest)
+
     @cached_property
     def rounds(self) -> pd.DataFrame:
         return self._table("rounds")
@@ -180,7 +189,9 @@ def run(
 ) -> RunResult:
     """Run a scenario (a file's path, a mapping, a :class:`Grid` or a :class:`Scenario`; a sweep's base
     scenario, as ``dropsim run``) into ``output`` (default: the scenario's ``output``) and return its tables.
-    A folder that already holds this scenario's complete run is read, not run again, unless ``force``."""
+    A folder that already holds this scenario's complete run is read, not run again, unless ``force``; if one
+    of its tables changed since the run completed, :class:`sim.results.integrity.ChangedTableError` (an
+    :class:`~sim.errors.InputError`) names it."""
     from sim.preflight import check_all
     from sim.runner import prepare_output, run_scenario
 
@@ -200,10 +211,13 @@ def sweep(
     scheduler: str | None = None,
     progress: bool = True,
     on_status: Callable[[RunStatus], None] | None = None,
+    force: bool = False,
 ) -> SweepResult:
     """Run every point of a scenario's sweep (``jobs`` worker processes, or the Dask cluster at
-    ``scheduler``) into ``output``, as ``dropsim sweep``; points already finished there are kept. Returns
-    every point's status and the finished points' tables together."""
+    ``scheduler``) into ``output``, as ``dropsim sweep``; points already finished there are kept, unless
+    ``force`` (a finished point whose table changed since stops the sweep before anything runs:
+    :class:`sim.results.integrity.ChangedTableError`). Returns every point's status and the finished points'
+    tables together."""
     from sim.preflight import check_all
     from sim.sweeps import run_sweep
 
@@ -212,7 +226,9 @@ def sweep(
     grid = _grid(scenario, overrides, output)
     check_all(grid.points())
     source = str(scenario) if isinstance(scenario, str | Path) else MAPPING_NAME
-    statuses = run_sweep(grid, source, jobs=jobs, progress=progress, on_status=on_status, scheduler=scheduler)
+    statuses = run_sweep(
+        grid, source, jobs=jobs, progress=progress, on_status=on_status, scheduler=scheduler, force=force
+    )
     return SweepResult(Path(grid.base().output), statuses)
 
 

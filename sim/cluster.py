@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.errors import InputError
-from sim.results.writer import make_folder, write_atomic
+from sim.results.writer import MANIFEST, make_folder, write_atomic
 from sim.scenario.grid import Grid
 from sim.scenario.parser import parse
 from sim.scenario.source import parse_text
@@ -75,7 +75,9 @@ def run_remote(sent: dict[str, Any]) -> dict[str, Any]:
 
 
 def store(result: dict[str, Any], runs: Path) -> Path:
-    """Write a worker's files into ``runs/<run_id>/`` (each atomically); names are checked first."""
+    """Write a worker's files into ``runs/<run_id>/`` (each atomically, the manifest last, so that a store cut
+    short never pairs a complete manifest with earlier tables); names are checked first. The manifest's
+    digests of the tables, computed on the worker, are checked when the run is read back here."""
     run_id = str(result["run_id"])
     files = result.get("files", {})
     bad = [name for name in [run_id, *files] if not _FILE_NAME.match(str(name))]
@@ -86,8 +88,8 @@ def store(result: dict[str, Any], runs: Path) -> Path:
             raise ClusterError(f"a worker sent {name!r} of run {run_id} as {type(data).__name__}, not bytes")
     directory = runs / run_id
     make_folder(directory)
-    for name, data in files.items():
-        write_atomic(directory / name, data)
+    for name in sorted(files, key=lambda name: name == MANIFEST):  # the manifest, the commit record, last
+        write_atomic(directory / name, files[name])
     return directory
 
 

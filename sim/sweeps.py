@@ -5,9 +5,12 @@ Layout: ``OUTPUT/sweep.json`` (the file, the grid and the run ids in order), ``O
 earlier sweep finished it with the same resolved scenario, ``failed`` with the error, ``interrupted`` by
 Ctrl-C) and ``OUTPUT/rounds.csv`` (the rounds of every finished run, in sweep order). Both tables are
 rewritten atomically each time a run ends, so a killed sweep keeps every finished run, and running the
-sweep again skips them. A failing run is reported and does not stop the others. Workers are started with
-``spawn`` (no forked torch state) and stopped at once on Ctrl-C. With a ``scheduler`` address the points
-run on a Dask distributed cluster instead (:mod:`sim.cluster`), and the tables are written here the same way.
+sweep again skips them, once their tables are checked against the digests their manifests record: a
+finished run whose table changed since stops the sweep before anything runs, naming the file
+(:mod:`sim.results.integrity`); ``force`` runs every point again. A failing run is reported and does not
+stop the others. Workers are started with ``spawn`` (no forked torch state) and stopped at once on
+Ctrl-C. With a ``scheduler`` address the points run on a Dask distributed cluster instead
+(:mod:`sim.cluster`), and the tables are written here the same way.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.results.integrity import ChangedTableError, check_run
 from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.writer import MANIFEST, ResultsError, csv_bytes, make_folder, write_atomic, write_json
 from sim.runner import scenario_digest, summarize
@@ -35,17 +39,22 @@ RUN_COLUMNS = ("run_id", "status", "error", "rounds", "final_accuracy", "mean_ro
 
 
 def is_finished(directory: Path, scenario: Scenario) -> bool:
-    """Whether ``directory`` holds a complete run of exactly this resolved scenario."""
+    """Whether ``directory`` holds a complete run of exactly this resolved scenario; raises
+    :class:`~sim.results.integrity.ChangedTableError` when it does but one of its tables changed since (a
+    manifest without digests, from an older dropsim, counts as finished, unverified)."""
     try:
         manifest = read_manifest(directory)
     except ResultsError:
         return False
     same_code = manifest.get("plugins", []) == plugin_records(scenario)  # its plug-ins' modules unchanged
-    return (
+    finished = (
         manifest.get("status") == "complete"
         and manifest.get("scenario_sha256") == scenario_digest(scenario)
         and same_code
     )
+    if finished:
+        check_run(directory, manifest)
+    return finished
 
 
 def run_sweep(
@@ -55,26 +64,38 @@ def run_sweep(
     progress: bool = True,
     on_status: Callable[[RunStatus], None] | None = None,
     scheduler: str | None = None,
+    force: bool = False,
 ) -> list[RunStatus]:
     """Run every point of ``grid`` (from scenario file ``source``) into its ``output`` folder: in this process
     (``jobs`` 1), in ``jobs`` worker processes, or on the Dask cluster whose scheduler is at ``scheduler``
-    (:mod:`sim.cluster`; ``jobs`` is then the cluster's business)."""
+    (:mod:`sim.cluster`; ``jobs`` is then the cluster's business). Points already finished there are kept
+    (``skipped``), unless ``force``; one whose tables changed since stops the sweep before anything runs."""
     points = grid.points()
     out = Path(points[0].output)
     if (out / MANIFEST).is_file() and not (out / SWEEP).exists():
         raise ResultsError(f"{out}: holds a single run's results; give the sweep another --output")
+    statuses: dict[str, RunStatus] = {}
+    todo: list[Scenario] = []
+    changed: list[str] = []
+    for point in points:
+        directory = out / "runs" / point.run_id
+        try:
+            finished = not force and is_finished(directory, point)
+        except ChangedTableError as exc:
+            changed.append(str(exc))
+            continue
+        if finished:
+            statuses[point.run_id] = RunStatus(point.run_id, "skipped", summary=summarize(directory))
+        else:
+            todo.append(point)
+    if changed:
+        head = f"{len(changed)} finished runs' tables changed since they completed:\n  " if len(changed) > 1 else ""
+        raise ChangedTableError(head + "\n  ".join(changed))
     make_folder(out)
     write_json(
         out / SWEEP,
         {"scenario_file": source, "sweep": grid.sweep, "run_ids": [p.run_id for p in points]},
     )
-    statuses: dict[str, RunStatus] = {}
-    todo: list[Scenario] = []
-    for point in points:
-        if is_finished(out / "runs" / point.run_id, point):
-            statuses[point.run_id] = RunStatus(point.run_id, "skipped", summary=summarize(out / "runs" / point.run_id))
-        else:
-            todo.append(point)
     order = [p.run_id for p in points]
     _write_tables(out, order, statuses)
     bar = tqdm(total=len(points), initial=len(points) - len(todo), desc="sweep", unit="run", disable=not progress)
@@ -151,7 +172,11 @@ def _run_parallel(todo: list[Scenario], out: Path, jobs: int, finish: Callable[[
             pool.shutdown()
         for point in broken:
             directory = out / "runs" / point.run_id
-            if is_finished(directory, point):  # it ended just before the pool broke
+            try:
+                finished = is_finished(directory, point)  # it ended just before the pool broke
+            except ResultsError:
+                finished = False
+            if finished:
                 finish(RunStatus(point.run_id, "complete", summary=summarize(directory)))
             elif attempts[point.run_id] >= MAX_ATTEMPTS:
                 finish(RunStatus(point.run_id, "failed", f"its worker process died {MAX_ATTEMPTS} times"))

@@ -1,7 +1,8 @@
 """The ``dropsim`` command.
 
 Exit status: 0 on success, 1 when a run or a sweep point failed, 2 for bad input (a scenario, a result
-folder, a profile), 130 when interrupted. Errors go to stderr and name the file, key and value.
+folder, a profile, a finished run's table that changed since), 130 when interrupted. Errors go to stderr and
+name the file, key and value.
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from sim.traces.cli import add_trace_parser, cmd_trace
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
+UNVERIFIED = (
+    "its manifest, from an earlier dropsim, holds no digests of its tables, so they are shown unverified "
+    "(--force runs it again, and records them)"
+)
+"""The note for a finished run found without digests (:mod:`sim.results.integrity`)."""
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
@@ -64,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--scheduler",
         metavar="ADDRESS",
         help="run the points on the Dask distributed cluster whose scheduler is at ADDRESS (tcp://HOST:PORT)",
+    )
+    p.add_argument(
+        "--force", action="store_true", help="run every point again, those the folder holds finished included"
     )
     p.add_argument("--quiet", action="store_true", help="no progress bar")
 
@@ -197,6 +206,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = api.run(grid, progress=not args.quiet, force=args.force)
     if not result.ran:
         print(f"{result.path} already holds this scenario's complete run (--force runs it again)", file=sys.stderr)
+        if not result.verified:
+            print(f"note: {result.path}: {UNVERIFIED}", file=sys.stderr)
     summary = result.summary
     print_table([summary.row()])
     if summary.stopped:
@@ -219,9 +230,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print("dropsim: --jobs must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     result = api.sweep(
-        args.file, args.output, args.overrides, jobs=args.jobs, scheduler=args.scheduler, progress=not args.quiet
+        args.file,
+        args.output,
+        args.overrides,
+        jobs=args.jobs,
+        scheduler=args.scheduler,
+        progress=not args.quiet,
+        force=args.force,
     )
     statuses = result.statuses
+    unverified = [r for r in result.runs.values() if not r.ran and not r.verified]
+    if unverified:
+        print(f"note: {len(unverified)} finished runs found (e.g. {unverified[0].path}): {UNVERIFIED}", file=sys.stderr)
     rows = []
     for st in statuses:
         s = st.summary

@@ -1,19 +1,23 @@
 """Reading result folders back: a run folder, or a sweep folder holding many runs.
 
 A run folder has ``manifest.json`` and the tables; rows of rounds beyond the manifest's
-``rounds_completed`` (a run killed between writing a table and committing the round) are dropped. A sweep
+``rounds_completed`` (a run killed between writing a table and committing the round) are dropped. A
+complete run's table is checked against the digest its manifest records, and refused if it changed
+(:mod:`sim.results.integrity`). A sweep
 folder has ``sweep.json``, ``runs.csv`` and ``runs/<run_id>/``; its combined tables are the
 concatenation of its runs' tables in sweep order.
 """
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
+from sim.results.integrity import check_table
 from sim.results.writer import MANIFEST, ResultsError
 
 SWEEP = "sweep.json"
@@ -33,12 +37,18 @@ def read_manifest(directory: Path) -> dict[str, Any]:
 
 
 def read_run_table(directory: Path, table: str = "rounds") -> pd.DataFrame:
-    """One table of one run, cut to the rounds its manifest committed."""
+    """One table of one run, cut to the rounds its manifest committed; a complete run's table only as its run
+    wrote it (:class:`~sim.results.integrity.ChangedTableError` otherwise)."""
     manifest = read_manifest(directory)
     path = directory / f"{table}.csv"
     try:
-        frame = pd.read_csv(path, keep_default_na=False, na_values=[""])
-    except (OSError, pd.errors.ParserError) as exc:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise ResultsError(f"{path}: cannot be read: {exc}") from None
+    check_table(path, data, manifest)
+    try:
+        frame = pd.read_csv(io.BytesIO(data), keep_default_na=False, na_values=[""])
+    except pd.errors.ParserError as exc:
         raise ResultsError(f"{path}: cannot be read: {exc}") from None
     done = int(manifest.get("rounds_completed", 0))
     if "round" in frame.columns:

@@ -7,11 +7,16 @@ through a temporary file and ``os.replace``) count the round in ``rounds_complet
 commit record: a reader keeps the rows of rounds up to ``rounds_completed`` and ignores anything a kill
 left beyond it. Floats are written in Python's shortest round-trip form, so tables are exact and
 byte-identical across runs of the same scenario and seed; a missing value is an empty cell.
+
+When the run completes, the manifest also records the SHA-256 of every table in the folder (``*.csv``: these
+three and any a driver wrote beside them, such as a deployment's ``operations.csv``) under ``tables_sha256``,
+computed once over the final bytes; :mod:`sim.results.integrity` checks them when the run is read back.
 """
 
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import math
@@ -24,6 +29,8 @@ from sim.errors import InputError
 from sim.results.tables import TABLES
 
 MANIFEST = "manifest.json"
+DIGESTS = "tables_sha256"
+"""The manifest's key for a complete run's tables: ``{file name: SHA-256 as 64 hex digits}``."""
 
 
 class ResultsError(InputError):
@@ -38,6 +45,15 @@ def make_folder(directory: Path) -> None:
         raise ResultsError(f"{directory}: is a file, not a folder; choose another output folder") from None
     except OSError as exc:
         raise ResultsError(f"{directory}: cannot create the results folder: {exc.strerror}") from None
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def table_digests(directory: Path) -> dict[str, str]:
+    """The SHA-256 of every table (``*.csv``, not a hidden temporary file) in ``directory``, by file name."""
+    return {p.name: sha256(p.read_bytes()) for p in sorted(directory.glob("*.csv")) if not p.name.startswith(".")}
 
 
 def write_atomic(path: Path, data: bytes) -> None:
@@ -104,10 +120,13 @@ class RunWriter:
         write_json(self.directory / MANIFEST, self.manifest)
 
     def close(self, status: str, **fields: Any) -> None:
-        """Close the tables and record the run's final status (``complete``, ``interrupted``, ``failed``)."""
+        """Close the tables and record the run's final status (``complete``, with the tables' digests;
+        ``interrupted``; ``failed``)."""
         for f in self._files.values():
             os.fsync(f.fileno())
             f.close()
         self._files.clear()
+        if status == "complete":
+            fields[DIGESTS] = table_digests(self.directory)
         self.manifest.update(status=status, **fields)
         write_json(self.directory / MANIFEST, self.manifest)

@@ -1,7 +1,9 @@
 """Running one scenario: simulate round by round, write the tables as rounds finish, summarise.
 
-The manifest is written before the first round (status ``running``) and closed with ``complete``,
-``interrupted`` (Ctrl-C) or ``failed`` (with the error); the tables always hold every finished round.
+The manifest is written before the first round (status ``running``) and closed with ``complete`` (with
+the SHA-256 of every table), ``interrupted`` (Ctrl-C) or ``failed`` (with the error); the tables always hold
+every finished round. A folder that already holds this scenario's complete run is found finished, not run
+again, once its tables are checked against those digests (:mod:`sim.results.integrity`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.results.integrity import check_run
 from sim.results.manifest import host, versions
 from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.tables import round_rows, step_columns
@@ -64,7 +67,8 @@ class RunSummary:
 def prepare_output(directory: Path, scenario: Scenario, force: bool = False, driver: str = "simulate") -> bool:
     """Whether ``scenario`` should run into ``directory``; False when it already holds this scenario's
     complete run by the same ``driver`` (``simulate`` or ``deploy``) with the same plug-in code (a run whose
-    plug-ins' modules changed runs again). A folder holding anything else is refused unless ``force``; a sweep
+    plug-ins' modules changed runs again) and its tables as the run wrote them (one that changed since is
+    refused, naming it, unless ``force``). A folder holding anything else is refused unless ``force``; a sweep
     folder always."""
     if (directory / SWEEP).exists():
         raise ResultsError(f"{directory}: is a sweep folder; give the run another --output")
@@ -79,6 +83,7 @@ def prepare_output(directory: Path, scenario: Scenario, force: bool = False, dri
         same = same and manifest.get("driver", "simulate") == driver
         same_code = manifest.get("plugins", []) == plugin_records(scenario)  # its plug-ins' modules unchanged
         if same and same_code and manifest.get("status") == "complete" and not force:
+            check_run(directory, manifest)  # an older dropsim's manifest has no digests: found finished, unverified
             return False
         if not same and not force:
             raise ResultsError(
