@@ -191,7 +191,8 @@ def run(
     scenario, as ``dropsim run``) into ``output`` (default: the scenario's ``output``) and return its tables.
     A folder that already holds this scenario's complete run is read, not run again, unless ``force``; if one
     of its tables changed since the run completed, :class:`sim.results.integrity.ChangedTableError` (an
-    :class:`~sim.errors.InputError`) names it."""
+    :class:`~sim.errors.InputError`) names it. A scenario whose ``name`` is not one folder name is refused
+    (:mod:`sim.results.folders`)."""
     from sim.preflight import check_all
     from sim.runner import prepare_output, run_scenario
 

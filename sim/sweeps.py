@@ -26,6 +26,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.results.folders import check_name
 from sim.results.integrity import ChangedTableError, check_run
 from sim.results.read import SWEEP, read_manifest, read_run_table
 from sim.results.writer import MANIFEST, ResultsError, csv_bytes, make_folder, write_atomic, write_json
@@ -71,6 +72,7 @@ def run_sweep(
     (:mod:`sim.cluster`; ``jobs`` is then the cluster's business). Points already finished there are kept
     (``skipped``), unless ``force``; one whose tables changed since stops the sweep before anything runs."""
     points = grid.points()
+    check_name(points[0])  # the name is fixed per file: every point has the base's
     out = Path(points[0].output)
     if (out / MANIFEST).is_file() and not (out / SWEEP).exists():
         raise ResultsError(f"{out}: holds a single run's results; give the sweep another --output")

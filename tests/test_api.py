@@ -107,3 +107,14 @@ def test_the_privacy_table_is_the_commands(tmp_path, capsys):
         sim.privacy_table(path, strategies=["magic"])
     with pytest.raises(ValueError, match="outside"):
         sim.privacy_table(path, dropouts=[1.0])
+
+
+def test_a_name_that_is_a_path_is_refused_by_run_and_sweep(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    bad = {**SMALL, "name": "../outside", "rounds": 1}
+    for call in (sim.run, sim.sweep):
+        with pytest.raises(
+            ScenarioError, match=r"<mapping>.*name: is '\.\./outside', which holds '/'.*one folder name"
+        ):
+            call(bad, progress=False)
+    assert sorted(tmp_path.iterdir()) == []  # results/../outside would be tmp_path/outside

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 from sim.cli import main
 
@@ -143,3 +144,49 @@ def test_the_console_script_is_installed(scenario_file):
     )
     assert done.returncode == 0, done.stderr
     assert "ok: cli" in done.stdout
+
+
+NOT_FOLDER_NAMES = ["../../x", "../x", "/tmp/dropsim-elsewhere", "a/b", "a\\b", "..", ".", "x\ty", "x\0y"]
+
+
+@pytest.mark.parametrize("name", NOT_FOLDER_NAMES)
+def test_a_name_that_is_no_folder_name_is_refused_before_anything_is_written(tmp_path, monkeypatch, capsys, name):
+    """``name`` gives the default output folder results/<name>: a path there would put the results anywhere
+    (``../../x`` beside the working directory), so it is refused, naming the key and the value."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)  # results/../../x is tmp_path/x
+    path = work / "named.yaml"
+    path.write_text(SCENARIO.replace("name: cli", f"name: {json.dumps(name)}").replace("rounds: 3", "rounds: 1"))
+    for command in ("check", "run", "sweep"):
+        assert main([command, str(path), "--quiet"] if command != "check" else [command, str(path)]) == 2, command
+        err = capsys.readouterr().err
+        assert f"dropsim: {path}:2: name: is {name!r}, which " in err, err
+        assert "a name is one folder name" in err and "other than '.' and '..'" in err
+    assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == [Path("work"), Path("work/named.yaml")]
+
+
+def test_an_explicit_output_folder_stays_the_users_choice(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "spaced.yaml"
+    path.write_text(SCENARIO.replace("name: cli", "name: my run (2)").replace("rounds: 3", "rounds: 1"))
+    assert main(["run", str(path), "--quiet"]) == 0  # any other text is a folder name, kept as written
+    assert (tmp_path / "results" / "my run (2)" / "rounds.csv").is_file()
+    assert main(["run", str(path), "--quiet", "--output", str(tmp_path / "elsewhere" / "deep")]) == 0
+    assert (tmp_path / "elsewhere" / "deep" / "rounds.csv").is_file()
+
+
+def test_every_shipped_scenario_keeps_its_name_and_output_folder():
+    """The name rule refuses no shipped scenario, and their output folders are the ones they always had."""
+    from sim.results.folders import check_name
+    from sim.scenario import load
+
+    root = Path(__file__).resolve().parent.parent / "scenarios"
+    shipped = sorted(p for p in root.rglob("*.yaml") if p.name != "reproductions.yaml")
+    assert len(shipped) >= 25
+    for file in shipped:
+        written = yaml.safe_load(file.read_text())
+        base = load(file).base()
+        check_name(base)
+        assert base.name == written.get("name", file.stem)
+        assert base.output == written.get("output", f"results/{base.name}"), file

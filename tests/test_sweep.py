@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from sim.results.read import read_run_table
-from sim.scenario import load
+from sim.scenario import ScenarioError, load
 from sim.sweeps import run_sweep
 
 SCENARIO = """
@@ -174,3 +174,10 @@ def test_a_killed_worker_costs_a_retry_not_the_sweep(tmp_path):
     assert proc.returncode == 0, err
     runs = pd.read_csv(out / "runs.csv")
     assert list(runs["status"]) == ["complete", "complete"] and (runs["rounds"] == 400).all()
+
+
+def test_a_sweep_refuses_a_name_that_is_a_path_before_writing(tmp_path):
+    g, src = grid(tmp_path, SCENARIO.replace("name: sw", "name: ../up"))
+    with pytest.raises(ScenarioError, match=r"name: is '\.\./up', which holds '/'"):
+        run_sweep(g, src, jobs=2, progress=False)
+    assert not (tmp_path / "out").exists()

@@ -178,10 +178,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def cmd_check(args: argparse.Namespace) -> int:
     from sim.preflight import check_all
+    from sim.results.folders import check_name
 
     grid = load(args.file, args.overrides)
     base = grid.base()
     points = grid.points()
+    check_name(base)
     check_all(points)
     print(
         f"{args.file}: ok: {base.name}, {base.rounds} rounds, population {base.population}, "

@@ -3,7 +3,8 @@
 The manifest is written before the first round (status ``running``) and closed with ``complete`` (with
 the SHA-256 of every table), ``interrupted`` (Ctrl-C) or ``failed`` (with the error); the tables always hold
 every finished round. A folder that already holds this scenario's complete run is found finished, not run
-again, once its tables are checked against those digests (:mod:`sim.results.integrity`).
+again, once its tables are checked against those digests (:mod:`sim.results.integrity`); a scenario's name
+must be one folder name (:mod:`sim.results.folders`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.results.folders import check_name
 from sim.results.integrity import check_run
 from sim.results.manifest import host, versions
 from sim.results.read import SWEEP, read_manifest, read_run_table
@@ -69,7 +71,8 @@ def prepare_output(directory: Path, scenario: Scenario, force: bool = False, dri
     complete run by the same ``driver`` (``simulate`` or ``deploy``) with the same plug-in code (a run whose
     plug-ins' modules changed runs again) and its tables as the run wrote them (one that changed since is
     refused, naming it, unless ``force``). A folder holding anything else is refused unless ``force``; a sweep
-    folder always."""
+    folder always; a scenario whose name is no folder name always."""
+    check_name(scenario)
     if (directory / SWEEP).exists():
         raise ResultsError(f"{directory}: is a sweep folder; give the run another --output")
     if directory.is_file():
@@ -132,6 +135,7 @@ def run_scenario(
     """Run ``scenario`` and write its results to ``directory``: simulated, or through another ``engine``
     (an :class:`Experiment` with another driver, such as the socket deployment, ``driver="deploy"``), which
     the manifest records."""
+    check_name(scenario)
     started = time.perf_counter()
     manifest: dict[str, Any] = {
         "driver": driver,
