@@ -3,23 +3,22 @@
 Layout: ``OUTPUT/sweep.json`` (the file, the grid and the run ids in order), ``OUTPUT/runs/<run_id>/``
 (one run folder each), ``OUTPUT/runs.csv`` (status of every run: ``complete``, ``skipped`` when an
 earlier sweep finished it with the same resolved scenario, ``failed`` with the error, ``interrupted`` by
-Ctrl-C) and ``OUTPUT/rounds.csv`` (the rounds of every finished run, in sweep order). Both tables are
-rewritten atomically each time a run ends, so a killed sweep keeps every finished run, and running the
+Ctrl-C or SIGTERM) and ``OUTPUT/rounds.csv`` (the rounds of every finished run, in sweep order). Both tables
+are rewritten atomically each time a run ends, so a killed sweep keeps every finished run, and running the
 sweep again skips them, once their tables are checked against the digests their manifests record: a
 finished run whose table changed since stops the sweep before anything runs, naming the file
 (:mod:`sim.results.integrity`); ``force`` runs every point again. A failing run is reported and does not
-stop the others. Workers are started with ``spawn`` (no forked torch state) and stopped at once on
-Ctrl-C. With a ``scheduler`` address the points run on a Dask distributed cluster instead
-(:mod:`sim.cluster`), and the tables are written here the same way.
+stop the others. Workers are spawned processes (:mod:`sim.runner.workers`); when the sweep is interrupted
+they are interrupted too, so that each run closes its manifest as ``interrupted``, and reaped (a worker
+that does not answer in time is killed, and its run's manifest closed here). With a ``scheduler`` address
+the points run on a Dask distributed cluster instead (:mod:`sim.cluster`), and the tables are written here
+the same way.
 """
 
 from __future__ import annotations
 
 import json
-import multiprocessing
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
-from concurrent.futures.process import BrokenProcessPool
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +28,18 @@ from tqdm import tqdm
 from sim.results.folders import check_name
 from sim.results.integrity import ChangedTableError, check_run
 from sim.results.read import SWEEP, read_manifest, read_run_table
-from sim.results.writer import MANIFEST, ResultsError, csv_bytes, make_folder, write_atomic, write_json
+from sim.results.writer import (
+    MANIFEST,
+    ResultsError,
+    csv_bytes,
+    make_folder,
+    mark_interrupted,
+    write_atomic,
+    write_json,
+)
 from sim.runner import scenario_digest, summarize
+from sim.runner.interrupts import deferred
+from sim.runner.workers import Died, Done, Interrupted, Outcome, Raised, Workers
 from sim.scenario.grid import Grid
 from sim.scenario.plugins import plugin_records
 from sim.scenario.types import Scenario
@@ -120,10 +129,11 @@ def run_sweep(
         elif todo:
             _run_parallel(todo, out, jobs, finish)
     except KeyboardInterrupt:
-        for run_id in order:
-            statuses.setdefault(run_id, RunStatus(run_id, "interrupted"))
-        _write_tables(out, order, statuses)
-        bar.close()
+        with deferred():  # a second Ctrl-C must not leave runs.csv half told
+            for run_id in order:
+                statuses.setdefault(run_id, RunStatus(run_id, "interrupted"))
+            _write_tables(out, order, statuses)
+            bar.close()
         raise
     bar.close()
     return [statuses[r] for r in order]
@@ -131,65 +141,70 @@ def run_sweep(
 
 MAX_ATTEMPTS = 2
 """Times a run is started in a worker before a dying worker process counts as the run's failure."""
+STOP_GRACE_S = 10.0
+"""How long an interrupted sweep waits for its running points to close their manifests before it kills their
+workers and closes the manifests itself (seconds)."""
+
+
+def _run_job(job: tuple[Scenario, str]) -> RunStatus:
+    """A worker's job: one point into its folder."""
+    return run_point(*job)
 
 
 def _run_parallel(todo: list[Scenario], out: Path, jobs: int, finish: Callable[[RunStatus], None]) -> None:
-    """Run the points in ``jobs`` spawned worker processes, at most ``jobs`` at a time.
+    """Run the points in at most ``jobs`` worker processes at a time.
 
-    A worker process that dies (killed, out of memory) breaks the whole pool and every run in flight with
-    it; those runs are started again in a fresh pool, and a run in flight at a second breakage is marked
-    failed, so one bad run cannot fail the others. On Ctrl-C the workers are stopped at once.
+    A worker process that dies (killed, out of memory) costs only its own run, which is started again in a
+    fresh worker; a run whose worker dies a second time is marked failed. When the sweep is interrupted (or
+    anything else stops it), the running points are interrupted and every worker is reaped before the
+    exception goes on; a point whose worker had to be killed has its manifest closed as ``interrupted`` here.
     """
     queue = list(todo)
     attempts: dict[str, int] = {}
-    context = multiprocessing.get_context("spawn")
-    while queue:
-        pool = ProcessPoolExecutor(max_workers=jobs, mp_context=context)
-        running: dict[Future[RunStatus], Scenario] = {}
-        broken: list[Scenario] = []
+    workers: Workers[tuple[Scenario, str]] = Workers(_run_job, jobs)
+    try:
+        while queue or workers.busy:
+            while queue and workers.free:
+                point = queue.pop(0)
+                attempts[point.run_id] = attempts.get(point.run_id, 0) + 1
+                workers.start(point.run_id, (point, str(out / "runs" / point.run_id)))
+            for _, (point, directory), outcome in workers.wait():
+                if _settle(point, Path(directory), outcome, attempts[point.run_id], finish):
+                    queue.insert(0, point)
+    except BaseException:
+        with deferred():  # stopping: a second signal must not leave a worker behind
+            for _, (_point, directory), outcome in workers.stop(STOP_GRACE_S):
+                if isinstance(outcome, Done):  # it finished (or failed) before it saw the signal
+                    finish(outcome.result)
+                else:
+                    mark_interrupted(Path(directory))
+        raise
+    workers.close()
+
+
+def _settle(
+    point: Scenario, directory: Path, outcome: Outcome, attempt: int, finish: Callable[[RunStatus], None]
+) -> bool:
+    """Record how a worker's run of ``point`` ended; True when it should run again (its worker died)."""
+    if isinstance(outcome, Done):
+        finish(outcome.result)
+    elif isinstance(outcome, Raised):
+        finish(RunStatus(point.run_id, "failed", outcome.error))
+    elif isinstance(outcome, Interrupted):  # its worker alone was signalled: the run is closed, the sweep goes on
+        finish(RunStatus(point.run_id, "interrupted"))
+    else:
+        assert isinstance(outcome, Died)
         try:
-            while queue or running:
-                while queue and len(running) < jobs:
-                    point = queue.pop(0)
-                    attempts[point.run_id] = attempts.get(point.run_id, 0) + 1
-                    running[pool.submit(run_point, point, str(out / "runs" / point.run_id))] = point
-                done, _ = wait(running, return_when=FIRST_COMPLETED)
-                for future in done:
-                    point = running.pop(future)
-                    try:
-                        finish(future.result())
-                    except BrokenProcessPool:
-                        broken.append(point)
-                if broken:
-                    broken += list(running.values())
-                    break
-        except KeyboardInterrupt:
-            # Workers may not have seen the signal (it can be sent to this process alone): stop them, so
-            # the interrupted runs keep the rounds they finished and a later sweep runs them again.
-            _stop(pool)
-            raise
-        if broken:
-            _stop(pool)
+            finished = is_finished(directory, point)  # it ended just before its worker died
+        except ResultsError:
+            finished = False
+        if finished:
+            finish(RunStatus(point.run_id, "complete", summary=summarize(directory)))
+        elif attempt >= MAX_ATTEMPTS:
+            finish(RunStatus(point.run_id, "failed", f"its worker process died {MAX_ATTEMPTS} times"))
         else:
-            pool.shutdown()
-        for point in broken:
-            directory = out / "runs" / point.run_id
-            try:
-                finished = is_finished(directory, point)  # it ended just before the pool broke
-            except ResultsError:
-                finished = False
-            if finished:
-                finish(RunStatus(point.run_id, "complete", summary=summarize(directory)))
-            elif attempts[point.run_id] >= MAX_ATTEMPTS:
-                finish(RunStatus(point.run_id, "failed", f"its worker process died {MAX_ATTEMPTS} times"))
-            else:
-                queue.insert(0, point)
-
-
-def _stop(pool: ProcessPoolExecutor) -> None:
-    for process in list(getattr(pool, "_processes", {}).values()):
-        process.terminate()
-    pool.shutdown(wait=False, cancel_futures=True)
+            return True
+    return False
 
 
 def _swept_keys(out: Path) -> list[str]:

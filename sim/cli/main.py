@@ -1,18 +1,22 @@
 """The ``dropsim`` command.
 
 Exit status: 0 on success, 1 when a run or a sweep point failed, 2 for bad input (a scenario, a result
-folder, a profile, a finished run's table that changed since), 130 when interrupted. Errors go to stderr and
-name the file, key and value.
+folder, a profile, a finished run's table that changed since), 130 when interrupted (Ctrl-C), 143 when
+``run``, ``sweep`` or ``reproduce`` is terminated (SIGTERM, as a batch scheduler sends at its time limit):
+those three end alike on either signal (:mod:`sim.runner.interrupts`), keeping the finished rounds, closing
+the interrupted runs' manifests as ``interrupted`` and reaping every process they started. Errors go to
+stderr and name the file, key and value.
 """
 
 from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
@@ -24,6 +28,9 @@ from sim.paper.cli import add_reproduce_parser, cmd_reproduce
 from sim.scenario import load
 from sim.traces.cli import add_trace_parser, cmd_trace
 
+if TYPE_CHECKING:
+    from sim.runner.interrupts import Interruption
+
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
 EXIT_INTERRUPTED = 130
@@ -32,6 +39,8 @@ UNVERIFIED = (
     "(--force runs it again, and records them)"
 )
 """The note for a finished run found without digests (:mod:`sim.results.integrity`)."""
+STOPPABLE = frozenset({"run", "sweep", "reproduce"})
+"""Commands that SIGTERM stops as Ctrl-C does (the others keep the default: it ends them at once)."""
 
 
 def _scenario_args(p: argparse.ArgumentParser) -> None:
@@ -166,12 +175,28 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a kernel testbed runs it again
+    if args.command not in STOPPABLE:
+        return _dispatch(args, None)
+    # here, not at the top: sim.runner loads the simulator, which the light commands must not
+    from sim.runner.interrupts import interruptible
+    from sim.runner.workers import reaping_resource_tracker
+
+    with interruptible() as caught, reaping_resource_tracker():  # nothing this command starts outlives it
+        return _dispatch(args, caught)
+
+
+def _dispatch(args: argparse.Namespace, caught: Interruption | None) -> int:
+    """Run the command; bad input and interruptions (``caught`` says by which signal, where the command is
+    :data:`STOPPABLE`) become exit statuses and one line on stderr."""
     try:
         return int(_COMMANDS[args.command](args))
     except InputError as exc:
         print(f"dropsim: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:
+        if caught is not None and caught.signal == signal.SIGTERM:
+            print("dropsim: terminated (SIGTERM); finished rounds are kept", file=sys.stderr)
+            return caught.exit_status
         print("dropsim: interrupted; finished rounds are kept", file=sys.stderr)
         return EXIT_INTERRUPTED
 

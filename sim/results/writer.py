@@ -70,6 +70,20 @@ def write_json(path: Path, doc: Any) -> None:
     write_atomic(path, (json.dumps(doc, indent=2, sort_keys=False, default=str) + "\n").encode())
 
 
+def mark_interrupted(directory: Path) -> None:
+    """Close as ``interrupted`` the manifest of a run whose process was stopped before it could (its status
+    still ``running``); its committed rounds stay as they are. A folder without a readable manifest is left
+    alone."""
+    path = directory / MANIFEST
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(doc, dict) and doc.get("status") == "running":
+        doc["status"] = "interrupted"
+        write_json(path, doc)
+
+
 def cell(value: Any) -> Any:
     """A value as a CSV cell: NaN and None empty, floats in shortest round-trip form."""
     if value is None:
