@@ -1,10 +1,11 @@
 """Running one scenario: simulate round by round, write the tables as rounds finish, summarise.
 
 The manifest is written before the first round (status ``running``) and closed with ``complete`` (with
-the SHA-256 of every table), ``interrupted`` (Ctrl-C) or ``failed`` (with the error); the tables always hold
-every finished round. A folder that already holds this scenario's complete run is found finished, not run
-again, once its tables are checked against those digests (:mod:`sim.results.integrity`); a scenario's name
-must be one folder name (:mod:`sim.results.folders`).
+the SHA-256 of every table), ``interrupted`` (Ctrl-C, or SIGTERM where the command turns it into one) or
+``failed`` (with the error); the tables always hold every finished round. A folder that already holds this
+scenario's complete run is found finished, not run again, once its tables are checked against those
+digests (:mod:`sim.results.integrity`); a scenario's name must be one folder name
+(:mod:`sim.results.folders`).
 """
 
 from __future__ import annotations
