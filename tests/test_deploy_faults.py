@@ -45,7 +45,7 @@ from sim.deploy.framing import Closed, FrameError, Session, client_handshake, re
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine
-from sim.protocol.messages import Ciphertexts, KeyList, MaskedInput, Survivors
+from sim.protocol.messages import Ciphertexts, KeyList, MaskedInput, ShareKeys, Survivors
 from sim.protocol.wire import ModVector
 from sim.results.read import read_manifest, read_run_table
 from sim.round.records import RoundResult
@@ -477,6 +477,19 @@ async def _leave(t: Turn) -> None:
     t.link.writer.close()
 
 
+MANY = 1 << 20
+"""Ciphertexts in the rogue's forged ShareKeys: a 12 MiB frame (each an id and an empty ciphertext) that the
+server decoded item by item into a million tuples before it checked a single receiver."""
+
+
+async def _many_items(t: Turn) -> None:
+    await t.link.send(0, t.keys())
+    await t.link.receive(KeyList)
+    items = np.zeros(MANY, dtype=[("to", "<u8"), ("length", "<u4")]).tobytes()
+    body = struct.pack("<IQI", t.start.round, t.start.client, MANY) + items
+    await t.link.send(0, wire.HEADER.pack(wire.MAGIC, wire.VERSION, ShareKeys.TYPE, len(body)) + body)
+
+
 # -- the adversarial worker: an authenticated client that sends each kind of wrong message at each step ---
 FAR = 10**9
 """A client id outside every round."""
@@ -592,6 +605,7 @@ ATTACKS: dict[str, tuple[Callable[[Turn], Awaitable[None]], type | None]] = {
     "silent": (_silent, control.RoundEnd),
     "leave": (_leave, None),
     "quit": (_quit, control.RoundEnd),
+    "many_items": (_many_items, control.RoundEnd),
 }
 """Each attack, and what the rogue waits for after it: the round's end (then it closes its connection), the
 server closing the connection (``Stalled``), or nothing."""
@@ -784,6 +798,8 @@ def test_a_bad_frame_closes_its_connection_and_the_round_goes_on(rogue: RogueDep
 
 MESSAGE_FAULTS = {
     "garbage": f"malformed message: {_wire_error(GARBAGE_MESSAGE)}",
+    "many_items": f"malformed message: ShareKeys.ciphertexts: list of (u64, bytes) of {MANY} items exceeds the "
+    f"limit of {ROGUE_WORKERS}",
     "replay_message": "a message it was not asked for in step advertise_keys (AdvertiseKeys)",
     "stale_message": "sent AdvertiseKeys in step share_keys, not ShareKeys",
 }

@@ -13,7 +13,21 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from sim.protocol.private import PrivateRound
-from sim.protocol.wire import BYTES, F64, U8, U32, U64, Message, WireError, decode, list_of, peek_header, tuple_of
+from sim.protocol.wire import (
+    BYTES,
+    F64,
+    U8,
+    U32,
+    U64,
+    Items,
+    Message,
+    RoundLimits,
+    WireError,
+    decode,
+    list_of,
+    peek_header,
+    tuple_of,
+)
 
 CONTROL = 0xFFFF
 """Frame channel of control messages (protocol instances use channels 0.., one per chunk)."""
@@ -40,6 +54,10 @@ class Config(Message):
     seeded: int = 0
 
 
+MAX_SAMPLED = 1 << 20
+"""Most clients a round start may list (a deployment runs at most a few dozen workers)."""
+
+
 @dataclass(frozen=True)
 class RoundStart(Message):
     """Round ``round`` starts; the worker plays ``client``. ``drop`` is the dropout stage the testbed
@@ -49,14 +67,15 @@ class RoundStart(Message):
     a client no worker plays: no signature verifies under it)."""
 
     TYPE: ClassVar[int] = 41
+    ITEMS: ClassVar[Items] = Items.OWN
     FIELDS: ClassVar = (
         ("round", U32),
         ("client", U64),
-        ("sampled", list_of(U64)),
+        ("sampled", list_of(U64, limit=MAX_SAMPLED)),
         ("drop", BYTES),
         ("chunks", U32),
         ("rate", F64),
-        ("keys", list_of(BYTES)),
+        ("keys", list_of(BYTES, limit=MAX_SAMPLED)),
     )
     round: int
     client: int
@@ -163,6 +182,7 @@ class Operations(Message):
     charges for it as ``(op, ((feature, value), ...))``. Sent just before its :class:`ClientReport`."""
 
     TYPE: ClassVar[int] = 48
+    ITEMS: ClassVar[Items] = Items.OWN
     FIELDS: ClassVar = (("round", U32), ("calls", list_of(tuple_of(BYTES, F64, WORK), limit=4096)))
     round: int
     calls: tuple[tuple[bytes, float, tuple[tuple[bytes, tuple[tuple[bytes, float], ...]], ...]], ...]
@@ -202,3 +222,11 @@ def max_elements(dim: int, private: PrivateRound | None) -> int:
     """Most values a vector of a round's protocol messages holds: the model's, or the DP encoding's padded
     length; a receiver checks a frame's counts against it before decoding allocates anything."""
     return max(dim, private.encoding.padded if private is not None else 0)
+
+
+def round_limits(dim: int, clients: int, private: PrivateRound | None) -> RoundLimits:
+    """What a legal protocol message of a round of ``clients`` sampled clients holds at most: values in a
+    vector (:func:`max_elements`) and, per message type, items in a list (one per client, or per client and
+    noise component); a receiver checks a frame's counts against them before decoding allocates anything."""
+    components = len(private.plan.components) if private is not None else 0
+    return RoundLimits(max_elements(dim, private), clients, components)

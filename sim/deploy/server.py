@@ -107,8 +107,8 @@ class RoundState:
     """Why each client that said so left (its planned stage, or ``aborted: <why>``)."""
     machines: list[ServerMachine] = field(default_factory=list)
     """The round's server machines (one per chunk), for observers: ``machines[j].step``."""
-    max_elements: int = 0
-    """Most values a client's vector may hold this round (checked before decoding allocates)."""
+    limits: wire.RoundLimits = field(default_factory=lambda: wire.RoundLimits(0, 0))
+    """What a client's message may hold this round, per type (checked before decoding allocates)."""
     operations: dict[str, list[Entry]] = field(default_factory=dict)
     """What each party computed (``server``, and each client that said: ``operations.csv``)."""
     frames_out: list[int] = field(default_factory=list)
@@ -354,7 +354,7 @@ class DeployServer:
             return rec
         m = len(inst.servers)
         st = RoundState(number, sampled, [asyncio.Queue() for _ in range(m)], Roster(records), machines=inst.servers)
-        st.max_elements = control.max_elements(self.learner.dim, private)
+        st.limits = control.round_limits(self.learner.dim, len(sampled), private)
         self.current = st
         server_cpu = Processor("server")
         side = Processor("server-side") if chunks is not None else server_cpu
@@ -495,7 +495,7 @@ class DeployServer:
             def receive(
                 sender: int = sender, payload: bytes = payload, decoded: list[wire.Message] = decoded
             ) -> Reaction:
-                decoded.append(wire.decode(payload, max_elements=st.max_elements))
+                decoded.append(wire.decode(payload, round=st.limits))
                 return machine.receive(sender, decoded[0])
 
             try:

@@ -188,8 +188,8 @@ class Play:
     unsent: set[int] = field(default_factory=set)
     """Pipelined: chunks whose masked input is not written yet."""
     all_sent: asyncio.Event = field(default_factory=asyncio.Event)
-    max_elements: int = 0
-    """Most values a vector from the server may hold this round (checked before decoding allocates)."""
+    limits: wire.RoundLimits = field(default_factory=lambda: wire.RoundLimits(0, 0))
+    """What a message from the server may hold this round, per type (checked before decoding allocates)."""
     uploads: list[asyncio.Task[None]] = field(default_factory=list)
     """Pipelined: the uploads waiting for the link or being written."""
     process_cpu: float = field(default_factory=time.process_time)
@@ -399,10 +399,10 @@ class Worker:
             if departure.before_download:
                 self._leave(p, departure.stage)
             private = p.shared.private(start)
-            p.max_elements = control.max_elements(p.shared.learner.dim, private)
+            p.limits = control.round_limits(p.shared.learner.dim, len(start.sampled), private)
             p.timeline.download_start = time.monotonic()
             payload = await self._receive(p, 0)
-            model = await p.cpu.run(lambda: wire.decode(payload, max_elements=p.max_elements), work=decoding)
+            model = await p.cpu.run(lambda: wire.decode(payload, round=p.limits), work=decoding)
             if not isinstance(model, ModelDownload) or model.round != start.round:
                 raise LeftError(f"aborted: expected the round's model, got {type(model).__name__}")
             p.timeline.download_end = p.timeline.train_start = time.monotonic()
@@ -446,7 +446,7 @@ class Worker:
     def _decode(p: Play, payload: bytes) -> wire.Message:
         """A protocol message from the server; one that does not decode makes the client abort."""
         try:
-            return wire.decode(payload, max_elements=p.max_elements)
+            return wire.decode(payload, round=p.limits)
         except wire.WireError as exc:
             raise LeftError(f"aborted: malformed message from the server: {exc}") from None
 

@@ -20,6 +20,7 @@ from sim.protocol.wire import (
     U32,
     U64,
     Data,
+    Items,
     Message,
     ModVector,
     Vector,
@@ -68,6 +69,7 @@ class KeyList(Message):
     """Server to client: the advertised keys of the clients in U1 the recipient deals with."""
 
     TYPE: ClassVar[int] = 11
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar = (("round", U32), ("entries", list_of(tuple_of(U64, KEY, KEY, BYTES))))
     round: int
     entries: tuple[tuple[int, Data, Data, Data], ...]
@@ -79,6 +81,7 @@ class ShareKeys(Message):
     """Stage 1: a client's encrypted shares, one ciphertext per other share holder."""
 
     TYPE: ClassVar[int] = 12
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar = (("round", U32), ("client", U64), ("ciphertexts", list_of(tuple_of(U64, BYTES))))
     round: int
     client: int
@@ -91,6 +94,7 @@ class Ciphertexts(Message):
     """Server to client: the ciphertexts addressed to it by the clients in U2."""
 
     TYPE: ClassVar[int] = 13
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar = (("round", U32), ("ciphertexts", list_of(tuple_of(U64, BYTES))))
     round: int
     ciphertexts: tuple[tuple[int, Data], ...]
@@ -113,6 +117,7 @@ class Survivors(Message):
     """Server to client: U3, the clients whose masked input arrived (consistency check or unmasking)."""
 
     TYPE: ClassVar[int] = 15
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = (("round", U32), ("clients", list_of(U64)))
     round: int
     clients: tuple[int, ...]
@@ -134,6 +139,7 @@ class SignedSurvivors(Message):
     """Server to client (malicious): U4 with each member's signature of the round and U3."""
 
     TYPE: ClassVar[int] = 17
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar = (("round", U32), ("signatures", list_of(tuple_of(U64, SIGNATURE))))
     round: int
     signatures: tuple[tuple[int, Data], ...]
@@ -150,6 +156,7 @@ class UnmaskShares(Message):
     """Stage 4: shares of s_sk for clients in U2 \\ U3 and of b for clients in U3."""
 
     TYPE: ClassVar[int] = 18
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar[tuple[tuple[str, Any], ...]] = (
         ("round", U32),
         ("client", U64),
@@ -168,6 +175,7 @@ class UnmaskSharesAndSeeds(UnmaskShares):
     every survivor removes (k > |U \\ U3| for XNoise-Prec)."""
 
     TYPE: ClassVar[int] = 19
+    ITEMS: ClassVar[Items] = Items.CLIENT_COMPONENTS
     FIELDS: ClassVar = (*UnmaskShares.FIELDS, ("seeds", list_of(tuple_of(U32, BYTES))))
     seeds: tuple[tuple[int, Data], ...]
     """``(component, seed)``."""
@@ -179,6 +187,7 @@ class RemovalRequest(Message):
     recipient sends its shares of the excess seeds of the survivors in U3 \\ U5."""
 
     TYPE: ClassVar[int] = 20
+    ITEMS: ClassVar[Items] = Items.CLIENTS
     FIELDS: ClassVar = (("round", U32), ("clients", list_of(U64)))
     round: int
     clients: tuple[int, ...]
@@ -189,6 +198,7 @@ class SeedShares(Message):
     """Stage 5: the client's shares of excess noise seeds of survivors that did not send them."""
 
     TYPE: ClassVar[int] = 21
+    ITEMS: ClassVar[Items] = Items.CLIENT_COMPONENTS
     FIELDS: ClassVar = (("round", U32), ("client", U64), ("shares", list_of(tuple_of(U64, U32, BYTES))))
     round: int
     client: int

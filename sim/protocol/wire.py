@@ -6,8 +6,10 @@ number and a ``FIELDS`` list of ``(attribute, codec)``; the body is the fields' 
 Decoding checks the magic, version, type, body length, every field's bounds and that no bytes are left
 over, and raises :class:`WireError` naming what is wrong: the real-socket mode sends exactly these bytes.
 A receiver that knows how large a legal message can be passes :class:`Limits` (``max_elements``: values in
-any vector, ``max_items``: items in any list), checked against each count before anything is allocated;
-otherwise what a frame makes the decoder allocate is at most the decoded values plus a few times the frame.
+any vector, ``max_items``: items in any list), or a round's :class:`RoundLimits`, from which each message
+type's bounds follow (every type with a list declares what bounds it: :attr:`Message.ITEMS`); each count is
+checked against them before anything is allocated or read. Otherwise what a frame makes the decoder
+allocate is at most the decoded values plus a few times the frame.
 
 In ``timing`` fidelity a vector is a :class:`Blank` (length and dtype, no data): :meth:`Message.wire_size`
 gives the same size the real vector would encode to, without making it.
@@ -15,6 +17,7 @@ gives the same size the real vector would encode to, without making it.
 
 from __future__ import annotations
 
+import enum
 import math
 import struct
 from collections.abc import Sequence
@@ -190,6 +193,35 @@ class Limits:
 
 
 UNLIMITED = Limits()
+
+
+class Items(enum.Enum):
+    """What bounds the items of a message type's lists (:attr:`Message.ITEMS`)."""
+
+    CLIENTS = enum.auto()
+    """One item per client of the round at most (keys, ciphertexts, shares, survivors, signatures)."""
+    CLIENT_COMPONENTS = enum.auto()
+    """One per client and noise component at most (shares of noise seeds; a client's own seeds)."""
+    OWN = enum.auto()
+    """The lists' own codec limits (control messages, whose size is checked before they are decoded)."""
+
+
+@dataclass(frozen=True)
+class RoundLimits:
+    """What a legal message of one round holds at most: ``elements`` values in any vector, and, in its lists,
+    items for ``clients`` sampled clients with ``components`` noise components each (0 without DP). Each
+    message type's item bound follows from its :attr:`Message.ITEMS` (:meth:`limits`)."""
+
+    elements: int
+    clients: int
+    components: int = 0
+
+    def limits(self, cls: type[Message]) -> Limits:
+        if cls.ITEMS is Items.CLIENTS:
+            return Limits(self.elements, self.clients)
+        if cls.ITEMS is Items.CLIENT_COMPONENTS:
+            return Limits(self.elements, self.clients * (self.components + 1))
+        return Limits(self.elements)
 
 
 class Codec:
@@ -495,11 +527,15 @@ class Message:
 
     TYPE: ClassVar[int]
     FIELDS: ClassVar[tuple[tuple[str, Codec], ...]]
+    ITEMS: ClassVar[Items | None] = None
+    """What bounds the items of its lists in a round (:class:`RoundLimits`); a type with a list must say."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "TYPE" not in cls.__dict__:
             return
+        if cls.ITEMS is None and any(_has_list(codec) for _, codec in cls.FIELDS):
+            raise TypeError(f"message type {cls.__name__} has a list but no ITEMS bound")
         if cls.TYPE in _REGISTRY and _REGISTRY[cls.TYPE].__qualname__ != cls.__qualname__:
             raise TypeError(f"message type {cls.TYPE} is taken by {_REGISTRY[cls.TYPE].__name__}")
         if not 0 < cls.TYPE < 256:
@@ -539,9 +575,22 @@ class Message:
         return HEADER.pack(MAGIC, VERSION, self.TYPE, len(body)) + body
 
 
-def decode(data: bytes | memoryview, *, max_elements: int | None = None, max_items: int | None = None) -> Message:
+def _has_list(codec: Codec) -> bool:
+    if isinstance(codec, _List):
+        return True
+    return isinstance(codec, _Tuple) and any(map(_has_list, codec.items))
+
+
+def decode(
+    data: bytes | memoryview,
+    *,
+    max_elements: int | None = None,
+    max_items: int | None = None,
+    round: RoundLimits | None = None,
+) -> Message:
     """Decode one whole frame; raises :class:`WireError` on anything malformed or over the :class:`Limits`
-    ``max_elements`` (values of any vector) and ``max_items`` (items of any list)."""
+    ``max_elements`` (values of any vector) and ``max_items`` (items of any list), or, given a ``round``,
+    over that round's limits for the frame's type (:meth:`RoundLimits.limits`)."""
     limits = Limits(max_elements, max_items) if max_elements is not None or max_items is not None else UNLIMITED
     buf = memoryview(data)
     if len(buf) < HEADER.size:
@@ -556,6 +605,8 @@ def decode(data: bytes | memoryview, *, max_elements: int | None = None, max_ite
         raise WireError(f"unknown message type {mtype}")
     if length != len(buf) - HEADER.size:
         raise WireError(f"header announces a body of {length} bytes, frame has {len(buf) - HEADER.size}")
+    if round is not None:
+        limits = round.limits(cls)
     offset = HEADER.size
     values: dict[str, Any] = {}
     for name, codec in cls.FIELDS:
