@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import queue
 import signal
@@ -490,6 +491,28 @@ async def _many_items(t: Turn) -> None:
     await t.link.send(0, wire.HEADER.pack(wire.MAGIC, wire.VERSION, ShareKeys.TYPE, len(body)) + body)
 
 
+def _report(t: Turn, **values: float) -> bytes:
+    fields = dict.fromkeys(control.REPORT_TIMES, math.nan) | dict.fromkeys(control.REPORT_SECONDS, 0.0) | values
+    return control.ClientReport(round=t.start.round, left=b"", **fields).encode()
+
+
+BAD_REPORTS = {
+    "report_infinite_time": {"download_end": math.inf},
+    "report_negative_seconds": {"compute_s": -1.0},
+    "report_huge_seconds": {"upload_s": 1e300},
+    "report_time_before_the_round": {"train_start": -1e9},
+}
+"""A worker's report of its round with one value no round can have (its other times NaN, durations 0)."""
+
+
+def _bad_report(name: str) -> Callable[[Turn], Awaitable[None]]:
+    async def attack(t: Turn) -> None:
+        await t.link.send(control.CONTROL, _report(t, **BAD_REPORTS[name]))
+        t.link.writer.close()
+
+    return attack
+
+
 # -- the adversarial worker: an authenticated client that sends each kind of wrong message at each step ---
 FAR = 10**9
 """A client id outside every round."""
@@ -606,6 +629,7 @@ ATTACKS: dict[str, tuple[Callable[[Turn], Awaitable[None]], type | None]] = {
     "leave": (_leave, None),
     "quit": (_quit, control.RoundEnd),
     "many_items": (_many_items, control.RoundEnd),
+    **{name: (_bad_report(name), None) for name in BAD_REPORTS},
 }
 """Each attack, and what the rogue waits for after it: the round's end (then it closes its connection), the
 server closing the connection (``Stalled``), or nothing."""
@@ -853,6 +877,22 @@ def test_a_worker_that_quits_mid_deployment_is_a_dropout_not_the_end(rogue: Rogu
     rogue.honest_round(result, played)
     result, played, refusals = rogue.round("leave")  # it reconnects and the next round runs with it
     assert refusals == []
+    rogue.honest_round(result, played)
+
+
+@pytest.mark.parametrize("attack", list(BAD_REPORTS))
+def test_a_report_no_round_can_have_is_refused_not_recorded(rogue: RogueDeployment, attack: str) -> None:
+    """A worker's report of its round with an infinite or pre-round time, or a negative or astronomical
+    duration, is refused with the reason logged, and none of its values reaches the clients table (before,
+    each landed in clients.csv and rounds.csv of a run marked complete)."""
+    result, played, refusals = rogue.round(attack)
+    ((name, value),) = BAD_REPORTS[attack].items()
+    (refusal,) = refusals
+    assert refusal.startswith(f"round {played.round}: client {played.client}'s report refused: {name} {value!r} ")
+    (record,) = [r for r in result.record.clients if r.client == played.client]
+    assert record.dropped_stage == "offline:advertise_keys"
+    recorded = [getattr(record, f) for f in ("download_end", "train_start", "compute_s", "upload_s")]
+    assert all(v != value for v in recorded), recorded
     rogue.honest_round(result, played)
 
 

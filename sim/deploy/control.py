@@ -9,6 +9,8 @@ testbed asks of it (leave before a step: a planned dropout), and when the round 
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -230,3 +232,39 @@ def round_limits(dim: int, clients: int, private: PrivateRound | None) -> RoundL
     noise component); a receiver checks a frame's counts against them before decoding allocates anything."""
     components = len(private.plan.components) if private is not None else 0
     return RoundLimits(max_elements(dim, private), clients, components)
+
+
+MAX_REASON = 500
+"""Most characters of a reason a worker gives (a dropout's label in the clients table) that are kept."""
+
+
+def worker_text(raw: bytes) -> str:
+    """Text a worker sent (why it left or quit), as the results keep it: UTF-8 (bad bytes replaced), control
+    characters as ``?``, at most :data:`MAX_REASON` characters."""
+    text = "".join(ch if ch.isprintable() else "?" for ch in raw[: 4 * MAX_REASON].decode(errors="replace"))
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 1] + "…"
+
+
+REPORT_TIMES = ("download_start", "download_end", "train_start", "train_end", "last_upload_end", "left_at")
+"""A :class:`ClientReport`'s readings of the worker's clock (NaN: it did not get there)."""
+REPORT_SECONDS = ("compute_s", "cpu_s", "upload_s")
+"""A :class:`ClientReport`'s durations."""
+
+
+def report_problem(report: ClientReport, place: Callable[[float], float], start: float, end: float) -> str:
+    """What is wrong with a worker's ``report`` of a round that ran from ``start`` to ``end`` (seconds of the
+    server's clock, ``end`` with the time its reports may take), ``place`` mapping the worker's clock onto
+    the server's; empty if nothing. Each time is NaN or, placed, within the round; each duration finite,
+    at least 0 and at most the round's length."""
+    for name in REPORT_TIMES:
+        value = getattr(report, name)
+        if math.isnan(value):
+            continue
+        placed = place(value)
+        if not (math.isfinite(placed) and start <= placed <= end):
+            return f"{name} {value!r} is not a time within the round ({placed:.6g} s; it ran {start:.6g}-{end:.6g} s)"
+    for name in REPORT_SECONDS:
+        value = getattr(report, name)
+        if not (math.isfinite(value) and 0 <= value <= end - start):
+            return f"{name} {value!r} is not a number of seconds in [0, {end - start:.6g}] (the round's length)"
+    return ""

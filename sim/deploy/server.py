@@ -236,7 +236,7 @@ class DeployServer:
                 peer.offset = arrived - message.now
                 self.changed.set()
             elif isinstance(message, control.Shutdown):
-                why = message.reason.decode(errors="replace")
+                why = control.worker_text(message.reason)
                 if math.isnan(peer.offset):  # before it was ready: it cannot run the scenario
                     self.failed[peer.index] = why
                     self._refuse(f"worker {peer.index} quit: {why}")
@@ -250,7 +250,7 @@ class DeployServer:
                     self.changed.set()
             elif isinstance(message, control.Leaving):
                 if st is not None and peer.round == st.number == message.round:
-                    st.leaving[peer.client] = message.reason.decode(errors="replace")
+                    st.leaving[peer.client] = control.worker_text(message.reason)
             elif isinstance(message, control.Operations):
                 if st is not None and peer.round == st.number == message.round:
                     try:
@@ -697,6 +697,12 @@ class DeployServer:
                 """A time of the worker's clock on the server's."""
                 return t + offset - self.t0
 
+            # the reports' own wait counts as the round's: a write can end after the round has
+            wrong = control.report_problem(report, place, rec.t_start, rec.t_end + REPORT_WAIT_S)
+            if wrong:
+                self._refuse(f"round {st.number}: client {c}'s report refused: {wrong}")
+                continue
+
             record.download_end = place(report.download_end)
             record.train_start = place(report.train_start)
             record.train_end = place(report.train_end)
@@ -705,7 +711,7 @@ class DeployServer:
             record.upload_s = report.upload_s
             record.last_upload_end = place(report.last_upload_end)
             if report.left:  # a silent leaver: it stopped answering, and says so now
-                st.leaving[c] = report.left.decode(errors="replace")
+                st.leaving[c] = control.worker_text(report.left)
                 record.left_at = place(report.left_at)
 
     def _close_record(self, st: RoundState, rec: RoundRecord, survivors: set[int], planned: int, busy: float) -> None:
