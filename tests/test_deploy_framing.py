@@ -629,9 +629,10 @@ def _worker(**kwargs):  # type: ignore[no-untyped-def]
 
 def test_a_worker_derives_its_secrets_from_the_seed_only_if_it_agreed_to():
     from sim.deploy import control
+    from sim.deploy.worker import PolicyRefusedError
 
     config = control.Config(b"{}", b"", ids.new_deployment_id(), 1)
-    with pytest.raises(ValueError, match="only a worker started with --seeded-secrets agrees"):
+    with pytest.raises(PolicyRefusedError, match="only a worker started with --seeded-secrets agrees"):
         _worker()._configure(config)
 
 

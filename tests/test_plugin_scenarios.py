@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -313,19 +314,20 @@ def test_a_loader_s_data_is_used_as_given_or_refused_with_a_loader_error(drawn):
 
 
 def test_a_deployment_worker_refuses_a_scenario_naming_code_unless_allowed(on_path):
-    from sim.deploy.worker import config_message, read_config
+    from sim.deploy.policy import SAFE_POLICY
+    from sim.deploy.worker import PolicyRefusedError, config_message, read_config
 
     scenario = sim.load_scenario(SCENARIO).base()
     config = config_message(scenario, b"\0" * 16)
     with pytest.raises(
-        ValueError,
+        PolicyRefusedError,
         match=r"names plug-ins \(.*model.factory: 'dropsim_example_plugins:small_cnn';.*"
         "--allow-plugins",
     ):
-        read_config(config)
-    assert read_config(config, allow_plugins=True) == scenario
+        read_config(config, SAFE_POLICY)
+    assert read_config(config, replace(SAFE_POLICY, plugins=True)) == scenario
     plain = sim.load_scenario({k: v for k, v in SCENARIO.items() if k in ("name", "rounds", "population")}).base()
-    assert read_config(config_message(plain, b"\0" * 16)) == plain
+    assert read_config(config_message(plain, b"\0" * 16), SAFE_POLICY) == plain
 
 
 def test_strategy_flags_set_as_class_attributes_are_honoured_and_removal_needs_removes():

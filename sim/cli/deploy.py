@@ -43,6 +43,7 @@ from sim.errors import InputError
 
 if TYPE_CHECKING:
     from sim.deploy.deployment import DeployOptions
+    from sim.deploy.policy import WorkerPolicy
     from sim.runner import Experiment
     from sim.scenario.types import Scenario
 
@@ -134,15 +135,46 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--keygen", action="store_true", help="make DIR/worker-J.key and .pub (with --keys), then exit")
     p.add_argument("--announce-fd", type=int, metavar="FD", help=argparse.SUPPRESS)
-    p.add_argument(
+    policy = p.add_argument_group(
+        "policy",
+        "what this worker accepts of the server's scenario, refused otherwise before it trains or sends anything "
+        "(docs/security.md). Default: secagg or secagg+ with a threshold safe at the scenario's privacy.collusion; "
+        "flags override --policy FILE's keys",
+    )
+    policy.add_argument("--policy", type=Path, metavar="FILE", help="a policy file (YAML: docs/security.md)")
+    policy.add_argument(
+        "--protocols", metavar="LIST", help="aggregation protocols accepted, comma-separated (default secagg,secagg+)"
+    )
+    policy.add_argument(
+        "--adversary",
+        help="semi-honest (accepts either variant) or malicious (requires aggregation.malicious); default semi-honest",
+    )
+    policy.add_argument(
+        "--min-threshold",
+        type=float,
+        metavar="F",
+        help="least aggregation.threshold: each round's t of this worker's holders at least floor(F n) + 1",
+    )
+    policy.add_argument(
+        "--collusion",
+        metavar="C",
+        help="colluders the threshold must defeat (t > (n + C) / 2 of this worker's n holders), at least the "
+        "scenario's privacy.collusion; 'none': no such rule (default 0: the scenario's)",
+    )
+    policy.add_argument("--require-dp", action="store_true", default=None, help="require DP noise from the clients")
+    policy.add_argument("--max-epsilon-round", type=float, metavar="E", help="most epsilon a round may cost")
+    policy.add_argument("--max-epsilon-total", type=float, metavar="E", help="most epsilon the whole run may cost")
+    policy.add_argument(
         "--seeded-secrets",
         action="store_true",
+        default=None,
         help="agree to derive this worker's secrets from the scenario seed when the server asks "
         "(validate --seeded-secrets): NO SECRECY",
     )
-    p.add_argument(
+    policy.add_argument(
         "--allow-plugins",
         action="store_true",
+        default=None,
         help="agree to run a scenario that names plug-ins (model.factory, data.loader, dropout.model, a strategy "
         "by import path: code this worker imports; docs/plugins.md); refused otherwise",
     )
@@ -317,6 +349,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         return 0
     if args.connect is None:
         raise InputError("worker needs --connect HOST:PORT (or --keygen)")
+    policy = worker_policy(args)
     host, _, port = args.connect.rpartition(":")
     if not host or not port.isdigit():
         raise InputError(f"--connect {args.connect!r}: expected HOST:PORT, e.g. 127.0.0.1:7000")
@@ -347,20 +380,37 @@ def cmd_worker(args: argparse.Namespace) -> int:
         sessions = sessions_file(worker_key_file(args.keys, args.index))
         directory = _read(lambda: known_workers(args.keys))
     max_frame = int(args.max_frame_mb * 2**20)
-    worker_main(
-        host,
-        int(port),
-        args.index,
-        identity,
-        server_key,
-        max_frame,
-        args.seeded_secrets,
-        sessions,
-        directory,
-        bind,
-        args.allow_plugins,
-    )
+    worker_main(host, int(port), args.index, identity, server_key, max_frame, policy, sessions, directory, bind)
     return 0
+
+
+def worker_policy(args: argparse.Namespace) -> WorkerPolicy:
+    """The worker's policy: ``--policy FILE`` (else the safe default), with the policy flags given over it."""
+    # deferred: the policy's epsilon bounds load the accountant, which this module's other commands need not
+    from sim.deploy.policy import PolicyError, WorkerPolicy, policy_from_mapping, read_policy
+
+    base = read_policy(args.policy) if args.policy is not None else WorkerPolicy()
+    given = {
+        "protocols": args.protocols,
+        "adversary": args.adversary,
+        "threshold": args.min_threshold,
+        "collusion": args.collusion,
+        "dp": "required" if args.require_dp else None,
+        "max_epsilon_round": args.max_epsilon_round,
+        "max_epsilon_total": args.max_epsilon_total,
+        "plugins": args.allow_plugins,
+        "seeded_secrets": args.seeded_secrets,
+    }
+    given = {key: value for key, value in given.items() if value is not None}
+    if isinstance(given.get("collusion"), str) and given["collusion"].isdigit():
+        given["collusion"] = int(given["collusion"])
+    flags = {"threshold": "--min-threshold", "dp": "--require-dp", "plugins": "--allow-plugins"}
+    try:
+        return policy_from_mapping(
+            {**base.as_dict(), **given}, lambda key: flags.get(key, f"--{key.replace('_', '-')}")
+        )
+    except PolicyError as exc:
+        raise InputError(f"dropsim worker: {exc}") from None
 
 
 def _read(load: Callable[[], T]) -> T:

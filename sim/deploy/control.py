@@ -190,7 +190,22 @@ class Operations(Message):
     calls: tuple[tuple[bytes, float, tuple[tuple[bytes, tuple[tuple[bytes, float], ...]], ...]], ...]
 
 
-FROM_WORKER: frozenset[type[Message]] = frozenset({Clock, Shutdown, Decoded, Leaving, ClientReport, Operations})
+@dataclass(frozen=True)
+class Accepts(Message):
+    """What a worker accepts (:mod:`sim.deploy.policy`), as one line of JSON: sent first on every connection,
+    for the server's manifest. The worker checks its policy itself; this only tells the server."""
+
+    TYPE: ClassVar[int] = 49
+    FIELDS: ClassVar = (("policy", BYTES),)
+    policy: bytes
+
+
+POLICY_BYTES = 4096
+"""Largest :class:`Accepts` a worker may send (its policy is a few hundred bytes)."""
+
+FROM_WORKER: frozenset[type[Message]] = frozenset(
+    {Accepts, Clock, Shutdown, Decoded, Leaving, ClientReport, Operations}
+)
 """What a worker may send on the control channel."""
 FROM_SERVER: frozenset[type[Message]] = frozenset({Config, RoundStart, RoundEnd, Shutdown})
 """What the server may send on the control channel."""
@@ -201,6 +216,10 @@ SERVER_CONTROL_BYTES = 16 << 20
 """Largest control message the server may send (the scenario document, a round's client and key lists)."""
 
 
+SMALLER: dict[int, int] = {Accepts.TYPE: POLICY_BYTES}
+"""Control message types with a smaller size limit than their sender's."""
+
+
 def _decode(payload: bytes, allowed: frozenset[type[Message]], limit: int, sender: str) -> Message:
     """A control message of one of the ``allowed`` types, its type and size checked from the header before
     anything is decoded (decoding runs in the event loop: it must stay small)."""
@@ -209,6 +228,8 @@ def _decode(payload: bytes, allowed: frozenset[type[Message]], limit: int, sende
     mtype, _ = peek_header(payload)
     if mtype not in {cls.TYPE for cls in allowed}:
         raise WireError(f"message type {mtype} is no control message the {sender} sends")
+    if len(payload) > SMALLER.get(mtype, limit):
+        raise WireError(f"a control message of type {mtype} of {len(payload)} bytes; at most {SMALLER[mtype]}")
     return decode(payload)
 
 

@@ -33,6 +33,7 @@ from sim.deploy.identity import (
 )
 from sim.deploy.kernel import KernelEmulation
 from sim.deploy.operations import OperationsLog
+from sim.deploy.policy import scenario_policy
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
 from sim.errors import InputError
@@ -137,6 +138,8 @@ class Deployment:
         self.identity = opts.identity or new_identity()
         self.deployment_id = new_deployment_id()
         """This deployment's random id: every protocol signature is bound to it."""
+        self.policy = scenario_policy(scenario, opts.seeded_secrets)
+        """The policy the workers started here are given: exactly what the scenario asks."""
         self.processes: list[subprocess.Popen[bytes]] = []
         self._log: IO[bytes] | None = None
         self._switch = sys.getswitchinterval()
@@ -197,8 +200,13 @@ class Deployment:
             raise DeployError(str(exc)) from None
 
     def manifest_entries(self) -> dict[str, object]:
-        """Where the clients' secrets came from, for the manifest."""
-        entries: dict[str, object] = {}
+        """Where the clients' secrets came from and what the workers accept, for the manifest: the policy
+        the workers started here were given (``worker_policy``; workers started elsewhere have their own), and
+        each worker's as it said on connecting (``worker_policies``, by index; filled as they connect)."""
+        entries: dict[str, object] = {
+            "worker_policy": self.policy.as_dict() if self.options.spawn else "each worker's own (--no-spawn)",
+            "worker_policies": {str(j): policy for j, policy in sorted(self.server.policies.items())},
+        }
         if self.kernel is not None:
             entries["testbed"] = self.testbed_entry()
         if self.options.seeded_secrets:
@@ -251,8 +259,7 @@ class Deployment:
                     str(self.options.max_frame_mb),
                     "--announce-fd",
                     str(write_end),
-                    *(["--seeded-secrets"] if self.options.seeded_secrets else []),
-                    "--allow-plugins",  # this host's user chose the scenario and its code
+                    *self.policy.arguments(),  # what the scenario asks: this host's user chose it, code included
                     *(["--bind", self.kernel.address(j)] if self.kernel is not None else []),
                 ]
                 try:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import math
 import time
@@ -44,6 +45,7 @@ from sim.deploy.framing import Closed, FrameError, server_handshake
 from sim.deploy.identity import Identity
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.operations import Entry, entries, from_message
+from sim.deploy.policy import PolicyError, policy_from_mapping
 from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
 from sim.learning.trainer import Learner
 from sim.protocol import wire
@@ -168,6 +170,9 @@ class DeployServer:
         """Workers that quit, with why (e.g. they could not build the scenario)."""
         self.rejected: list[str] = []
         """Every refused connection, frame or message, with why (also logged)."""
+        self.policies: dict[int, dict[str, object]] = {}
+        """What each worker that connected said it accepts (:class:`~sim.deploy.control.Accepts`), for the
+        manifest; each worker enforces its own."""
         self.on_assign: Callable[[dict[int, int]], None] | None = None
         """Told which worker plays which client (worker index -> client) before a round starts: a kernel
         testbed sets each worker's CPU quota and link rate to its client's."""
@@ -235,6 +240,11 @@ class DeployServer:
             if isinstance(message, control.Clock):
                 peer.offset = arrived - message.now
                 self.changed.set()
+            elif isinstance(message, control.Accepts):
+                try:
+                    self.policies[peer.index] = policy_from_mapping(json.loads(message.policy)).as_dict()
+                except (ValueError, RecursionError, PolicyError) as exc:
+                    peer.conn.close(f"malformed policy: {control.worker_text(str(exc).encode())}")
             elif isinstance(message, control.Shutdown):
                 why = control.worker_text(message.reason)
                 if math.isnan(peer.offset):  # before it was ready: it cannot run the scenario
@@ -362,10 +372,12 @@ class DeployServer:
         try:
             for c, peer in played.items():
                 st.peers[c] = peer
+            refusals = iter(sorted(self.failed.items()))  # workers that refused the configuration
             for c in sampled:
-                if c not in st.peers:  # no worker to play it: it never connects
+                if c not in st.peers:  # no worker to play it: it never connects (one that refused would have)
                     st.roster.depart(c, "connect", self.now())
-                    records[c].dropped_stage = "offline:connect"
+                    refused = next(refusals, None)
+                    records[c].dropped_stage = "offline:connect" if refused is None else f"refused: {refused[1]}"
             rate_cell = control.NO_RATE if plan.rate is None else plan.rate
             keys = tuple(roster[c] for c in sampled) if sc.aggregation.malicious else ()
             for c, peer in st.peers.items():

@@ -21,9 +21,11 @@ message its machine refuses makes it abort and close the connection. Then it rep
 from __future__ import annotations
 
 import asyncio
+import enum
 import json
 import logging
 import math
+import random
 import time
 from dataclasses import dataclass, field
 from functools import partial
@@ -43,6 +45,7 @@ from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
 from sim.deploy.loopclock import LoopClock, LoopEvent
 from sim.deploy.operations import entries, to_message
+from sim.deploy.policy import SAFE_POLICY, WorkerPolicy, policy_text
 from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import model_train_op
@@ -58,12 +61,33 @@ from sim.round.gates import StageGate
 from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.round.stages import DECODE, MASK, SHARED, UPLOAD, gated
 from sim.scenario.grid import Grid
-from sim.scenario.plugins import written_plugins
 from sim.scenario.source import as_plain, parse_text
 from sim.scenario.types import Scenario, scenario_digest
 from sim.testbed import is_kernel
 
 log = logging.getLogger("sim.deploy.worker")
+
+
+class Ending(enum.Enum):
+    """How a round or a connection ended for the worker."""
+
+    STAY = enum.auto()
+    """The round ended and the connection stays."""
+    LEFT = enum.auto()
+    """The client left a round on purpose (a planned dropout, or it refused or aborted the round): it
+    connects again at once for the next."""
+    CLOSED = enum.auto()
+    """The connection closed otherwise, or its handshake failed: it connects again after a back-off."""
+    SHUTDOWN = enum.auto()
+    """The server said the deployment is over."""
+
+
+RECONNECT_FIRST_S = 0.05
+"""Seconds of back-off after one failed connection (:func:`backoff`)."""
+RECONNECT_CAP_S = 5.0
+"""Longest back-off between two connections, in seconds."""
+MAX_FAILED_SESSIONS = 8
+"""Connections in a row that may fail before a worker gives up (exit 2): at the cap, about 15 s of trying."""
 
 
 class LeftError(Exception):
@@ -217,22 +241,21 @@ class Worker:
         server_key: bytes,
         max_frame: int,
         connect_timeout: float = 30.0,
-        allow_seeded: bool = False,
         sessions: Path | None = None,
         directory: frozenset[bytes] = frozenset(),
         bind: str | None = None,
-        allow_plugins: bool = False,
+        policy: WorkerPolicy = SAFE_POLICY,
+        rng: random.Random | None = None,
     ) -> None:
         self.host, self.port, self.index = host, port, index
         self.bind = bind
         """The local address its connections come from (a kernel testbed gives each worker its own, whose
         traffic it shapes); None: the system's choice."""
-        self.allow_plugins = allow_plugins
-        """Whether this worker runs a scenario that names plug-ins, which are code (``dropsim worker
-        --allow-plugins``); otherwise such a configuration is refused before it is read."""
-        self.allow_seeded = allow_seeded
-        """Whether this worker agrees to derive its secrets from the scenario seed when the server asks
-        (``dropsim worker --seeded-secrets``: no secrecy); otherwise such a server is refused."""
+        self.policy = policy
+        """What this worker accepts of the server's scenario and rounds (:mod:`sim.deploy.policy`): plug-ins
+        and seeded secrets among them."""
+        self.rng = rng or random.Random()
+        """The jitter of its reconnections' back-off (not a secret)."""
         self.sessions = sessions
         """A lasting key's record of the deployment ids it has signed for (None: a key of this process's)."""
         self.directory = frozenset(directory)
@@ -247,17 +270,50 @@ class Worker:
         self.digest = b""
         self.seeded = False
         """Whether the server asked for secrets derived from the scenario seed (``--seeded-secrets``)."""
+        self.rounds_ended = 0
+        """Rounds whose end the server announced to this worker (a connection that saw one made progress)."""
+        self.closed_why = ""
+        """Why the last connection closed, as its :class:`~sim.deploy.connection.Connection` said."""
 
     async def run(self) -> None:
-        """Serve the deployment until the server says it is over (or cannot be reached)."""
+        """Serve the deployment until the server says it is over; exit 2 when it cannot be reached, or after
+        :data:`MAX_FAILED_SESSIONS` connections in a row that failed (a handshake that did not complete, or
+        a connection that closed before any round in it ended), each tried again after a back-off
+        (:func:`backoff`). A client that left a round on purpose connects again at once."""
+        failures, why = 0, ""
         while True:
             try:
                 reader, writer = await self._connect()
-            except (OSError, FrameError, asyncio.TimeoutError) as exc:
+            except (OSError, asyncio.TimeoutError) as exc:
                 log.error("worker %d: cannot reach the server at %s:%d: %s", self.index, self.host, self.port, exc)
                 raise SystemExit(2) from exc
-            if await self._session(reader, writer) == "shutdown":
+            ended = self.rounds_ended
+            try:
+                outcome = await self._session(reader, writer)
+            except (FrameError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
+                writer.close()
+                outcome, why = Ending.CLOSED, f"the handshake failed: {_reason(exc)}"
+            if outcome is Ending.SHUTDOWN:
                 return
+            if outcome is Ending.LEFT or self.rounds_ended > ended:
+                failures = 0
+                continue
+            failures += 1
+            why = why or self.closed_why or "the connection closed"
+            if failures >= MAX_FAILED_SESSIONS:
+                log.error(
+                    "worker %d: gave up after %d failed connections in a row to the server at %s:%d; the last: %s",
+                    self.index,
+                    failures,
+                    self.host,
+                    self.port,
+                    why,
+                )
+                raise SystemExit(2)
+            delay = backoff(failures, self.rng)
+            log.warning("worker %d: %s; connecting again in %.2f s", self.index, why, delay)
+            why = ""
+            await asyncio.sleep(delay)
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         deadline = time.monotonic() + self.connect_timeout
@@ -272,9 +328,11 @@ class Worker:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
 
-    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> str:
-        """One connection: handshake, configuration, rounds; ``"shutdown"`` or ``"reconnect"``."""
+    async def _session(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> Ending:
+        """One connection: handshake, configuration, rounds; how it ended (never :attr:`Ending.STAY`). A
+        handshake that fails raises (:class:`FrameError`, :class:`Closed`)."""
         session = await client_handshake(reader, writer, self.index, self.identity.signing, self.server_key)
+        self.closed_why = ""
         controls: asyncio.Queue[wire.Message | None] = asyncio.Queue()
         inbox: dict[int, asyncio.Queue[bytes]] = {}
         # the links' rates are the client's of each round, set as its start is read (before the frames after it)
@@ -290,6 +348,9 @@ class Worker:
                 conn.close(f"malformed control message from the server: {exc}")
                 return
             if isinstance(message, control.RoundStart) and self.shared is not None:
+                if not 0 <= message.client < self.shared.scenario.population:
+                    conn.close(f"the server's round start names client {message.client}, not of the population")
+                    return
                 inbox.clear()  # in order with the frames: the round's own frames go to a fresh inbox
                 if is_kernel(self.shared.scenario):
                     controls.put_nowait(message)  # the kernel shapes this worker's address: no buckets
@@ -299,18 +360,26 @@ class Worker:
                 down.retune(mbps * MBPS)
             controls.put_nowait(message)
 
-        conn = Connection(reader, writer, session, self.max_frame, on_frame, lambda _r: controls.put_nowait(None))
+        def on_close(reason: str) -> None:
+            self.closed_why = reason
+            controls.put_nowait(None)
+
+        conn = Connection(reader, writer, session, self.max_frame, on_frame, on_close)
         conn.send_buckets, conn.recv_bucket = (up,), down
         conn.start()
+        conn.send(control.CONTROL, control.Accepts(policy_text(self.policy).encode()).encode())
         while True:
             message = await controls.get()
             if message is None:
-                return "reconnect"
+                return Ending.CLOSED
             if isinstance(message, control.Config):
                 try:
                     await asyncio.get_running_loop().run_in_executor(None, self._configure, message)
                 except Exception as exc:
-                    reason = f"cannot run the server's scenario: {type(exc).__name__}: {exc}"
+                    if isinstance(exc, PolicyRefusedError):
+                        reason = str(exc)
+                    else:
+                        reason = f"cannot run the server's scenario: {type(exc).__name__}: {exc}"
                     log.error("worker %d: %s", self.index, reason)
                     conn.send(control.CONTROL, control.Shutdown(reason.encode()).encode())
                     await conn.drain_and_close()
@@ -318,18 +387,17 @@ class Worker:
                 conn.send(control.CONTROL, control.Clock(time.monotonic()).encode())  # configured: ready
             elif isinstance(message, control.Shutdown):
                 await conn.drain_and_close()
-                return "shutdown"
-            elif isinstance(message, control.RoundStart) and (
-                await self._round(message, conn, controls, inbox, up) == "left"
-            ):
-                return "reconnect"
+                return Ending.SHUTDOWN
+            elif isinstance(message, control.RoundStart):
+                outcome = await self._round(message, conn, controls, inbox, up)
+                if outcome is not Ending.STAY:
+                    return outcome
 
     def _configure(self, config: control.Config) -> None:
-        if config.seeded and not self.allow_seeded:
-            raise ValueError(
-                "the server asks for secrets derived from the scenario seed, which keeps nothing secret; "
-                "only a worker started with --seeded-secrets agrees"
-            )
+        """Take the server's configuration, or refuse it (:class:`PolicyRefusedError`) before training anything."""
+        refused = self.policy.secrets_refusals(bool(config.seeded))
+        if refused:
+            raise PolicyRefusedError("policy: " + "; ".join(refused))
         if config.seeded:
             log.warning("worker %d: secrets derived from the scenario seed (--seeded-secrets): NO SECRECY", self.index)
         if len(config.deployment) != DEPLOYMENT_ID_BYTES:
@@ -340,10 +408,13 @@ class Worker:
             self.deployment = config.deployment
         self.seeded = bool(config.seeded)
         if self.shared is not None and config.digest == self.digest:
-            return
-        scenario = read_config(config, self.allow_plugins)
+            return  # the configuration this worker took already (it connected again)
+        scenario = read_config(config, self.policy)
         torch.set_num_threads(1)
         shared = Shared(scenario)
+        refused = self.policy.scenario_refusals(scenario, shared.privacy)
+        if refused:
+            raise PolicyRefusedError("policy: " + "; ".join(refused))
         shared.warm_up()
         self.shared, self.digest = shared, config.digest
 
@@ -354,8 +425,9 @@ class Worker:
         controls: asyncio.Queue[wire.Message | None],
         inbox: dict[int, asyncio.Queue[bytes]],
         up: TokenBucket,
-    ) -> str:
-        """Play ``start.client`` until the server ends the round; ``"left"`` if the connection closed."""
+    ) -> Ending:
+        """Play ``start.client`` until the server ends the round (:attr:`Ending.STAY`), or the connection
+        closes: :attr:`Ending.LEFT` if the client closed it on purpose, else :attr:`Ending.CLOSED`."""
         assert self.shared is not None, "a round before the configuration"
         shared, c = self.shared, start.client
         # on a kernel testbed the client's slow-down is its cgroup's quota: no sleeps here
@@ -363,24 +435,27 @@ class Worker:
         cpu = Processor(f"client{c}", slowdown)
         play = Play(start, shared, conn, inbox, cpu, up)
         task = asyncio.create_task(self._play(play))
-        outcome = "stay"
+        outcome = Ending.STAY
         while True:
             message = await controls.get()
             if message is None:
-                outcome = "left"
+                outcome = Ending.CLOSED
                 break
             if isinstance(message, control.RoundEnd) and message.round == start.round:
+                self.rounds_ended += 1
                 break
         if not task.done():
             task.cancel()
         try:
             await task
-        except (asyncio.CancelledError, LeftError, Closed):
+        except LeftError:
+            outcome = Ending.LEFT if outcome is Ending.CLOSED else outcome
+        except (asyncio.CancelledError, Closed):
             pass
         except Exception:
             log.exception("worker %d: round %d as client %d failed", self.index, start.round, c)
         cpu.shutdown()
-        if outcome == "stay":
+        if outcome is Ending.STAY:
             done = entries(cpu.calls, time.process_time() - play.process_cpu, play.frames_out, play.frames_in)
             conn.send(control.CONTROL, to_message(start.round, done).encode())
             report = play.timeline.report(start.round, cpu.busy_s - play.trained_busy, cpu.cpu_s)
@@ -396,6 +471,13 @@ class Worker:
                 departure = Departure.plan(sc.aggregation, start.drop.decode(errors="replace"))
             except ValueError as exc:
                 raise LeftError(f"aborted: the server's round start: {exc}") from None
+            wrong = round_start_problem(start, sc.population)
+            if wrong:
+                raise LeftError(f"aborted: the server's round start: {wrong}")
+            rate = None if start.rate == control.NO_RATE else start.rate
+            refused = self.policy.round_refusals(sc, p.shared.privacy, len(start.sampled), rate)
+            if refused:  # before it downloads, trains or sends anything of this round
+                raise LeftError("refused: policy: " + "; ".join(refused))
             if departure.before_download:
                 self._leave(p, departure.stage)
             private = p.shared.private(start)
@@ -433,7 +515,7 @@ class Worker:
                 await self._single(p, instances, update, weight, departure)
         except LeftError as exc:
             p.timeline.left, p.timeline.left_at = str(exc), time.monotonic()
-            if not sc.dropout.silent or str(exc).startswith("aborted"):
+            if not sc.dropout.silent or str(exc).startswith(("aborted", "refused")):
                 # say why, then close: the server sees the close at once
                 p.conn.send(control.CONTROL, control.Leaving(start.round, str(exc).encode()).encode())
                 await p.conn.drain_and_close()
@@ -631,6 +713,19 @@ class Worker:
         inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
 
 
+def round_start_problem(start: control.RoundStart, population: int) -> str:
+    """What is wrong with a server's round start for a scenario of ``population`` clients (empty: nothing):
+    its client among the sampled, each once and of the population, and a sampling rate in (0, 1]."""
+    sampled = start.sampled
+    if start.client not in sampled:
+        return f"client {start.client} is not among the {len(sampled)} sampled"
+    if len(set(sampled)) != len(sampled) or max(sampled) >= population:
+        return f"the sampled clients repeat, or are not all of the population of {population}"
+    if start.rate != control.NO_RATE and not 0 < start.rate <= 1:
+        return f"sampling rate {start.rate!r} is not in (0, 1]"
+    return ""
+
+
 def decoding(message: wire.Message) -> tuple[Work, ...]:
     """What the simulator charges for decoding ``message`` from its frame."""
     return (Work("wire.decode", frame_size(message)),)
@@ -671,14 +766,14 @@ def worker_main(
     identity: Identity,
     server_key: bytes,
     max_frame: int,
-    allow_seeded: bool = False,
+    policy: WorkerPolicy,
     sessions: Path | None = None,
     directory: frozenset[bytes] = frozenset(),
     bind: str | None = None,
-    allow_plugins: bool = False,
 ) -> None:
     """Entry point of a worker process (``dropsim worker``)."""
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    log.info("worker %d: policy %s", index, policy_text(policy))
     interleave_threads()
     one_thread_math()
     asyncio.run(
@@ -689,11 +784,10 @@ def worker_main(
             identity,
             server_key,
             max_frame,
-            allow_seeded=allow_seeded,
             sessions=sessions,
             directory=directory,
             bind=bind,
-            allow_plugins=allow_plugins,
+            policy=policy,
         ).run()
     )
 
@@ -707,22 +801,42 @@ def config_message(scenario: Scenario, deployment: bytes, seeded: bool = False) 
     return control.Config(text.encode(), scenario_digest(scenario).encode(), deployment, int(seeded))
 
 
-def read_config(config: control.Config, allow_plugins: bool = False) -> Scenario:
-    """The scenario of a :class:`~sim.deploy.control.Config`; it must resolve to the server's digest. A scenario
-    that names plug-ins (code: docs/plugins.md) is refused before it is read, unless ``allow_plugins``
-    (``dropsim worker --allow-plugins``; the workers a deployment spawns on its own host agree)."""
+def read_config(config: control.Config, policy: WorkerPolicy) -> Scenario:
+    """The scenario of a :class:`~sim.deploy.control.Config`; it must resolve to the server's digest. A document
+    that names plug-ins (code: docs/plugins.md) is refused before it is read (:class:`PolicyRefusedError`),
+    unless the ``policy`` allows them."""
     try:
         sent = json.loads(config.scenario)
         name, data = str(sent["file"]), sent["scenario"]
     except (ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"the server's configuration is not a scenario: {exc}") from None
-    named = written_plugins(data)
-    if named and not allow_plugins:
-        raise ValueError(
-            f"the server's scenario names plug-ins ({'; '.join(named)}): code this worker would import and run; "
-            "only a worker started with --allow-plugins agrees"
-        )
+    refused = policy.plugin_refusals(data)
+    if refused:
+        raise PolicyRefusedError("policy: " + "; ".join(refused))
     scenario = Grid.from_document(parse_text(json.dumps(data), name)).base()
     if scenario_digest(scenario).encode() != config.digest:
         raise ValueError("the scenario read from the server's configuration differs from the server's (versions?)")
     return scenario
+
+
+class PolicyRefusedError(Exception):
+    """The worker's policy refuses the server's configuration or round (:mod:`sim.deploy.policy`)."""
+
+
+def backoff(failures: int, rng: random.Random) -> float:
+    """Seconds to wait before connecting again after ``failures`` failed connections in a row: doubling from
+    :data:`RECONNECT_FIRST_S`, at most :data:`RECONNECT_CAP_S`, drawn uniformly from its upper half (jitter,
+    so that workers cut off together do not come back together)."""
+    ceiling = min(RECONNECT_CAP_S, RECONNECT_FIRST_S * 2.0 ** min(failures - 1, 30))
+    return ceiling * rng.uniform(0.5, 1.0)
+
+
+def _reason(exc: BaseException) -> str:
+    """What a connection's failure says (a :class:`FrameError`'s reason, else the exception)."""
+    if isinstance(exc, FrameError):
+        return exc.reason
+    if isinstance(exc, asyncio.IncompleteReadError | Closed):
+        return "the server closed the connection"
+    if isinstance(exc, asyncio.TimeoutError):
+        return "timed out"
+    return f"{type(exc).__name__}: {exc}"

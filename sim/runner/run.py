@@ -210,6 +210,7 @@ def run_scenario(
             if sim.stopped:
                 writer.manifest.update(stopped=f"after round {rec.round}: {sim.stopped}")
                 break
+        writer.manifest.update(sim.manifest_entries())  # what its driver learnt playing (a deployment's workers)
     except KeyboardInterrupt:
         writer.close("interrupted", wall_seconds=time.perf_counter() - started)
         raise
