@@ -642,8 +642,10 @@ def test_regression_fedscale_messages_stay_short(tmp_path: Path) -> None:
 # here, measured on that machine: base-60 numbers of 1 MiB 5 times (53 us a byte, 55 s), numbers as text of
 # 4 KiB 4 times (42 us a byte; quadratic: 796 at 40 KiB), a 32 KiB shape of huge ints 14 times (4.8 s), the
 # same in a 64 KiB FedScale trace 21 times (14 s), through the command 10 times (stopped at its CPU limit),
-# and 96 KB of lists shared by clients 12 times (12 s, 1 GB). A failure names the input's kind and size,
-# its CPU seconds and its CPU per byte, so that a slower host can be told from a regression.
+# and 56 KB of lists shared by clients 35 times (20 s, 1 GB). Quadratic costs are only a few times the bound
+# at sizes a test can afford: exceeding it a hundred times would take base-60 numbers of 20 MiB, hours of CPU
+# on the old code. A failure names the input's kind and size, its CPU seconds and its CPU per byte, so that a
+# slower host can be told from a regression.
 
 MIN_COUNTED_BYTES = 8192
 """Every input counts as at least this many bytes: a parse has a fixed cost (opening files, the checks run
@@ -851,8 +853,8 @@ def _shared_sessions(clients: int, sessions: int) -> bytes:
 
 
 def test_regression_fedscale_lists_shared_by_clients_are_counted_before_conversion(tmp_path: Path) -> None:
-    """96 KB naming one entry of 1,000 sessions for 10,000 clients: refused before any is converted. Before the
-    fix it was converted, 10 million intervals (over 10 s of CPU and 1 GB)."""
+    """56 KB naming one entry of 1,000 sessions for 10,000 clients: refused before any is converted. Before the
+    fix it was converted, 10 million intervals (20 s of CPU and 1 GB through the command)."""
     behave = _write_bytes(tmp_path / "behave", _shared_sessions(10_000, 1000))
     cpu = _cpu_seconds(lambda: import_fedscale_report(behave), FedScaleError)
     with pytest.raises(FedScaleError) as info:
