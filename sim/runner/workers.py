@@ -188,7 +188,8 @@ class Workers(Generic[Job]):
                 return ended
 
     def _receive(self, w: _Worker[Job]) -> Outcome | None:
-        """What ``w`` says (None: it only said it began), or :class:`Died` once it has ended without a word."""
+        """What ``w`` says (None: it only said it began), or :class:`Died` once it has ended without a word (its
+        pipe closed, or its sentinel ready with nothing to read)."""
         try:
             if w.conn.poll():
                 answer: Outcome | _Begun = w.conn.recv()
@@ -196,9 +197,9 @@ class Workers(Generic[Job]):
                     w.begun = True
                     return None
                 return answer
-        except (EOFError, OSError):
-            pass
-        if w.process.is_alive():  # its pipe is readable for nothing more: wait for its sentinel
+        except (EOFError, OSError):  # it closed its end: it is ending
+            return Died(self._reap(w))
+        if w.process.is_alive():  # woken by its word alone, already read
             return None
         return Died(self._reap(w))
 
