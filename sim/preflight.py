@@ -290,6 +290,24 @@ def _privacy(scenario: Scenario) -> list[Problem]:
     return []
 
 
+def warnings(scenario: Scenario) -> list[Problem]:
+    """What ``dropsim check`` points out about ``scenario`` without refusing it: settings that run as written
+    but rest on an assumption a reader may not see."""
+    found = []
+    agg = scenario.aggregation
+    if agg.spec.secure and agg.malicious and scenario.privacy.collusion == 0:
+        found.append(
+            Problem(
+                scenario.origin("privacy", "collusion"),
+                "privacy.collusion",
+                "is 0: no colluders are assumed; the malicious variant's threshold is checked against a server "
+                "alone, not against clients colluding with it (set it to the clients that may collude with the "
+                "server: docs/security.md)",
+            )
+        )
+    return found
+
+
 def check_all(scenarios: list[Scenario]) -> None:
     """Raise one :class:`ScenarioError` with the preflight problems of every scenario."""
     problems: list[Problem] = []

@@ -330,3 +330,34 @@ def test_the_split_succeeds_exactly_below_the_bound(threshold, t):
         assert [b for b, both in outcomes.items() if all(both)] == [4]
     else:
         assert not any(all(both) for both in outcomes.values())
+
+
+MALICIOUS = """
+name: malicious
+rounds: 1
+population: 10
+sampling: {clients_per_round: 5}
+data: {dataset: digits}
+model: {name: mlp}
+aggregation: {protocol: secagg, adversary: malicious, threshold: 0.8}
+"""
+
+
+@pytest.mark.parametrize(
+    ("extra", "warned"),
+    [("", True), ("privacy: {collusion: 0}\n", True), ("privacy: {collusion: 1}\n", False)],
+    ids=["unset", "zero", "one"],
+)
+def test_check_warns_that_a_malicious_scenario_without_collusion_assumes_no_colluders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], extra: str, warned: bool
+) -> None:
+    path = tmp_path / "malicious.yaml"
+    path.write_text(MALICIOUS + extra)
+    assert main(["check", str(path)]) == 0  # a warning, not an error
+    out = capsys.readouterr().out
+    line = f"warning: {path}{':9' if extra else ''}: privacy.collusion: is 0: no colluders are assumed;"
+    assert (line in out) == warned, out
+    semi_honest = tmp_path / "semi.yaml"
+    semi_honest.write_text(MALICIOUS.replace("adversary: malicious, ", ""))
+    assert main(["check", str(semi_honest)]) == 0
+    assert "warning" not in capsys.readouterr().out

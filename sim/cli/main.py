@@ -202,7 +202,7 @@ def _dispatch(args: argparse.Namespace, caught: Interruption | None) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from sim.preflight import check_all
+    from sim.preflight import check_all, warnings
     from sim.results.folders import check_name
 
     grid = load(args.file, args.overrides)
@@ -216,6 +216,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     )
     if grid.sweep:
         print(f"sweep of {len(points)} runs over {', '.join(grid.sweep)}; all valid")
+    for warning in dict.fromkeys(str(w) for point in points for w in warnings(point)):  # once, in order
+        print(f"warning: {warning}")
     return 0
 
 
