@@ -16,7 +16,6 @@ import argparse
 import ipaddress
 import math
 import os
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -278,8 +277,8 @@ def run_in_private_network(scenario: Scenario, args: argparse.Namespace) -> None
         return
     if not in_private_network():
         reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
-    # a kill (SIGTERM) ends the command as Ctrl-C does, through its cleanup (the cgroups, the workers)
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    # a kill (SIGTERM) ends the command as Ctrl-C does, through its cleanup (the cgroups, the workers): the
+    # command line's interruptible() says so for deploy and validate, in the process run again too
 
 
 def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experiment]:

@@ -39,7 +39,7 @@ UNVERIFIED = (
     "(--force runs it again, and records them)"
 )
 """The note for a finished run found without digests (:mod:`sim.results.integrity`)."""
-STOPPABLE = frozenset({"run", "sweep", "reproduce"})
+STOPPABLE = frozenset({"run", "sweep", "reproduce", "deploy", "validate"})
 """Commands that SIGTERM stops as Ctrl-C does (the others keep the default: it ends them at once)."""
 
 
