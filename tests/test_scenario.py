@@ -224,6 +224,34 @@ def test_sweep_errors_name_the_point(tmp_path):
     assert any("sweep.seed: is 3; a non-empty list of values is expected" in m for m in found)
 
 
+def test_a_sweep_of_aliased_lists_is_refused_by_its_size_before_any_point_is_made(tmp_path):
+    """Eight aliases of one list of 20 values ask for 20^8 = 2.56e10 points from a few lines: refused by the
+    product of the lists' lengths, before any point is built (the bound: :data:`sim.scenario.grid.MAX_POINTS`)."""
+    from sim.scenario.grid import MAX_POINTS
+
+    values = "&v [" + ", ".join(str(i) for i in range(20)) + "]"
+    keys = ["seed", "rounds", "population", "dropout.rate", "training.lr", "training.batch_size", "a.b", "c.d"]
+    sweep = "sweep:\n" + "\n".join(f"  {k}: {values if i == 0 else '*v'}" for i, k in enumerate(keys))
+    found = problems(tmp_path, BASE + sweep + "\n")
+    line = BASE.count("\n") + 1
+    assert found == [
+        f"{tmp_path / 's.yaml'}:{line}: sweep: has more than {MAX_POINTS} points; split it into several files"
+    ]
+
+
+def test_overrides_are_read_by_the_bounded_yaml_loader():
+    assert parse_override("name=1:30") == (("name",), "1:30")  # base-60 is text, as in a file
+    with pytest.raises(ScenarioError, match=r"^--set rounds=9{70}\.\.\.: rounds: value '9{76}\.\.\. holds an integer"):
+        parse_override("rounds=" + "9" * 5000)
+    with pytest.raises(ScenarioError, match=r"dropout\.rate: value '\[0\.1' is not valid YAML"):
+        parse_override("dropout.rate=[0.1")
+
+
+def test_a_sweep_key_or_value_too_long_to_show_is_shown_cut_short(tmp_path):
+    found = problems(tmp_path, BASE + f"sweep: {{seed: {'7' * 1000}}}\n")
+    assert any("sweep.seed: is 7777" in m and "...; a non-empty list of values is expected" in m for m in found)
+
+
 def test_shipped_quickstart_is_valid():
     scenario = load(Path(__file__).parent.parent / "scenarios" / "quickstart.yaml").base()
     assert scenario.name == "quickstart" and scenario.fidelity == "full"

@@ -14,9 +14,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from sim.errors import InputError
+from sim.scenario.errors import ScenarioError
+from sim.scenario.source import load_yaml
 
 MEASURES = ("privacy", "baek", "accuracy", "pipeline", "footprint", "trace")
 """How an item's numbers are measured (``sim.paper.measures``)."""
@@ -142,11 +142,13 @@ def load_catalog(path: str | Path = CATALOG) -> dict[str, Item]:
     """The items of the catalog at ``path``, in file order."""
     p = Path(path)
     try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
+        doc = load_yaml(p.read_text(encoding="utf-8"), str(p))  # the scenario reader's bounded YAML
     except OSError as exc:
         raise CatalogError(f"{p}: cannot be read ({exc.strerror})") from None
-    except yaml.YAMLError as exc:
-        raise CatalogError(f"{p}: not valid YAML: {exc}") from None
+    except UnicodeDecodeError as exc:
+        raise CatalogError(f"{p}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
+    except ScenarioError as exc:
+        raise CatalogError(str(exc)) from None
     if not isinstance(doc, dict) or not doc:
         raise CatalogError(f"{p}: must map item names to their descriptions")
     return {str(name): _item(str(name), body, p.parent, f"{p}: {name}") for name, body in doc.items()}

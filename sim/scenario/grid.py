@@ -15,20 +15,21 @@ import re
 from dataclasses import dataclass, replace
 from typing import Any
 
-import yaml
-
 from sim.scenario.errors import Problem, ScenarioError
 from sim.scenario.parser import parse
-from sim.scenario.source import Document, KeyPath
+from sim.scenario.reader import shown
+from sim.scenario.source import Document, KeyPath, load_yaml
 from sim.scenario.types import Scenario
 
 _NOT_SWEEPABLE = {"sweep", "name", "output"}
+MAX_POINTS = 100_000
+"""Most points a sweep may have (its lists' lengths multiplied): a few aliased lists could ask for billions."""
 _SAFE = re.compile(r"[^A-Za-z0-9._=+-]+")
 
 
 def parse_override(text: str) -> tuple[KeyPath, Any]:
     """``'dropout.rate=0.3'`` -> ``(('dropout', 'rate'), 0.3)``; ``sweep.<key path>`` keeps the rest whole."""
-    origin = f"--set {text}"
+    origin = option(text)
     key, sep, value_text = text.partition("=")
     key = key.strip()
     if not sep or not key:
@@ -42,10 +43,15 @@ def parse_override(text: str) -> tuple[KeyPath, Any]:
     if not value_text.strip():
         raise ScenarioError([Problem(origin, key, "has no value; write KEY.PATH=VALUE (null for the default)")])
     try:
-        value = yaml.safe_load(value_text)
-    except yaml.YAMLError as exc:
-        raise ScenarioError([Problem(origin, key, f"value {value_text!r} is not valid YAML: {exc}")]) from None
-    return path, value
+        return path, load_yaml(value_text, origin)  # the scenario reader's bounded YAML
+    except ScenarioError as exc:
+        problems = [Problem(origin, key, f"value {shown(value_text)} {p.message}") for p in exc.problems]
+        raise ScenarioError(problems) from None
+
+
+def option(text: str) -> str:
+    """The origin of a ``--set`` override, cut to 80 characters (its value may be of any length)."""
+    return f"--set {text if len(text) <= 80 else text[:77] + '...'}"
 
 
 def apply_overrides(doc: Document, overrides: list[str]) -> Document:
@@ -53,7 +59,7 @@ def apply_overrides(doc: Document, overrides: list[str]) -> Document:
     out = doc.copy()
     for text in overrides:
         path, value = parse_override(text)
-        out.set(path, value, f"--set {text}")
+        out.set(path, value, option(text))
     return out
 
 
@@ -78,7 +84,7 @@ class Grid:
                     Problem(
                         origin,
                         "sweep",
-                        f"is {raw!r}; a mapping of key paths to lists of values is expected, "
+                        f"is {shown(raw)}; a mapping of key paths to lists of values is expected, "
                         "e.g. {dropout.rate: [0, 0.2], seed: [1, 2]}",
                     )
                 ]
@@ -87,7 +93,7 @@ class Grid:
         for key, values in raw.items():
             where = doc.origin(("sweep", key))
             if not isinstance(key, str) or not key:
-                problems.append(Problem(where, f"sweep.{key}", "is not a key path like dropout.rate"))
+                problems.append(Problem(where, f"sweep.{shown(key)}", "is not a key path like dropout.rate"))
             elif key.split(".")[0] in _NOT_SWEEPABLE:
                 problems.append(
                     Problem(
@@ -98,10 +104,17 @@ class Grid:
                 )
             if not isinstance(values, list) or not values:
                 problems.append(
-                    Problem(where, f"sweep.{key}", f"is {values!r}; a non-empty list of values is expected")
+                    Problem(where, f"sweep.{key}", f"is {shown(values)}; a non-empty list of values is expected")
                 )
         if problems:
             raise ScenarioError(problems)
+        size = 1
+        for values in raw.values():
+            size *= len(values)
+            if size > MAX_POINTS:  # before the product grows any further
+                raise ScenarioError(
+                    [Problem(origin, "sweep", f"has more than {MAX_POINTS} points; split it into several files")]
+                )
         return cls(base, {str(k): list(v) for k, v in raw.items()})
 
     @property
