@@ -636,6 +636,14 @@ def test_a_worker_derives_its_secrets_from_the_seed_only_if_it_agreed_to():
         _worker()._configure(config)
 
 
+@pytest.mark.parametrize("text", [b"[" * 100_000, b'{"file": "x", "scenario": ' + b"9" * 5000 + b"}"])
+def test_a_configuration_too_deep_or_too_long_to_read_is_a_clear_refusal(text):
+    from sim.deploy import control
+
+    with pytest.raises(ValueError, match="the server's configuration is not a scenario: (RecursionError|ValueError)"):
+        _worker()._configure(control.Config(text, b"", ids.new_deployment_id(), 0))
+
+
 def test_a_lasting_key_never_signs_twice_for_one_deployment(tmp_path):
     from sim.deploy import control
 

@@ -808,8 +808,8 @@ def read_config(config: control.Config, policy: WorkerPolicy) -> Scenario:
     try:
         sent = json.loads(config.scenario)
         name, data = str(sent["file"]), sent["scenario"]
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ValueError(f"the server's configuration is not a scenario: {exc}") from None
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:  # RecursionError: JSON nested too deep
+        raise ValueError(f"the server's configuration is not a scenario: {type(exc).__name__}: {exc}") from None
     refused = policy.plugin_refusals(data)
     if refused:
         raise PolicyRefusedError("policy: " + "; ".join(refused))
