@@ -211,3 +211,18 @@ def test_predicted_groups_by_class() -> None:
     assert work_json(work).startswith('[["x25519.agree",{"count":4.0}]')
     assert COLUMNS == ("round", "party", "thread", "call", "cpu_s", "work")
     assert Entry("loop", 0.0, ()).work == ()
+
+
+def test_calibration_refuses_an_operations_table_changed_since_its_run_completed(tmp_path: Path) -> None:
+    from sim.results.integrity import ChangedTableError
+    from sim.results.writer import DIGESTS, table_digests
+
+    run = _run(tmp_path / "run", rounds=2)
+    manifest = json.loads((run / "manifest.json").read_text())
+    manifest[DIGESTS] = table_digests(run)
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    assert calibrate([run])  # as its run wrote it
+    with (run / "operations.csv").open("a") as f:
+        f.write("3,0,compute,0,9.5,[]\n")
+    with pytest.raises(ChangedTableError, match=r"operations\.csv: changed since its run completed"):
+        calibrate([run])

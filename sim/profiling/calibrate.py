@@ -59,6 +59,7 @@ before and after).
 from __future__ import annotations
 
 import csv
+import io
 import math
 import statistics
 from collections.abc import Callable, Sequence
@@ -79,6 +80,7 @@ from sim.costs.model import (
 from sim.deploy.operations import COLUMNS, FILE, work_from_json
 from sim.errors import InputError
 from sim.protocol.machine import Work
+from sim.results.integrity import check_table
 from sim.results.manifest import host
 from sim.results.read import read_manifest
 from sim.results.writer import write_json
@@ -206,7 +208,9 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
     path = folder / FILE
     out = []
     csv.field_size_limit(MAX_CELL)  # a loop's row lists every frame it moved
-    with path.open(newline="") as f:
+    data = path.read_bytes()
+    check_table(path, data, read_manifest(folder))  # a complete run's table as its run wrote it
+    with io.StringIO(data.decode("utf-8", errors="replace"), newline="") as f:
         reader = csv.DictReader(f)
         if tuple(reader.fieldnames or ()) != COLUMNS:
             raise CalibrationError(f"{path}: columns {reader.fieldnames}; expected {', '.join(COLUMNS)}")
