@@ -375,3 +375,24 @@ def test_notebooks_execute_on_the_reduced_results(notebook, reduced, tmp_path, m
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]
     assert not errors
     assert any(p.suffix == ".pdf" for p in tmp_path.iterdir())
+
+
+@pytest.mark.slow
+def test_a_reproduction_refuses_a_changed_table_until_forced(reduced, tmp_path, capsys):
+    """A finished run whose table changed is no result: reproduce refuses it, naming the table, and
+    ``--force`` runs the item's runs again (``--force`` with ``--no-run`` is refused)."""
+    import shutil
+
+    out = tmp_path / "paper"
+    shutil.copytree(reduced / "dordis_table3_footprint", out / "dordis_table3_footprint")
+    command = ["reproduce", "dordis-table3", "--reduced", "--output", str(out), "--quiet"]
+    assert main(command) == 0  # found finished, as they were
+    table = sorted((out / "dordis_table3_footprint").glob("runs/*/rounds.csv"))[0]
+    written = table.read_bytes()
+    table.write_bytes(written + b"\n")  # a blank line, as an editor may leave
+    capsys.readouterr()
+    assert main(command) == 2
+    assert f"{table}: changed since its run completed" in capsys.readouterr().err
+    assert main([*command, "--force", "--no-run"]) == 2
+    assert main([*command, "--force"]) == 0
+    assert table.read_bytes() == written  # run again: the same seed, the same table

@@ -24,6 +24,9 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--jobs", type=int, default=1, metavar="N", help="worker processes per sweep (default 1)")
     p.add_argument("--no-run", action="store_true", help="measure the results already in the folder; run nothing")
+    p.add_argument(
+        "--force", action="store_true", help="run the items' finished runs again too (one whose tables changed)"
+    )
     p.add_argument("--doc", type=Path, metavar="FILE", help="also replace the generated table block of FILE")
     p.add_argument("--list", action="store_true", help="list the catalog's items and their run times, then stop")
     p.add_argument(
@@ -53,7 +56,18 @@ def cmd_reproduce(args: argparse.Namespace) -> int:
         return 2
     items = select(catalog, args.items)
     out = args.output or Path("results/paper-reduced" if args.reduced else "results/paper")
-    outcomes = reproduce(items, out, reduced=args.reduced, jobs=args.jobs, run=not args.no_run, progress=not args.quiet)
+    if args.force and args.no_run:
+        print("dropsim: --force runs the items again, --no-run runs nothing: give one of them", file=sys.stderr)
+        return 2
+    outcomes = reproduce(
+        items,
+        out,
+        reduced=args.reduced,
+        jobs=args.jobs,
+        run=not args.no_run,
+        progress=not args.quiet,
+        force=args.force,
+    )
     print(markdown(outcomes))
     if args.doc is not None:
         update_doc(args.doc, markdown(outcomes))

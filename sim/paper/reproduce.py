@@ -71,15 +71,16 @@ def results_folders(item: Item, out: Path) -> dict[Path, Path]:
     return {path: out / path.stem for path in item.scenarios}
 
 
-def run_item(item: Item, out: Path, reduced: bool, jobs: int, progress: bool) -> list[str]:
-    """Run the item's scenarios (its reduced form if asked); the ids of runs that failed."""
+def run_item(item: Item, out: Path, reduced: bool, jobs: int, progress: bool, force: bool = False) -> list[str]:
+    """Run the item's scenarios (its reduced form if asked; with ``force`` the finished runs again too); the
+    ids of runs that failed."""
     from sim.scenario import load
     from sim.sweeps import run_sweep
 
     failed = []
     for path, folder in results_folders(item, out).items():
         grid = load(path, item.overrides(reduced), output=str(folder))
-        for status in run_sweep(grid, str(path), jobs=jobs, progress=progress):
+        for status in run_sweep(grid, str(path), jobs=jobs, progress=progress, force=force):
             if status.status == "failed":
                 failed.append(f"{path.stem}/{status.run_id}: {status.error}")
     return failed
@@ -161,8 +162,10 @@ def reproduce(
     run: bool = True,
     progress: bool = True,
     figures: bool = True,
+    force: bool = False,
 ) -> list[Outcome]:
-    """Run (unless ``run`` is false), measure and tabulate ``items``; tables rewritten after each item."""
+    """Run (unless ``run`` is false; with ``force``, the runs already finished too), measure and tabulate
+    ``items``; tables rewritten after each item."""
     from sim.paper.figures import plot_item
 
     make_folder(out)
@@ -173,7 +176,7 @@ def reproduce(
         outcome = Outcome(item, form)
         if run and (reduced or item.simulate):
             print(f"{item.name}: running {', '.join(p.name for p in item.scenarios)} ({form})", file=sys.stderr)
-            outcome.failed = run_item(item, out, reduced, jobs, progress)
+            outcome.failed = run_item(item, out, reduced, jobs, progress, force)
         folders = results_folders(item, out)
         named = {failure.split(": ", 1)[0] for failure in outcome.failed}  # runs that failed just now
         for folder in folders.values():
