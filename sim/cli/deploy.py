@@ -137,10 +137,10 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     policy = p.add_argument_group(
         "policy",
         "what this worker accepts of the server's scenario, refused otherwise before it trains or sends anything "
-        "(docs/security.md). Default: secagg or secagg+ with a threshold safe at the scenario's privacy.collusion; "
-        "flags override --policy FILE's keys",
+        "(docs/deploy.md, docs/security.md). Default: secagg or secagg+ with a threshold safe at the scenario's "
+        "privacy.collusion; flags override --policy FILE's keys",
     )
-    policy.add_argument("--policy", type=Path, metavar="FILE", help="a policy file (YAML: docs/security.md)")
+    policy.add_argument("--policy", type=Path, metavar="FILE", help="a policy file (YAML: docs/deploy.md)")
     policy.add_argument(
         "--protocols", metavar="LIST", help="aggregation protocols accepted, comma-separated (default secagg,secagg+)"
     )
@@ -162,7 +162,15 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     )
     policy.add_argument("--require-dp", action="store_true", default=None, help="require DP noise from the clients")
     policy.add_argument("--max-epsilon-round", type=float, metavar="E", help="most epsilon a round may cost")
-    policy.add_argument("--max-epsilon-total", type=float, metavar="E", help="most epsilon the whole run may cost")
+    policy.add_argument(
+        "--max-epsilon-total", type=float, metavar="E", help="most epsilon the deployment may cost this worker"
+    )
+    policy.add_argument(
+        "--trust-sampling",
+        action="store_true",
+        default=None,
+        help="let the epsilon limits count on the server's subsampling (default: every round as if all took part)",
+    )
     policy.add_argument(
         "--seeded-secrets",
         action="store_true",
@@ -378,6 +386,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if args.keys is not None:
         sessions = sessions_file(worker_key_file(args.keys, args.index))
         directory = _read(lambda: known_workers(args.keys))
+    from sim.deploy.policy import MALICIOUS
+
+    if policy.adversary == MALICIOUS and not directory - {identity.verification}:
+        raise InputError(
+            "--adversary malicious: the malicious variant protects this worker only against keys it knows: put "
+            "every worker's worker-J.pub in --keys DIR (with its own alone, the server lists the other clients' "
+            "keys itself, and can sign as them)"
+        )
     max_frame = int(args.max_frame_mb * 2**20)
     worker_main(host, int(port), args.index, identity, server_key, max_frame, policy, sessions, directory, bind)
     return 0
@@ -399,6 +415,7 @@ def worker_policy(args: argparse.Namespace) -> WorkerPolicy:
         "max_epsilon_total": args.max_epsilon_total,
         "plugins": args.allow_plugins,
         "seeded_secrets": args.seeded_secrets,
+        "trust_sampling": args.trust_sampling,
     }
     given = {key: value for key, value in given.items() if value is not None}
     if isinstance(given.get("collusion"), str) and given["collusion"].isdigit():

@@ -200,7 +200,7 @@ class Accepts(Message):
     policy: bytes
 
 
-POLICY_BYTES = 4096
+ACCEPTS_BYTES = 4096
 """Largest :class:`Accepts` a worker may send (its policy is a few hundred bytes)."""
 
 FROM_WORKER: frozenset[type[Message]] = frozenset(
@@ -216,7 +216,7 @@ SERVER_CONTROL_BYTES = 16 << 20
 """Largest control message the server may send (the scenario document, a round's client and key lists)."""
 
 
-SMALLER: dict[int, int] = {Accepts.TYPE: POLICY_BYTES}
+SMALLER: dict[int, int] = {Accepts.TYPE: ACCEPTS_BYTES}
 """Control message types with a smaller size limit than their sender's."""
 
 

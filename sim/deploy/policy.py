@@ -10,36 +10,42 @@ and checked twice, each time before the worker trains or sends anything of its o
   the scenario is read, then :meth:`WorkerPolicy.scenario_refusals` at the planned round size): a worker that
   refuses it says why to the server and exits, and the server counts the clients it would have played as
   dropouts (``refused: ...``);
-- each round as sampled (:meth:`WorkerPolicy.round_refusals`): its size fixes t and the holders of this
-  worker's secrets, and its sampling rate the epsilon it costs. A refused round is left before the model is
-  downloaded, as a dropout labelled ``refused: ...``.
+- each round as sampled (:meth:`WorkerPolicy.round_refusals`, and the epsilon limits of
+  :class:`sim.deploy.spending.Spending`): its size fixes t and the holders of this worker's secrets. A
+  refused round is left before the model is downloaded, as a dropout labelled ``refused: policy: ...``.
 
 The rules, each naming the scenario key it reads:
 
 - ``protocols``: ``aggregation.protocol`` must be one of them (default ``secagg`` and ``secagg+``).
 - ``adversary``: ``semi-honest`` takes either variant; ``malicious`` takes only ``aggregation.adversary:
-  malicious`` (signed keys and the consistency check, against a server that deviates from the protocol).
+  malicious`` (signed keys and the consistency check), and ``dropsim worker`` then needs every worker's
+  verification key in its key folder: the server that lists the round's keys could otherwise sign as
+  anyone. Under the semi-honest variant nothing stops a server that deviates from the protocol from giving
+  the worker keys of its own for the other clients, and so reading its update: this policy's other rules
+  defend a worker against what a server *names*, the malicious variant against what it *does*.
 - ``threshold`` (a fraction f): the round's t of the holders H of this worker's secrets is at least
   ``floor(f |H|) + 1``, what ``aggregation.threshold: f`` would give.
-- ``collusion`` (c, or ``none``): t defeats a split view by a server with c' colluders among the holders,
-  ``t > (|H| + c') / 2`` (:func:`sim.protocol.collusion.split_view_possible`), with c' the larger of c and
-  the scenario's ``privacy.collusion``. The default, 0, is the scenario's declared collusion. The rule holds
-  for both variants: a server that does not follow the protocol can show two camps of holders two survivor
-  sets without any signature, and a colluder signs whatever it is asked.
+- ``collusion`` (c, or ``none``), with c' the larger of c and the scenario's ``privacy.collusion`` (the
+  default, 0, is the scenario's declared collusion):
+
+  - t defeats a split view by a server with c' colluders among the holders, ``t > (|H| + c') / 2``
+    (:func:`sim.protocol.collusion.split_view_possible`). In the malicious variant this is what the
+    consistency check needs; in the semi-honest one, what a server needs to recover the worker's secrets
+    by telling its holders two stories of who survived, without touching the keys.
+  - ``t >= c' + 2``: a sum revealed with the fewest survivors, t, holds an input besides this worker's
+    and the colluders' (a round of one client is refused).
+
 - ``dp: required``: ``privacy.strategy`` adds noise at the clients (not ``none``, not ``central``, whose noise
   the server adds after it has seen the sum).
-- ``max_epsilon_round`` and ``max_epsilon_total``: the epsilon (at ``privacy.delta``) of one round, and of
-  ``rounds`` rounds composed, each at its worst case: the fewest survivors that still reveal a sum (t), with
-  the variance the strategy leaves then (Hyades section 4's accounting, :class:`sim.round.privacy.PrivacyLedger`).
-  Only the clients' noise counts, so a limit refuses ``none`` and ``central`` as ``dp: required`` does. The
-  bound holds whatever dropouts the server reports, so it can exceed the scenario's planned budget (``orig``
-  under dropout; ``early`` stops at the budget only if the server stops).
+- ``max_epsilon_round``, ``max_epsilon_total`` and ``trust_sampling``: :mod:`sim.deploy.spending`. Only the
+  clients' noise counts, so a limit refuses ``none`` and ``central`` as ``dp: required`` does.
 - ``plugins``: a scenario naming plug-ins (code) is refused before it is read unless they are allowed.
 - ``seeded_secrets``: secrets derived from the scenario seed (no secrecy) only if allowed.
 
-The default policy is the safe one: SecAgg or SecAgg+ at the scenario's declared collusion, no plug-ins, no
-seeded secrets. ``dropsim deploy`` starts its own workers with :func:`scenario_policy`, exactly what the
-scenario asks, so that a one-host run is as before.
+The default policy: SecAgg or SecAgg+ at the scenario's declared collusion, no plug-ins, no seeded secrets.
+It guards against what a server names, not against a server that deviates from the semi-honest variant
+(``adversary: malicious`` does). ``dropsim deploy`` starts its own workers with :func:`scenario_policy`,
+exactly what the scenario asks, so that a one-host run is as before.
 """
 
 from __future__ import annotations
@@ -51,15 +57,12 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from sim.dp.accounting import epsilon
-from sim.dp.strategies import strategy_named
+from sim.deploy.spending import without_client_noise
 from sim.errors import InputError
 from sim.protocol.collusion import colluding_holders, smallest_safe_threshold, split_view_possible
 from sim.protocol.registry import PROTOCOLS, reconstruction_threshold, secret_holders
 from sim.protocol.secagg.config import share_threshold
-from sim.round.privacy import PrivacyLedger, nominal_sampling
+from sim.round.privacy import nominal_sampling
 from sim.scenario.plugins import written_plugins
 from sim.scenario.source import parse_text
 from sim.scenario.types import Scenario
@@ -72,8 +75,10 @@ DEFAULT_PROTOCOLS = ("secagg", "secagg+")
 NO_RULE = "none"
 """``collusion: none``: no split-view rule (what a deployment's own workers are started with)."""
 
-POLICY_BYTES = 64 << 10
+POLICY_FILE_BYTES = 64 << 10
 """Largest policy file read (a policy is a few lines)."""
+POLICY_REFUSAL = "policy: "
+"""How a worker's reason for refusing a configuration or a round begins (the rest names the settings)."""
 
 
 class PolicyError(InputError):
@@ -98,7 +103,9 @@ class WorkerPolicy:
     max_epsilon_round: float = math.inf
     """Most epsilon one round may cost, at its worst case."""
     max_epsilon_total: float = math.inf
-    """Most epsilon the whole run may cost, every round at its worst case."""
+    """Most epsilon the deployment may cost this worker, every round at its worst case."""
+    trust_sampling: bool = False
+    """Whether the epsilon limits count on the server's subsampling (:mod:`sim.deploy.spending`)."""
     plugins: bool = False
     """Whether a scenario may name plug-ins (code this worker imports and runs)."""
     seeded_secrets: bool = False
@@ -146,6 +153,8 @@ class WorkerPolicy:
                 args += ["--" + name.replace("_", "-"), repr(value)]
         if self.dp_required:
             args.append("--require-dp")
+        if self.trust_sampling:
+            args.append("--trust-sampling")
         if self.plugins:
             args.append("--allow-plugins")
         if self.seeded_secrets:
@@ -176,9 +185,9 @@ class WorkerPolicy:
             ]
         return []
 
-    def scenario_refusals(self, scenario: Scenario, ledger: PrivacyLedger | None) -> list[str]:
-        """What of ``scenario`` this policy refuses, at its planned round size (``ledger``: its privacy plan,
-        None without DP)."""
+    def scenario_refusals(self, scenario: Scenario) -> list[str]:
+        """What of ``scenario`` this policy refuses, at its planned round size (the epsilon limits are
+        :class:`sim.deploy.spending.Spending`'s)."""
         agg, refused = scenario.aggregation, []
         if agg.protocol not in self.protocols:
             refused.append(
@@ -190,7 +199,7 @@ class WorkerPolicy:
             refused.append(
                 "aggregation.adversary semi-honest: this worker requires the malicious variant (policy: adversary)"
             )
-        without = _without_client_noise(scenario)
+        without = without_client_noise(scenario)
         if without and (self.dp_required or self.limits_epsilon):
             limits = "dp" if self.dp_required else "max_epsilon_round, max_epsilon_total"
             refused.append(
@@ -198,24 +207,26 @@ class WorkerPolicy:
                 f"clients, which alone bounds what it spends (policy: {limits})"
             )
             return refused
-        q, n = nominal_sampling(scenario)
-        refused += self.round_refusals(scenario, ledger, n, q, "a planned round of")
-        if not math.isinf(self.max_epsilon_total):
-            total = worst_total_epsilon(scenario, ledger, n, q)
-            if not total <= self.max_epsilon_total:
-                refused.append(
-                    f"privacy: {scenario.rounds} rounds of {n} clients can cost epsilon {total:.4g}, every round at "
-                    f"its worst case (the planned budget is {scenario.privacy.epsilon:g}): this worker spends at "
-                    f"most {self.max_epsilon_total:g} (policy: max_epsilon_total)"
-                )
-        return refused
+        _, n = nominal_sampling(scenario)
+        return refused + self.round_refusals(scenario, n, "a planned round of")
 
-    def round_refusals(
-        self, scenario: Scenario, ledger: PrivacyLedger | None, n: int, q: float | None, what: str = "a round of"
-    ) -> list[str]:
-        """What of a round of ``n`` sampled clients at sampling rate ``q`` (None: the planned one) this policy
-        refuses: its threshold and its worst-case epsilon."""
+    def collusion_assumed(self, scenario: Scenario) -> int:
+        """c: the colluding clients this worker's rules assume, the larger of its own and the scenario's."""
+        return max(self.collusion or 0, scenario.privacy.collusion)
+
+    def round_refusals(self, scenario: Scenario, n: int, what: str = "a round of") -> list[str]:
+        """What of a round of ``n`` sampled clients this policy refuses: its threshold (the epsilon limits are
+        :class:`sim.deploy.spending.Spending`'s)."""
         agg, refused = scenario.aggregation, []
+        if agg.spec.secure and self.collusion is not None:
+            c = self.collusion_assumed(scenario)
+            t = reconstruction_threshold(agg, n) if n >= 1 else 0
+            if t < c + 2:  # the fewest survivors that unmask: this worker and colluders alone reveal its input
+                refused.append(
+                    f"sampling: {what} {n} clients can reveal a sum of {t} inputs, this worker's and {t - 1} more, "
+                    f"which {c} colluding clients could all be: at least {c + 2} (policy: collusion, "
+                    "privacy.collusion)"
+                )
         if agg.spec.secure and n >= 2:
             holders, t = secret_holders(agg, n), reconstruction_threshold(agg, n)
             least = share_threshold(self.threshold, holders) if self.threshold > 0 else 0
@@ -225,7 +236,7 @@ class WorkerPolicy:
                     f"{t} of {holders}; this worker requires at least {least} (policy: threshold {self.threshold:g})"
                 )
             if self.collusion is not None:
-                c = max(self.collusion, scenario.privacy.collusion)
+                c = self.collusion_assumed(scenario)
                 if split_view_possible(t, holders, c):
                     safe = smallest_safe_threshold(holders, c)
                     refused.append(
@@ -234,29 +245,11 @@ class WorkerPolicy:
                         f"can split into two camps and so recover them; at least {safe} of {holders} defeats that "
                         "(policy: collusion, privacy.collusion)"
                     )
-        if not math.isinf(self.max_epsilon_round):
-            spent = worst_round_epsilon(scenario, ledger, n, q)
-            if not spent <= self.max_epsilon_round:
-                refused.append(
-                    f"privacy: {what} {n} clients can cost epsilon {spent:.4g} (its fewest survivors that reveal a "
-                    f"sum); this worker spends at most {self.max_epsilon_round:g} a round (policy: max_epsilon_round)"
-                )
         return refused
 
 
 SAFE_POLICY = WorkerPolicy()
 """The default: SecAgg or SecAgg+ at the scenario's declared collusion, no plug-ins, no seeded secrets."""
-
-
-def _without_client_noise(scenario: Scenario) -> str:
-    """Why the clients of ``scenario`` add no DP noise (empty if they do): no strategy, or the server's noise,
-    added after it has seen the sum (``central``), which no client can count on."""
-    strategy = strategy_named(scenario.privacy.strategy)
-    if not strategy.enabled:
-        return "adds no noise"
-    if strategy.central:
-        return "has the server add the noise, after it sees the sum"
-    return ""
 
 
 def scenario_policy(scenario: Scenario, seeded: bool = False) -> WorkerPolicy:
@@ -265,43 +258,13 @@ def scenario_policy(scenario: Scenario, seeded: bool = False) -> WorkerPolicy:
     agg = scenario.aggregation
     return WorkerPolicy(
         protocols=(agg.protocol,),
-        adversary=MALICIOUS if agg.spec.secure and agg.malicious else SEMI_HONEST,
+        adversary=SEMI_HONEST,  # either variant: the launcher gives the workers here their keys (the PKI)
         threshold=agg.threshold if agg.spec.secure else 0.0,
         collusion=None,
-        dp_required=not _without_client_noise(scenario),
+        dp_required=not without_client_noise(scenario),
         plugins=True,
         seeded_secrets=seeded,
     )
-
-
-# -- epsilon at the worst case ------------------------------------------------------------------------------
-def worst_round_rdp(ledger: PrivacyLedger, n: int, q: float | None) -> np.ndarray:
-    """The RDP curve of a round of ``n`` at its worst case: at each order, the largest over every dropout
-    count that still reveals a sum (0 to n - t) of the round's curve at the variance it is accounted at."""
-    plan = ledger.plan(n)
-    scale = ledger.scale(n, plan.largest_residual, ledger.largest_component(plan))
-    t = ledger.threshold(n)
-    curves = [
-        ledger.accountant.round_rdp(float(plan.accounted(d)), n - d, scale, q) for d in range(0, max(0, n - t) + 1)
-    ]
-    return np.max(curves, axis=0)
-
-
-def worst_round_epsilon(scenario: Scenario, ledger: PrivacyLedger | None, n: int, q: float | None) -> float:
-    """Epsilon of one round of ``n`` at its worst case (:func:`worst_round_rdp`); inf without the clients'
-    noise."""
-    if ledger is None or _without_client_noise(scenario):
-        return math.inf
-    curve = worst_round_rdp(ledger, n, q)
-    return epsilon(curve, ledger.accountant.orders, scenario.privacy.delta)[0]
-
-
-def worst_total_epsilon(scenario: Scenario, ledger: PrivacyLedger | None, n: int, q: float | None) -> float:
-    """Epsilon of ``rounds`` rounds of ``n``, each at its worst case, composed; inf without the clients' noise."""
-    if ledger is None or _without_client_noise(scenario):
-        return math.inf
-    curve = worst_round_rdp(ledger, n, q) * scenario.rounds
-    return epsilon(curve, ledger.accountant.orders, scenario.privacy.delta)[0]
 
 
 # -- reading ------------------------------------------------------------------------------------------------
@@ -356,7 +319,7 @@ def policy_from_mapping(data: Mapping[str, Any], where: Callable[[str], str] = l
                 bad(key, value, "a number > 0, or null for no limit")
             else:
                 values[key] = float(value)
-        elif key in ("plugins", "seeded_secrets"):
+        elif key in ("plugins", "seeded_secrets", "trust_sampling"):
             if not isinstance(value, bool):
                 bad(key, value, "true or false")
             values[key] = value
@@ -372,11 +335,12 @@ def _number(value: Any) -> bool:
 def read_policy(path: Path) -> WorkerPolicy:
     """The policy in YAML file ``path`` (a mapping of the keys of :func:`policy_from_mapping`)."""
     try:
-        raw = path.read_bytes()[: POLICY_BYTES + 1]
+        with path.open("rb") as f:
+            raw = f.read(POLICY_FILE_BYTES + 1)  # no more, whatever the file is
     except OSError as exc:
         raise PolicyError(f"--policy {path}: cannot be read: {exc.strerror or exc}") from None
-    if len(raw) > POLICY_BYTES:
-        raise PolicyError(f"--policy {path}: is larger than {POLICY_BYTES} bytes; a policy is a few lines")
+    if len(raw) > POLICY_FILE_BYTES:
+        raise PolicyError(f"--policy {path}: is larger than {POLICY_FILE_BYTES} bytes; a policy is a few lines")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

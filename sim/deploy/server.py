@@ -45,7 +45,7 @@ from sim.deploy.framing import Closed, FrameError, server_handshake
 from sim.deploy.identity import Identity
 from sim.deploy.loopclock import LoopClock
 from sim.deploy.operations import Entry, entries, from_message
-from sim.deploy.policy import PolicyError, policy_from_mapping
+from sim.deploy.policy import POLICY_REFUSAL, PolicyError, policy_from_mapping
 from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
 from sim.learning.trainer import Learner
 from sim.protocol import wire
@@ -372,12 +372,13 @@ class DeployServer:
         try:
             for c, peer in played.items():
                 st.peers[c] = peer
-            refusals = iter(sorted(self.failed.items()))  # workers that refused the configuration
+            # workers whose policy refused the configuration: each would have played one client of the round
+            refusals = iter(why for _, why in sorted(self.failed.items()) if why.startswith(POLICY_REFUSAL))
             for c in sampled:
-                if c not in st.peers:  # no worker to play it: it never connects (one that refused would have)
+                if c not in st.peers:  # no worker to play it: it never connects
                     st.roster.depart(c, "connect", self.now())
                     refused = next(refusals, None)
-                    records[c].dropped_stage = "offline:connect" if refused is None else f"refused: {refused[1]}"
+                    records[c].dropped_stage = "offline:connect" if refused is None else f"refused: {refused}"
             rate_cell = control.NO_RATE if plan.rate is None else plan.rate
             keys = tuple(roster[c] for c in sampled) if sc.aggregation.malicious else ()
             for c, peer in st.peers.items():

@@ -45,8 +45,9 @@ from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
 from sim.deploy.loopclock import LoopClock, LoopEvent
 from sim.deploy.operations import entries, to_message
-from sim.deploy.policy import SAFE_POLICY, WorkerPolicy, policy_text
+from sim.deploy.policy import POLICY_REFUSAL, SAFE_POLICY, WorkerPolicy, policy_text
 from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
+from sim.deploy.spending import Spending
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import model_train_op
 from sim.learning.trainer import Learner, local_batches
@@ -84,14 +85,19 @@ class Ending(enum.Enum):
 
 RECONNECT_FIRST_S = 0.05
 """Seconds of back-off after one failed connection (:func:`backoff`)."""
-RECONNECT_CAP_S = 5.0
-"""Longest back-off between two connections, in seconds."""
+RECONNECT_CAP_S = 2.0
+"""Longest back-off between two connections, in seconds (the seventh failure in a row reaches it)."""
 MAX_FAILED_SESSIONS = 8
-"""Connections in a row that may fail before a worker gives up (exit 2): at the cap, about 15 s of trying."""
+"""Connections in a row that may fail before a worker gives up (exit 2)."""
 
 
 class LeftError(Exception):
-    """The client left the round (a planned dropout, or it refused the server)."""
+    """The client left the round: a planned dropout (``planned``, the testbed's), or it aborted or refused
+    the round (the message says which)."""
+
+    def __init__(self, why: str, planned: bool = False) -> None:
+        super().__init__(why)
+        self.planned = planned
 
 
 @dataclass
@@ -270,15 +276,17 @@ class Worker:
         self.digest = b""
         self.seeded = False
         """Whether the server asked for secrets derived from the scenario seed (``--seeded-secrets``)."""
-        self.rounds_ended = 0
-        """Rounds whose end the server announced to this worker (a connection that saw one made progress)."""
+        self.spending: Spending | None = None
+        """What this worker has spent of its policy's epsilon, and the rounds it played (once configured)."""
+        self.rounds_started = 0
+        """Rounds the server started this worker in (a connection that saw one made progress)."""
         self.closed_why = ""
         """Why the last connection closed, as its :class:`~sim.deploy.connection.Connection` said."""
 
     async def run(self) -> None:
         """Serve the deployment until the server says it is over; exit 2 when it cannot be reached, or after
         :data:`MAX_FAILED_SESSIONS` connections in a row that failed (a handshake that did not complete, or
-        a connection that closed before any round in it ended), each tried again after a back-off
+        a connection that closed before the server started a round in it), each tried again after a back-off
         (:func:`backoff`). A client that left a round on purpose connects again at once."""
         failures, why = 0, ""
         while True:
@@ -287,7 +295,7 @@ class Worker:
             except (OSError, asyncio.TimeoutError) as exc:
                 log.error("worker %d: cannot reach the server at %s:%d: %s", self.index, self.host, self.port, exc)
                 raise SystemExit(2) from exc
-            ended = self.rounds_ended
+            started = self.rounds_started
             try:
                 outcome = await self._session(reader, writer)
             except (FrameError, ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError) as exc:
@@ -295,7 +303,7 @@ class Worker:
                 outcome, why = Ending.CLOSED, f"the handshake failed: {_reason(exc)}"
             if outcome is Ending.SHUTDOWN:
                 return
-            if outcome is Ending.LEFT or self.rounds_ended > ended:
+            if outcome is Ending.LEFT or self.rounds_started > started:
                 failures = 0
                 continue
             failures += 1
@@ -397,7 +405,7 @@ class Worker:
         """Take the server's configuration, or refuse it (:class:`PolicyRefusedError`) before training anything."""
         refused = self.policy.secrets_refusals(bool(config.seeded))
         if refused:
-            raise PolicyRefusedError("policy: " + "; ".join(refused))
+            raise PolicyRefusedError(POLICY_REFUSAL + "; ".join(refused))
         if config.seeded:
             log.warning("worker %d: secrets derived from the scenario seed (--seeded-secrets): NO SECRECY", self.index)
         if len(config.deployment) != DEPLOYMENT_ID_BYTES:
@@ -407,16 +415,19 @@ class Worker:
                 remember_deployment(self.sessions, config.deployment)
             self.deployment = config.deployment
         self.seeded = bool(config.seeded)
-        if self.shared is not None and config.digest == self.digest:
+        if self.shared is not None:
+            if config.digest != self.digest:  # what it spent and the rounds it played are this scenario's
+                raise ValueError("the server sends another scenario than the one this worker took; it takes one")
             return  # the configuration this worker took already (it connected again)
         scenario = read_config(config, self.policy)
         torch.set_num_threads(1)
         shared = Shared(scenario)
-        refused = self.policy.scenario_refusals(scenario, shared.privacy)
+        spending = Spending(self.policy, scenario, shared.privacy)
+        refused = self.policy.scenario_refusals(scenario) + spending.scenario_refusals()
         if refused:
-            raise PolicyRefusedError("policy: " + "; ".join(refused))
+            raise PolicyRefusedError(POLICY_REFUSAL + "; ".join(refused))
         shared.warm_up()
-        self.shared, self.digest = shared, config.digest
+        self.shared, self.digest, self.spending = shared, config.digest, spending
 
     async def _round(
         self,
@@ -434,6 +445,7 @@ class Worker:
         slowdown = 1.0 if is_kernel(shared.scenario) else float(shared.population.slowdown[c])
         cpu = Processor(f"client{c}", slowdown)
         play = Play(start, shared, conn, inbox, cpu, up)
+        self.rounds_started += 1
         task = asyncio.create_task(self._play(play))
         outcome = Ending.STAY
         while True:
@@ -442,7 +454,6 @@ class Worker:
                 outcome = Ending.CLOSED
                 break
             if isinstance(message, control.RoundEnd) and message.round == start.round:
-                self.rounds_ended += 1
                 break
         if not task.done():
             task.cancel()
@@ -464,20 +475,27 @@ class Worker:
 
     # -- the client's part of a round ----------------------------------------------------------------
     async def _play(self, p: Play) -> None:
-        sc, start = p.shared.scenario, p.start
+        sc, start, spending = p.shared.scenario, p.start, self.spending
+        assert spending is not None, "a round before the configuration"
         c = start.client
         try:
             try:
                 departure = Departure.plan(sc.aggregation, start.drop.decode(errors="replace"))
             except ValueError as exc:
                 raise LeftError(f"aborted: the server's round start: {exc}") from None
-            wrong = round_start_problem(start, sc.population)
+            wrong = round_start_problem(start, sc) or spending.round_problem(start.round)
             if wrong:
                 raise LeftError(f"aborted: the server's round start: {wrong}")
             rate = None if start.rate == control.NO_RATE else start.rate
-            refused = self.policy.round_refusals(sc, p.shared.privacy, len(start.sampled), rate)
+            n = len(start.sampled)
+
+            def refusals() -> list[str]:  # the epsilon limits' worst case takes a while: off the event loop
+                return self.policy.round_refusals(sc, n) + spending.round_refusals(start.round, n, rate)
+
+            refused = await asyncio.get_running_loop().run_in_executor(None, refusals)
             if refused:  # before it downloads, trains or sends anything of this round
-                raise LeftError("refused: policy: " + "; ".join(refused))
+                raise LeftError("refused: " + POLICY_REFUSAL + "; ".join(refused))
+            spending.record(start.round, n, rate)
             if departure.before_download:
                 self._leave(p, departure.stage)
             private = p.shared.private(start)
@@ -515,14 +533,14 @@ class Worker:
                 await self._single(p, instances, update, weight, departure)
         except LeftError as exc:
             p.timeline.left, p.timeline.left_at = str(exc), time.monotonic()
-            if not sc.dropout.silent or str(exc).startswith(("aborted", "refused")):
+            if not sc.dropout.silent or not exc.planned:
                 # say why, then close: the server sees the close at once
                 p.conn.send(control.CONTROL, control.Leaving(start.round, str(exc).encode()).encode())
                 await p.conn.drain_and_close()
             raise
 
     def _leave(self, p: Play, why: str) -> None:
-        raise LeftError(why)
+        raise LeftError(why, planned=True)
 
     @staticmethod
     def _decode(p: Play, payload: bytes) -> wire.Message:
@@ -713,10 +731,18 @@ class Worker:
         inst.private.encoding.decode_sum(inst.private.wrap(total), inst.private.rotation_seed)
 
 
-def round_start_problem(start: control.RoundStart, population: int) -> str:
-    """What is wrong with a server's round start for a scenario of ``population`` clients (empty: nothing):
-    its client among the sampled, each once and of the population, and a sampling rate in (0, 1]."""
-    sampled = start.sampled
+ROUND_GROWTH = 4
+"""A round may sample up to this many times the clients the scenario plans (and 16 more): a Poisson round
+of that many is all but impossible, and every client's work grows with the round's size."""
+
+
+def round_start_problem(start: control.RoundStart, scenario: Scenario) -> str:
+    """What is wrong with a server's round start for ``scenario`` (empty: nothing): its client among the
+    sampled, each once and of the population, not many more than planned, and a sampling rate in (0, 1]."""
+    sampled, population = start.sampled, scenario.population
+    most = ROUND_GROWTH * nominal_sampling(scenario)[1] + 16
+    if len(sampled) > most:
+        return f"{len(sampled)} clients sampled, more than this scenario's rounds can have ({most})"
     if start.client not in sampled:
         return f"client {start.client} is not among the {len(sampled)} sampled"
     if len(set(sampled)) != len(sampled) or max(sampled) >= population:
@@ -812,7 +838,7 @@ def read_config(config: control.Config, policy: WorkerPolicy) -> Scenario:
         raise ValueError(f"the server's configuration is not a scenario: {type(exc).__name__}: {exc}") from None
     refused = policy.plugin_refusals(data)
     if refused:
-        raise PolicyRefusedError("policy: " + "; ".join(refused))
+        raise PolicyRefusedError(POLICY_REFUSAL + "; ".join(refused))
     scenario = Grid.from_document(parse_text(json.dumps(data), name)).base()
     if scenario_digest(scenario).encode() != config.digest:
         raise ValueError("the scenario read from the server's configuration differs from the server's (versions?)")
