@@ -10,6 +10,7 @@ import pytest
 
 from sim.cli import main
 from sim.deploy.deployment import DeployError, DeployOptions, check_deployable
+from sim.deploy.policy import scenario_policy
 from sim.results.read import read_manifest, read_run_table
 from sim.runner import Deployed, run_scenario
 from sim.scenario import load
@@ -89,6 +90,10 @@ def test_deployed_rounds_match_the_simulated_ones(tmp_path: Path, case: str) -> 
     manifest = read_manifest(deployed)
     assert manifest["driver"] == "deploy"
     assert manifest["secrets"].startswith("seeded" if case in SEEDED else "os-csprng")
+    # the workers started here accept what the scenario asks, and each said so when it connected
+    policy = scenario_policy(_scenario(tmp_path, *CASES[case]), seeded=case in SEEDED).as_dict()
+    assert manifest["worker_policy"] == policy
+    assert manifest["worker_policies"] == {str(j): policy for j in range(4)}
     assert (dep["round_time"] > 0).all()
 
 
