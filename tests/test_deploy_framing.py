@@ -691,3 +691,25 @@ def test_a_worker_checks_the_keys_a_round_lists():
     for reason, bad in cases.items():
         with pytest.raises(LeftError, match=reason):
             worker._roster(bad)
+
+
+def test_a_deployment_waiting_for_workers_says_the_port_it_listens_on(tmp_path, capsys):
+    """``--port 0`` lets the system choose: what the command says is the port it chose (it said 0)."""
+    from sim.cli.deploy import through_deployment
+    from sim.deploy.deployment import DeployOptions
+    from sim.scenario import load
+
+    keys = tmp_path / "keys"
+    server = ids.create_identity(ids.server_key_file(keys))
+    ids.create_identity(ids.worker_key_file(keys, 0))
+    options = DeployOptions(identity=server, keys=keys, workers=1, spawn=False, port=0)
+    scenario = load("scenarios/deploy.yaml", ["sampling.clients_per_round=1"], str(tmp_path / "out")).base()
+    deployed = through_deployment(options)(scenario)
+    try:
+        host, port = deployed.driver.address  # type: ignore[attr-defined]
+        assert host == "127.0.0.1" and port > 0
+        assert f"waiting for workers at 127.0.0.1:{port} (dropsim worker --connect 127.0.0.1:{port})" in (
+            capsys.readouterr().err
+        )
+    finally:
+        deployed.close()

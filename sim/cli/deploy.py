@@ -146,7 +146,8 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     )
     policy.add_argument(
         "--adversary",
-        help="semi-honest (accepts either variant) or malicious (requires aggregation.malicious); default semi-honest",
+        help="semi-honest (accepts either variant) or malicious (requires aggregation.adversary: malicious, and "
+        "every worker's worker-J.pub in --keys DIR); default semi-honest",
     )
     policy.add_argument(
         "--min-threshold",
@@ -157,8 +158,9 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     policy.add_argument(
         "--collusion",
         metavar="C",
-        help="colluders the threshold must defeat (t > (n + C) / 2 of this worker's n holders), at least the "
-        "scenario's privacy.collusion; 'none': no such rule (default 0: the scenario's)",
+        help="colluding clients the threshold must defeat (t > (n + C) / 2 of this worker's n holders, and "
+        "t >= C + 2); the scenario's privacy.collusion counts if larger, so the default, 0, means the scenario's; "
+        "'none': no such rules",
     )
     policy.add_argument("--require-dp", action="store_true", default=None, help="require DP noise from the clients")
     policy.add_argument("--max-epsilon-round", type=float, metavar="E", help="most epsilon a round may cost")
@@ -290,10 +292,18 @@ def run_in_private_network(scenario: Scenario, args: argparse.Namespace) -> None
 
 
 def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experiment]:
-    """What runs a scenario through a deployment with ``options``."""
+    """What runs a scenario through a deployment with ``options``; with workers started elsewhere, it says
+    where they connect once the server listens (``--port 0``: the port the system chose)."""
     from sim.runner import Deployed
 
-    return lambda scenario: Deployed(scenario, options)
+    def deployed(scenario: Scenario) -> Experiment:
+        experiment = Deployed(scenario, options)
+        if not options.spawn:
+            host, port = experiment.driver.address
+            print(f"waiting for workers at {host}:{port} (dropsim worker --connect {host}:{port})", file=sys.stderr)
+        return experiment
+
+    return deployed
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
@@ -314,8 +324,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
     check_deployable(scenario)
     out = Path(scenario.output)
     options = deploy_options(args, out)
-    if options.spawn is False:
-        print(f"waiting for workers at {args.host}:{args.port}", file=sys.stderr)
     if prepare_output(out, scenario, force=args.force, driver="deploy"):
         summary = run_scenario(
             scenario, out, progress=not args.quiet, engine=through_deployment(options), driver="deploy"
