@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from test_collusion import split_attack_possible  # its brute force over the attack's camps
 
 import sim
 from sim.cli import main
@@ -60,18 +61,6 @@ def scenario(*overrides: str) -> Scenario:
 def ledger(sc: Scenario, dim: int = 10_000) -> PrivacyLedger:
     q, n = nominal_sampling(sc)
     return PrivacyLedger(sc.privacy, sc.aggregation, sc.rounds, q, n, dim, sc.seed)
-
-
-def split_attack_possible(t: int, holders: int, collusion: int) -> bool:
-    """By brute force over the attack (as tests/test_collusion.py): some c <= T_C of the holders collude, and
-    two disjoint camps of honest holders, one of them without the victim, each reach t confirmations."""
-    for c in range(min(collusion, holders - 1) + 1):
-        honest = holders - c
-        for a in range(honest + 1):
-            for b in range(min(honest - a, honest - 1) + 1):
-                if a + c >= t and b + c >= t:
-                    return True
-    return False
 
 
 # -- the default policy ----------------------------------------------------------------------------------
@@ -573,7 +562,6 @@ def test_a_worker_refuses_a_server_that_names_fedavg_and_counts_as_a_dropout(tmp
     server = ids.create_identity(ids.server_key_file(keys))
     for j in range(3):
         ids.create_identity(ids.worker_key_file(keys, j))
-    (keys / "server.pub").write_bytes(ids.public_file(ids.server_key_file(keys)).read_bytes())
     options = DeployOptions(identity=server, keys=keys, workers=3, spawn=False, connect_timeout_s=60.0)
     workers: list[subprocess.Popen[str]] = []
 

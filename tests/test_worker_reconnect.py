@@ -94,7 +94,6 @@ def keys(tmp_path: Path) -> Path:
     folder = tmp_path / "keys"
     ids.create_identity(ids.server_key_file(folder))
     ids.create_identity(ids.worker_key_file(folder, 0))
-    (folder / "server.pub").write_bytes(ids.public_file(ids.server_key_file(folder)).read_bytes())
     return folder
 
 
