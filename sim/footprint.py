@@ -6,9 +6,9 @@ The population itself costs nothing: profiles, drop probabilities and the sample
 ids (:mod:`sim.clients.population`, :mod:`sim.keyed`). What grows is what the run touches:
 
 * **a trace**: read whole (its rows counted before reading: newlines of a CSV, Parquet's row count);
-* **the round's sampled clients**: each holds its protocol state, its messages and, in ``full`` fidelity, its
-  update, encoded and masked (about :data:`FULL_BYTES_PER_VALUE` bytes per value); SecAgg's clients each
-  keep keys and shares of every other (:data:`PAIR_BYTES` per pair);
+* **the round's sampled clients**: each holds its protocol state, its messages and, in ``full`` and
+  ``learning`` fidelity, its update, encoded and masked (about :data:`FULL_BYTES_PER_VALUE` bytes per
+  value); SecAgg's clients each keep keys and shares of every other (:data:`PAIR_BYTES` per pair);
 * **the sampler's index**: numpy draws k of n by shuffling a list of all n ids (8 bytes each) when k is more
   than n / 50 (and n more than 10,000); below that, by Floyd's method, in memory of order k.
 
@@ -45,8 +45,9 @@ less 28 pairs, rounded up."""
 PAIR_BYTES = 1_300
 """Keys, shares and their messages per pair of clients that exchange them (SecAgg: 1.25 KB measured)."""
 FULL_BYTES_PER_VALUE = 16
-"""A sampled client's update in ``full`` fidelity, per value: float32 weights, the encoding, the masked copy
-(13 measured at 53,002 values)."""
+"""A sampled client's update in ``full`` (and ``learning``) fidelity, per value: float32 weights, the
+encoding, the masked copy (13 measured at 53,002 values; ``learning`` sends the encoding itself, counted
+the same to be safe)."""
 AHEAD_BYTES_PER_VALUE = 4
 """With the clients' calls made ahead on threads (``aggregation.threads`` > 1, :mod:`sim.engine.ahead`), per
 value: each reply's copy decoded for the server, held from when it is made until the server takes it
@@ -123,9 +124,9 @@ def needs(scenario: Scenario, dim: int | None = None, trace: bool = True) -> lis
     params = sc.aggregation
     peers = secret_holders(params, k) - 1 if params.spec.secure else 0
     per_client = CLIENT_BYTES + PAIR_BYTES * max(peers, 0)
-    if sc.fidelity == "full" and dim is not None:
+    if sc.fidelity != "timing" and dim is not None:  # full and learning hold real updates
         per_client += FULL_BYTES_PER_VALUE * dim
-        if sc.protocol_threads != 1:  # auto may be one core: counted, to be safe
+        if sc.fidelity == "full" and sc.protocol_threads != 1:  # calls made ahead (full only); auto may be one core
             per_client += AHEAD_BYTES_PER_VALUE * dim
     out.append(Need(k * per_client, f"{k:,} sampled clients a round at about {_size(per_client)} each", where))
     n = sc.population

@@ -49,7 +49,7 @@ def preflight(scenario: Scenario) -> list[Problem]:
         problems += _trace(scenario)
     plugins, shaped = _plugins(scenario)
     problems += plugins
-    if not memory and shaped is not None and scenario.fidelity == "full":
+    if not memory and shaped is not None and scenario.fidelity != "timing":  # real updates: full, learning
         memory = footprint.refusal(scenario, update_dimension(scenario.model, *shaped))  # the trace counted again
         if memory:
             problems.append(_memory(scenario, memory))
@@ -184,7 +184,7 @@ def _model_plugin(
             return [Problem(scenario.origin(*key), ".".join(key), str(exc))]
         check_model(built, inputs, shaped[1], what, ".".join(key))
     workers = scenario.training.workers
-    if workers > 1 and scenario.fidelity == "full" and next(built.buffers(), None) is not None:
+    if workers > 1 and scenario.fidelity != "timing" and next(built.buffers(), None) is not None:
         return [
             Problem(
                 scenario.origin("training", "workers"),

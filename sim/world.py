@@ -42,7 +42,7 @@ class World:
     costs: CostModel
     data: FederatedData
     learner: Learner | None
-    """The real model (``full`` fidelity), or None (``timing``)."""
+    """The real model (``full`` and ``learning`` fidelity), or None (``timing``)."""
     dim: int
     """Number of model parameters (the length of every update)."""
     train_op: str
@@ -75,7 +75,7 @@ def build(scenario: Scenario) -> World:
     costs = CostModel.load(cost_profile(sc))
     data = load_federated(sc.data, sc.population, sc.seed)
     learner: Learner | None = None
-    if sc.fidelity == "full":
+    if sc.fidelity in ("full", "learning"):
         assert sc.model.params is None  # the parser allows model.params only with fidelity timing
         learner = Learner(sc.model, data, sc.training, sc.seed, (sc.data, sc.population, sc.seed))
     shape, classes = data.input_shape, data.num_classes

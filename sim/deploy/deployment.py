@@ -90,7 +90,7 @@ def check_deployable(scenario: Scenario) -> None:
     """Refuse what the testbed cannot run, saying why."""
     problems = []
     if scenario.fidelity != "full":
-        problems.append("fidelity is 'timing': the deployment runs the real protocol, set fidelity: full")
+        problems.append(f"fidelity is {scenario.fidelity!r}: the deployment runs the real protocol, set fidelity: full")
     if scenario.model.params is not None:
         problems.append("model.params names no real model: the deployment trains one (model.name)")
     if scenario.trace is not None:

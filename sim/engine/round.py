@@ -4,10 +4,11 @@ The frame of a round (docs/architecture.md, "A round"): the server sends the glo
 (concurrent transfers share the server's downlink), each client trains (its cost-model time times its
 slow-down), then enters the aggregation protocol with its update. From there the round is driven by the
 machines (:mod:`sim.protocol.registry`): every message a machine emits crosses the simulated network with
-its real encoded size (in ``full`` fidelity it is really encoded and decoded; in ``timing`` fidelity its
-size is computed), and every operation a machine reports, plus encoding and decoding each frame
-(``wire.encode``, ``wire.decode``), is charged from the cost model: to the client's CPU times its
-slow-down, or to the server's divided by its speed. Each party computes one thing at a time. On a
+its real encoded size (in ``full`` fidelity it is really encoded and decoded; in ``learning`` and
+``timing`` fidelity, whose messages hold sized stand-ins for the cryptography, its size is computed), and
+every operation a machine reports, plus encoding and decoding each frame (``wire.encode``,
+``wire.decode``), is charged from the cost model: to the client's CPU times its slow-down, or to the
+server's divided by its speed. Each party computes one thing at a time. On a
 testbed (``RoundSetup.host``) every compute charge is instead a job on the host's shared cores, followed
 for a client by the sleep that emulates its slow-down (:mod:`sim.engine.host`). On a simulation engine's
 testbed (``RoundSetup.engine``: ``testbed: {emulation: engine}``) messages cross no link: they wait for the
@@ -100,7 +101,7 @@ class RoundSetup:
     samples: Any
     """Callable ``client -> number of local samples``."""
     learner: Learner | None
-    """The real model (``full`` fidelity) or None (``timing``)."""
+    """The real model (``full`` and ``learning`` fidelity) or None (``timing``)."""
     aggregation: AggregationParams
     seed: int
     pipeline: PipelineParams | None = None
@@ -120,6 +121,9 @@ class RoundSetup:
     that is TCP payload (:data:`sim.testbed.PAYLOAD_FRACTION`)."""
     engine: ActorEngine | None = None
     """The cost profile's simulation engine (``testbed: {emulation: engine}``), or None."""
+    fidelity: str = "full"
+    """The scenario's fidelity: the suite of the round's machines (:class:`RoundInstances`) and whether its
+    messages are really encoded (``full``) or sized (``learning``, ``timing``)."""
     ahead: ThreadPoolExecutor | None = None
     """The threads on which clients' protocol calls are made ahead of virtual time (``full`` fidelity,
     ``aggregation.threads`` > 1: :mod:`sim.engine.ahead`), or None: each call is made when its client reaches
@@ -155,7 +159,8 @@ class Round:
         self.env = setup.env
         self.number = plan.number
         self.sampled = tuple(int(c) for c in plan.sampled)
-        self.full = setup.learner is not None
+        self.full = setup.fidelity == "full"
+        """Whether messages are really encoded and decoded (their cryptography is real)."""
         self.drops = dict(plan.drops)
         self.departures = {c: Departure.plan(setup.aggregation, stage) for c, stage in self.drops.items()}
         """Client -> where its planned dropout leaves the round."""
@@ -213,7 +218,7 @@ class Round:
                     setup.dim,
                     self.private,
                     plan.chunks,
-                    self.full,
+                    setup.fidelity,
                 )
             except RoundSetupError as exc:
                 self.setup_error = str(exc)

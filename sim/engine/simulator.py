@@ -3,8 +3,8 @@
 The server's clock runs continuously across rounds: round r+1 starts the moment round r ends. With a
 ``testbed`` section every party's compute shares the host's cores (:mod:`sim.engine.host`), one pool for
 the whole run; under ``testbed: {emulation: engine}`` the cost profile's simulation engine's workers and
-polling too (:mod:`sim.engine.actors`). ``full`` and ``timing`` fidelity (which skips training and all
-payload arithmetic) give identical virtual times.
+polling too (:mod:`sim.engine.actors`). ``full``, ``learning`` (which skips the cryptography) and
+``timing`` fidelity (which skips training and all payload arithmetic) give identical virtual times.
 """
 
 from __future__ import annotations
@@ -80,12 +80,13 @@ class Simulator:
             batch_size=sc.training.batch_size,
             samples=world.data.num_samples,
             learner=world.learner,
+            fidelity=sc.fidelity,
             aggregation=sc.aggregation,
             seed=sc.seed,
             latency_s=sc.server.latency_ms / 1000,
             host=self._host(world),
             payload_fraction=payload,
-            ahead=ahead_threads(sc.protocol_threads) if world.learner is not None else None,
+            ahead=ahead_threads(sc.protocol_threads) if sc.fidelity == "full" else None,
         )
         if sc.testbed is not None and sc.testbed.emulation == ENGINE:
             engine = world.costs.engine

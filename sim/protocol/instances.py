@@ -10,6 +10,10 @@ the identities it provisioned (``identities``, ``signing``), so that no party ca
 (docs/security.md); the deployment's client processes build only their own client's machines. A pipelined
 client encodes its whole update once (DSkellam's clipping and rotation need all of it) and gives each
 instance its slice of the encoding.
+
+The ``fidelity`` names the suite of every machine (:data:`sim.protocol.suite.SUITES`): ``full`` (real
+cryptography and vectors), ``learning`` (real vectors, encodings and noise; sized stand-ins for the
+cryptography) or ``timing`` (sizes only).
 """
 
 from __future__ import annotations
@@ -25,14 +29,14 @@ from sim.protocol import wire
 from sim.protocol.machine import Aggregate, ClientMachine, ServerMachine, Work
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import AggregationParams, ChunkSlot, ClientFactory, chunk_slots, fixed_point, round_machines
-from sim.protocol.suite import RealSuite, SizedSuite
+from sim.protocol.suite import SUITES
 from sim.protocol.wire import Blank, Opaque, Vector
 from sim.seeds import Stream, generator, int_seed, seed_bytes
 
 
 @dataclass
 class RoundInstances:
-    """The machines of round ``number`` over ``sampled`` (``full``: real payloads, else timing fidelity)."""
+    """The machines of round ``number`` over ``sampled`` in ``fidelity`` (``full``, ``learning``, ``timing``)."""
 
     aggregation: AggregationParams
     seed: int
@@ -42,7 +46,9 @@ class RoundInstances:
     private: PrivateRound | None = None
     chunks: int | None = None
     """Pipelined: the number of protocol instances (None: one unpipelined instance)."""
-    full: bool = True
+    fidelity: str = "full"
+    """``full``: real cryptography and payloads; ``learning``: real payloads, sized cryptography; ``timing``:
+    sizes only."""
     servers: list[ServerMachine] = field(default_factory=list)
     factories: list[ClientFactory] = field(default_factory=list)
     slots: tuple[ChunkSlot, ...] = ()
@@ -56,7 +62,9 @@ class RoundInstances:
     client's signing key is its own, given to :meth:`client`); None: derived from the scenario seed."""
 
     def __post_init__(self) -> None:
-        suite = RealSuite() if self.full else SizedSuite()
+        if self.fidelity not in SUITES:
+            raise ValueError(f"fidelity {self.fidelity!r} is none of {', '.join(SUITES)}")
+        suite = SUITES[self.fidelity]()
         verification = self._identities()
         graph_seed = int_seed(self.seed, Stream.GRAPH, self.number)
         common = (self.aggregation, self.number, self.sampled, self.dim, suite, graph_seed, verification)
@@ -90,6 +98,16 @@ class RoundInstances:
         return verification
 
     @property
+    def full(self) -> bool:
+        """Whether the cryptography is real (``full`` fidelity)."""
+        return self.fidelity == "full"
+
+    @property
+    def vectors(self) -> bool:
+        """Whether the payloads are real (``full`` and ``learning`` fidelity): updates are encoded and summed."""
+        return self.fidelity != "timing"
+
+    @property
     def pipelined(self) -> bool:
         return self.chunks is not None
 
@@ -102,14 +120,14 @@ class RoundInstances:
         signing = self.signing.get(c) if signing is None else signing
         if chunk is None:
             keys = keys or SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c))
-            encoding = generator(self.seed, Stream.ENCODING, self.number, c) if self.full else None
+            encoding = generator(self.seed, Stream.ENCODING, self.number, c) if self.vectors else None
             return self.factories[0](c, keys, encoding, signing)
         keys = keys or SeededRandom(seed_bytes(self.seed, Stream.KEYS, self.number, c, chunk))
         return self.factories[chunk](c, keys, None, signing)
 
     def encode(self, c: int, update: Vector) -> Vector:
         """Pipelined: client ``c``'s whole update encoded (fixed point mod 2^bits, or DSkellam before noise)."""
-        if not self.full:
+        if not self.vectors:
             return Blank(self.slots[-1].stop, np.uint32)
         assert isinstance(update, np.ndarray)
         rng = generator(self.seed, Stream.ENCODING, self.number, c)
@@ -122,7 +140,7 @@ class RoundInstances:
         survivors); the round's survivors are those in every chunk's sum."""
         survivors = set(aggregates[0].survivors).intersection(*(a.survivors for a in aggregates[1:]))
         vector: Vector = Blank(self.dim, np.float32)
-        if self.full:
+        if self.vectors:
             counts = [len(a.survivors) for a in aggregates]
             total = np.concatenate([np.asarray(a.vector) for a in aggregates])
             per_value: int | np.ndarray = counts[0]

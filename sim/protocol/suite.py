@@ -2,10 +2,17 @@
 
 The SecAgg machines (:mod:`sim.protocol.secagg`) call these compositions of the primitives in
 :mod:`sim.crypto`; everything protocol-specific about them (what is encrypted, bound or derived) is here,
-in one place. :class:`RealSuite` performs them. :class:`SizedSuite` is the ``timing`` fidelity: it returns
-:class:`~sim.protocol.wire.Opaque` bytes and :class:`~sim.protocol.wire.Blank` vectors of exactly the sizes
-the real operations produce, so the machines send the same messages with the same sizes and report the
-same work, without the arithmetic.
+in one place. :class:`RealSuite` performs them (``full`` fidelity). :class:`SizedSuite` is the ``timing``
+fidelity: it returns :class:`~sim.protocol.wire.Opaque` bytes and :class:`~sim.protocol.wire.Blank` vectors
+of exactly the sizes the real operations produce, so the machines send the same messages with the same
+sizes and report the same work, without the arithmetic. :class:`LearningSuite` is the ``learning``
+fidelity: sized stand-ins for keys, signatures and ciphertexts, no masks, but real vectors, real noise
+seeds, and shares that carry their secret, so that the server sums the survivors' inputs mod 2^bits and
+gets what unmasking would give: the masks cancel in the sum (Bonawitz et al.), so nothing is lost by never
+adding them.
+
+Two flags tell the machines what a suite does: ``full`` (the cryptography is real: keys can be compared,
+masks are added and removed) and ``vectors`` (the inputs, sums and noise are real arrays).
 
 Domain separation (HKDF ``info``, AEAD associated data, signed bytes) binds every derived key, ciphertext
 and signature to the protocol version, the round and the parties involved.
@@ -17,7 +24,7 @@ import struct
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Protocol
+from typing import Protocol, cast
 
 import numpy as np
 
@@ -97,6 +104,9 @@ class Recovered:
 
 class Suite(Protocol):
     full: bool
+    """Whether the cryptography is real (keys, signatures, ciphertexts, masks)."""
+    vectors: bool
+    """Whether vectors and noise seeds are real (the machines encode, add noise, sum and decode)."""
 
     def keypair(self, rng: RandomSource) -> tuple[Data, Data]: ...
     def seed(self, rng: RandomSource) -> Data: ...
@@ -141,6 +151,7 @@ class RealSuite:
     """The operations performed with :mod:`sim.crypto`."""
 
     full = True
+    vectors = True
 
     def keypair(self, rng: RandomSource) -> tuple[Data, Data]:
         return agreement.generate(rng)
@@ -319,6 +330,7 @@ class SizedSuite:
     1,000 clients would otherwise make some 50,000 of them)."""
 
     full = False
+    vectors = False
 
     def keypair(self, rng: RandomSource) -> tuple[Data, Data]:
         return _KEY, _KEY
@@ -386,3 +398,137 @@ class SizedSuite:
 
     def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector:
         return Blank(length, np.uint32)
+
+
+class Carried(Opaque):
+    """A sized stand-in that carries what the real value would let its holder recover (``learning``
+    fidelity): a share carries the secret it is a share of, a ciphertext the shares it seals. Its length is
+    the real value's, so messages holding it are sized as the real ones; it has no bytes to encode."""
+
+    inside: object
+    """The secret (of a share) or the tuple of shares (of a ciphertext)."""
+
+    def __init__(self, length: int, inside: object) -> None:
+        object.__setattr__(self, "length", length)
+        object.__setattr__(self, "inside", inside)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"Carried({self.length})"
+
+
+class LearningSuite:
+    """The operations for the ``learning`` fidelity: the protocol's messages, sizes and work as
+    :class:`SizedSuite` gives them, with real noise seeds and no cryptography.
+
+    Each client's key stream (a :class:`~sim.crypto.randomness.RandomSource`) is consumed exactly as
+    :class:`RealSuite` consumes it: 32 bytes per key pair (:func:`sim.crypto.agreement.generate`), 32 per
+    seed, the Shamir coefficients of every share by the same rejection sampling
+    (:func:`sim.crypto.shamir.random_elements`, same counts), a nonce per ciphertext
+    (:func:`sim.crypto.aead.encrypt`). So every seed drawn from it (the noise seeds, the self-mask seed,
+    rebasing's fresh seed) is the byte string ``full`` draws, and the noise is the same. A share is a
+    :class:`Carried` of :data:`SHARE_BYTES` holding its secret, a ciphertext one of its ciphertext's
+    length holding its shares: recovering a secret from at least ``threshold`` shares returns it (a
+    survivor's noise seeds in XNoise's noise removal). Masks are never made (:meth:`pair_mask` and
+    :meth:`self_mask` give blanks; the machines add them only when ``full``). Nothing is checked, as in
+    :class:`SizedSuite`: the clients are honest.
+    """
+
+    full = False
+    vectors = True
+
+    def keypair(self, rng: RandomSource) -> tuple[Data, Data]:
+        rng.bytes(KEY_BYTES)  # agreement.generate's draw
+        return _KEY, _KEY
+
+    def seed(self, rng: RandomSource) -> Data:
+        return rng.bytes(SEED_BYTES)
+
+    def sign(self, signing_key: Data, message: bytes) -> Data:
+        return _SIGNATURE
+
+    def verify(self, public: Data, message: bytes, signature: Data) -> bool:
+        return True
+
+    @staticmethod
+    def _draw(secrets: int, threshold: int, rng: RandomSource) -> None:
+        """The random coefficients :func:`sim.crypto.shamir.share` draws for ``secrets`` 32-byte secrets."""
+        shamir.random_elements((threshold - 1) * secrets * shamir.elements_for(SEED_BYTES), rng)
+
+    def share(self, secret: Data, threshold: int, holders: Sequence[int], rng: RandomSource) -> list[Data]:
+        self._draw(1, threshold, rng)
+        return [Carried(SHARE_BYTES, secret)] * len(holders)
+
+    def reconstruct(self, holders: Sequence[int], shares: Sequence[Data]) -> Data:
+        share = shares[0]
+        assert isinstance(share, Carried)
+        return cast(Data, share.inside)
+
+    def recover(
+        self,
+        holders: Sequence[int],
+        shares: Sequence[Data],
+        threshold: int,
+        check: Callable[[Data], bool] | None = None,
+        suspects: Collection[int] = (),
+    ) -> Recovered:
+        """The carried secret from at least ``threshold`` shares (None below it), as :class:`RealSuite`
+        recovers it from honest shares."""
+        if len(shares) < threshold:
+            return Recovered(None)
+        return Recovered(self.reconstruct(holders, shares))
+
+    def public_of(self, private: Data) -> Data:
+        return _KEY
+
+    def valid_key(self, public: Data) -> bool:
+        return len(public) == KEY_BYTES
+
+    def valid_shares(self, shares: Sequence[Data]) -> bool:
+        return all(len(s) == SHARE_BYTES for s in shares)
+
+    def seal(
+        self,
+        c_sk: Data,
+        peer_c_pk: Data,
+        round: int,
+        sender: int,
+        receiver: int,
+        shares: Sequence[Data],
+        rng: RandomSource,
+    ) -> Data:
+        rng.bytes(aead.NONCE_BYTES)  # aead.encrypt's draw
+        return Carried(ciphertext_bytes(len(shares)), tuple(shares))
+
+    def open(
+        self, c_sk: Data, peer_c_pk: Data, round: int, sender: int, receiver: int, ct: Data, count: int
+    ) -> OpenedShares:
+        assert isinstance(ct, Carried)
+        parts = cast(tuple[Data, ...], ct.inside)
+        assert len(parts) == count
+        return OpenedShares(parts[0], parts[1], parts[2:])
+
+    def share_many(
+        self, secrets: Sequence[Data], threshold: int, holders: Sequence[int], rng: RandomSource
+    ) -> list[list[Data]]:
+        """As :meth:`RealSuite.share_many`: one draw of coefficients for every secret's elements."""
+        self._draw(len(secrets), threshold, rng)
+        row: list[Data] = [Carried(SHARE_BYTES, s) for s in secrets]
+        return [row for _ in holders]
+
+    def pair_mask(
+        self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int, scratch: bool = False
+    ) -> Vector:
+        return Blank(length, np.uint32)
+
+    def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector:
+        return Blank(length, np.uint32)
+
+
+SUITES: dict[str, Callable[[], Suite]] = {"full": RealSuite, "learning": LearningSuite, "timing": SizedSuite}
+"""The suite of each fidelity (``sim.scenario.types.FIDELITIES``)."""

@@ -81,7 +81,7 @@ class Experiment:
 
     @property
     def learner(self) -> Learner | None:
-        """The real model (``full`` fidelity), or None."""
+        """The real model (``full`` and ``learning`` fidelity), or None."""
         return self.world.learner
 
     @property

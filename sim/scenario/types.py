@@ -28,7 +28,10 @@ SYNTHETIC_SHAPE = (1, 8, 8)
 """Default image shape ``(C, H, W)`` of the ``synthetic`` data set."""
 SYNTHETIC_CLASSES = 10
 """Default number of classes of the ``synthetic`` data set."""
-FIDELITIES = ("full", "timing")
+FIDELITIES = ("full", "learning", "timing")
+"""``full``: real training, encoding, noise and cryptography; ``learning``: the same models, noise and
+tables without the cryptography (sized stand-ins; the masks cancel in the sum); ``timing``: sizes only,
+nothing trained."""
 TRACE_SAMPLING = ("online", "population")
 
 
@@ -304,7 +307,8 @@ class Training:
     threads: int
     """Torch CPU threads used for real training (results are reproducible for a fixed value)."""
     workers: int = 1
-    """Processes that train a round's clients in parallel (``full`` fidelity; the same results as 1)."""
+    """Processes that train a round's clients in parallel (``full`` and ``learning`` fidelity; the same
+    results as 1)."""
 
 
 @dataclass(frozen=True)

@@ -139,7 +139,7 @@ class SecAggClient:
             work = list(private.add_noise_work() if cfg.prepared else private.encode_work())
             self.noise_seeds = [suite.seed(self.rng) for _ in private.plan.components]
         work.append(Work("x25519.keygen", {"count": 2}))
-        if suite.full:
+        if suite.vectors:
             assert isinstance(update, np.ndarray)
             if cfg.prepared:
                 if update.shape != (cfg.dim,):
@@ -268,6 +268,7 @@ class SecAggClient:
                 y = add_mod_into(y, mask, WORD) if me > v else sub_mod_into(y, mask, WORD)  # type: ignore[arg-type]
         if suite.full:
             y = reduce_into(y, cfg.bits)  # type: ignore[arg-type]
+        # Without masks (learning fidelity) y is x itself: the masks cancel in the server's sum.
         self.state = "survivors"
         self.x = Blank(cfg.dim, np.uint32)  # the input is no longer needed; free it
         message = MaskedInput(cfg.round, me, ModVector(cfg.bits, y))
@@ -398,13 +399,15 @@ class SecAggClient:
             Work("prg.expand", {"elements": 2 * cfg.dim}),
             Work("vector.add", {"elements": 4 * cfg.dim}),
         ]
-        if not suite.full:
+        if not suite.vectors:
             return Blank(cfg.dim, np.uint32), work
         assert isinstance(fresh_seed, bytes) and isinstance(self.noise_seeds[0], bytes)
         delta = private.fresh(fresh_seed, float(private.plan.rebased(len(self.u3)))) - private.component(
             self.noise_seeds[0], 0
         )
         z = private.wrap(delta)
+        if not suite.full:  # no masks to rebase (learning fidelity): z = n' - n_0
+            return z, work
         z = sub_mod(z, suite.self_mask(self.mask_seed, cfg.dim, cfg.bits), cfg.bits)  # type: ignore[arg-type]
         z = add_mod(z, suite.self_mask(self.b, cfg.dim, cfg.bits), cfg.bits)  # type: ignore[arg-type]
         return z, work

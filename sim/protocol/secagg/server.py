@@ -290,7 +290,7 @@ class SecAggServer:
     def _on_masked(self, sender: int, m: MaskedInput) -> list[Work]:
         if m.y.bits != self.config.bits or m.y.length != self.config.dim:
             raise RemoteProtocolError(sender, f"sent a masked input of {m.y.length} values of {m.y.bits} bits")
-        if self.suite.full and not isinstance(m.y.values, np.ndarray):
+        if self.suite.vectors and not isinstance(m.y.values, np.ndarray):
             raise RemoteProtocolError(sender, "sent a masked input without its values")
         cfg = self.config
         if cfg.signed_uploads:
@@ -300,7 +300,7 @@ class SecAggServer:
             if key is None or not self.suite.verify(key, upload_bytes(cfg.session, cfg.round, sender), m.signature):
                 raise BadSignatureError(sender, "sent an upload signature that does not verify")
             self.upload_signatures[sender] = m.signature
-        if self.suite.full:
+        if self.suite.vectors:
             if isinstance(self.total, Blank):
                 self.total = np.zeros(self.config.dim, dtype=np.uint32)  # the server's own: summed into in place
             self.total = add_mod_into(self.total, m.y.values, self.config.bits)  # type: ignore[arg-type]
@@ -391,16 +391,16 @@ class SecAggServer:
                 raise RemoteProtocolError(
                     sender, f"sent seeds of components {[k for k, _ in m.seeds]}, not {list(wanted)}"
                 )
-            if self.suite.full and not all(isinstance(g, bytes) for _, g in m.seeds):
+            if self.suite.vectors and not all(isinstance(g, bytes) for _, g in m.seeds):
                 raise RemoteProtocolError(sender, "sent noise seeds without their bytes")
         if private is not None and private.rebasing:
             if not isinstance(m, RebaseAndUnmask):
                 raise RemoteProtocolError(sender, "sent no rebased noise with its shares")
             if m.z.bits != self.config.bits or m.z.length != self.config.dim:
                 raise RemoteProtocolError(sender, f"sent a rebasing vector of {m.z.length} values of {m.z.bits} bits")
-            if self.suite.full and not isinstance(m.z.values, np.ndarray):
+            if self.suite.vectors and not isinstance(m.z.values, np.ndarray):
                 raise RemoteProtocolError(sender, "sent a rebasing vector without its values")
-            if self.suite.full:
+            if self.suite.vectors:
                 self.total = add_mod(self.total, m.z.values, self.config.bits)  # type: ignore[arg-type]
             return [Work("secagg.entries", {"count": len(m.shares)}), Work("vector.add", {"elements": self.config.dim})]
         return [Work("secagg.entries", {"count": len(m.shares)})]
@@ -497,7 +497,7 @@ class SecAggServer:
         (:meth:`PrivateRound.components`)."""
         private = self.config.private
         assert private is not None
-        if self.suite.full and seeds:
+        if self.suite.vectors and seeds:
             assert isinstance(self.total, np.ndarray)
             seeded = []
             for mine in seeds.values():
@@ -521,7 +521,7 @@ class SecAggServer:
             return Reaction(work=tuple(work))
         work += [Work("decode.fixed_point", {"elements": cfg.dim})] if private is None else list(private.decode_work())
         vector: Vector = Blank(cfg.dim if private is None else private.encoding.dim, np.float32)
-        if self.suite.full:
+        if self.suite.vectors:
             assert isinstance(self.total, np.ndarray)
             decoder = cfg.encoding if private is None else private
             vector = decoder.decode_mean(self.total, len(survivors))
