@@ -14,6 +14,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import ahead  # noqa: E402
 import cores  # noqa: E402
+import fidelity  # noqa: E402
 import host_speed  # noqa: E402
 import overhead  # noqa: E402
 import scale  # noqa: E402
@@ -84,6 +85,14 @@ def test_ahead_times_both_ways_and_finds_the_rounds_identical() -> None:
     assert row["identical"] is True
     with pytest.raises(ValueError, match="dimension 5 is not one of"):
         ahead.point(4, 5, threads=2, rounds=1)
+
+
+def test_fidelity_times_both_and_finds_the_tables_identical() -> None:
+    cheap = ("sampling.clients_per_round=4", "training.local_epochs=1", "model.name=linear")
+    row = fidelity.point(ROOT / "scenarios" / "secagg.yaml", rounds=1, overrides=cheap)
+    assert (row["scenario"], row["rounds"], row["tables_identical"]) == ("secagg", 1, True)
+    assert row["ratio"] == pytest.approx(float(row["full_s"]) / float(row["learning_s"]))
+    assert not fidelity.applicable(ROOT / "scenarios" / "scale.yaml")  # timing: nothing to learn
 
 
 @pytest.mark.slow
