@@ -11,9 +11,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim import footprint
+from sim.costs.estimate import estimate_training
 from sim.costs.model import CostModel, CostModelError
+from sim.errors import InputError
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
+from sim.learning.flops import multiply_adds
 from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.plugins import where_raised
 from sim.protocol.machine import RoundSetupError
@@ -89,6 +92,13 @@ def preflight(scenario: Scenario) -> list[Problem]:
             )
         )
         training = ()
+    if training and scenario.model.factory is None:  # a built-in model at an unmeasured shape: estimated
+        try:
+            if estimate_training(costs, training[0], multiply_adds) is not None:
+                training = ()
+        except CostModelError as exc:  # the profile measures no shape of the model
+            problems.append(Problem(scenario.origin("costs", "profile"), "costs.profile", str(exc)))
+            training = ()
     needed = (*training, *DRIVER_OPERATIONS, *scenario.aggregation.spec.operations)
     missing = [op for op in needed if not costs.has(op)]
     if missing:
@@ -305,6 +315,15 @@ def warnings(scenario: Scenario) -> list[Problem]:
                 "server: docs/security.md)",
             )
         )
+    if scenario.model.factory is None and not trains_at_rate(scenario.model):  # a built-in's training
+        try:
+            costs = CostModel.load(cost_profile(scenario))
+            shape, classes = data_shape(scenario.data, scenario.population, scenario.seed)
+            estimate = estimate_training(costs, model_train_op(scenario.model, shape, classes), multiply_adds)
+        except InputError:  # an unusable profile or data: preflight's problems, not a warning
+            estimate = None
+        if estimate is not None:
+            found.append(Problem(scenario.origin("costs", "profile"), "costs.profile", estimate.note()))
     return found
 
 

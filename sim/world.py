@@ -15,8 +15,10 @@ from sim import footprint
 from sim.clients.availability import Availability
 from sim.clients.dropout import DropoutModel
 from sim.clients.population import Population
+from sim.costs.estimate import TrainingEstimate, estimate_training
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, LinearCost
 from sim.learning.federated import FederatedData, load_federated
+from sim.learning.flops import multiply_adds
 from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.learning.trainer import Learner
 from sim.scenario.types import Scenario
@@ -50,6 +52,9 @@ class World:
     dilation: float = 1.0
     """f, the kernel testbed's time dilation (``testbed.emulation: kernel``; 1 otherwise): a client of
     slow-down s computes on f / s of a core, the server on f times its speed (:mod:`sim.testbed`)."""
+    training_estimate: TrainingEstimate | None = None
+    """How ``train_op`` is charged where the profile does not measure it: estimated from a measured shape of
+    the same built-in model (:mod:`sim.costs.estimate`); None where it is measured, or trains at a rate."""
 
     def close(self) -> None:
         """Stop the model's training workers."""
@@ -94,6 +99,9 @@ def build(scenario: Scenario) -> World:
             costs.wire,
             costs.engine,
         )
+    estimate = estimate_training(costs, op, multiply_adds) if sc.model.factory is None else None
+    if estimate is not None:  # a built-in model at a shape the profile has not measured
+        costs = estimate.applied(costs)
     costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
     if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
         costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))
@@ -102,4 +110,4 @@ def build(scenario: Scenario) -> World:
             costs.engine.server_scale, role=SERVER_ROLE
         )
     f = run_dilation(sc, population.slowdown.smallest(clients_per_round(sc))) if is_kernel(sc) else 1.0
-    return World(sc, population, availability, dropout, costs, data, learner, dim, op, f)
+    return World(sc, population, availability, dropout, costs, data, learner, dim, op, f, estimate)

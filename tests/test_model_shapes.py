@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from sim.costs.model import CostModel, CostModelError
+from sim.costs.model import DEFAULT_PROFILE, CostModel, CostModelError
 from sim.learning.federated import SHAPES, SyntheticData, data_shape
 from sim.learning.models import MODELS, build_model, count_parameters, train_op
 from sim.learning.trainer import Learner
@@ -232,13 +232,24 @@ def test_synthetic_cifar_shape_trains_a_full_round_with_the_cnn(tmp_path):
     assert x.shape == (8, 3, 32, 32) and x.dtype == np.float32 and y.max() < 10
 
 
-def test_synthetic_shape_without_a_profiled_train_op_fails_at_check_time(tmp_path):
+def test_synthetic_shape_without_a_profiled_train_op_is_estimated_from_a_measured_one(tmp_path):
     extra = "data: {dataset: synthetic, input_shape: [3, 16, 16], classes: 5}\nfidelity: timing\n"
     sc = scenario(tmp_path, extra)
+    assert preflight(sc) == []
+    world = Simulation(sc).world  # 3,119,104 multiply-adds a sample, nearest the 11,999,104 of 1x28x28
+    assert world.training_estimate is not None and world.training_estimate.source == "train.cnn.1x28x28.62"
+
+
+def test_a_model_the_profile_measures_at_no_shape_fails_at_check_time(tmp_path):
+    doc = json.loads(DEFAULT_PROFILE.read_text())
+    doc["operations"] = {op: e for op, e in doc["operations"].items() if not op.startswith("train.cnn.")}
+    (tmp_path / "nocnn.json").write_text(json.dumps(doc))
+    extra = "data: {dataset: synthetic, input_shape: [3, 16, 16], classes: 5}\nfidelity: timing\n"
+    sc = scenario(tmp_path, extra + f"costs: {{profile: {tmp_path / 'nocnn.json'}}}\n")
     (problem,) = preflight(sc)
     assert problem.key == "costs.profile"
-    assert "does not measure train.cnn.3x16x16.5; run `dropsim profile`" in problem.message
-    with pytest.raises(CostModelError, match="has no operation 'train.cnn.3x16x16.5'"):
+    assert "measures no shape of model 'cnn'" in problem.message and "`dropsim profile`" in problem.message
+    with pytest.raises(CostModelError, match="measures no shape of model 'cnn'"):
         Simulation(sc)
 
 

@@ -176,6 +176,11 @@ def run_scenario(
                 "implementation": sim.costs.implementation,
                 "machine": sim.costs.machine,
             },
+            training_cost=(  # measured, or estimated from another shape (sim.costs.estimate)
+                sim.world.training_estimate.manifest()
+                if sim.world.training_estimate is not None
+                else {"op": sim.world.train_op, "estimated": False}
+            ),
             **sim.manifest_entries(),
         )
         if sim.chunks is not None:
