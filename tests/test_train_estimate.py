@@ -184,3 +184,16 @@ def test_a_measured_runs_manifest_says_it_is_measured(tmp_path):
     assert main(["run", str(path), "--output", str(out), "--quiet"]) == 0
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["training_cost"] == {"op": "train.linear.1x8x8.10", "estimated": False}
+
+
+def test_profile_measures_the_exact_shape_and_then_it_is_charged_as_measured(tmp_path, capsys):
+    path = tmp_path / "linear6050.yaml"
+    path.write_text(SCENARIO)
+    measured = tmp_path / "measured.json"
+    assert main(["profile", "--model", str(path), "--out", str(measured), "--quick"]) == 0
+    assert OP in json.loads(measured.read_text())["operations"]
+    path.write_text(SCENARIO + f"costs: {{profile: {measured}}}\n")
+    capsys.readouterr()
+    assert main(["check", str(path)]) == 0
+    assert "estimate" not in capsys.readouterr().out
+    assert estimate_training(CostModel.load(measured), OP, multiply_adds) is None
