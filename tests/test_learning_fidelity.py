@@ -21,10 +21,11 @@ from sim.crypto import aead, agreement, prg, shamir, signatures
 from sim.crypto.randomness import SeededRandom
 from sim.protocol import wire
 from sim.protocol.messages import MaskedInput, RebaseAndUnmask, ShareKeys, UnmaskSharesAndSeeds
-from sim.protocol.suite import SHARE_BYTES, Carried, LearningSuite, RealSuite, ciphertext_bytes
+from sim.protocol.suite import SHARE_BYTES, SUITES, Carried, LearningSuite, RealSuite, ciphertext_bytes
 from sim.runner import run_scenario
 from sim.scenario import load
 from sim.scenario.errors import ScenarioError
+from sim.scenario.types import FIDELITIES
 
 SCENARIO = """
 name: learning
@@ -197,6 +198,7 @@ def test_a_learning_message_is_sized_as_its_real_frame() -> None:
 
 
 def test_fidelity_learning_is_parsed_and_the_abstract_model_stays_timing_only(tmp_path: Path) -> None:
+    assert set(SUITES) == set(FIDELITIES)  # every fidelity builds its machines with a suite
     path = tmp_path / "learning.yaml"
     path.write_text(SCENARIO)
     assert load(path, ["fidelity=learning"]).base().fidelity == "learning"

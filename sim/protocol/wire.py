@@ -11,8 +11,10 @@ type's bounds follow (every type with a list declares what bounds it: :attr:`Mes
 checked against them before anything is allocated or read. Otherwise what a frame makes the decoder
 allocate is at most the decoded values plus a few times the frame.
 
-In ``timing`` fidelity a vector is a :class:`Blank` (length and dtype, no data): :meth:`Message.wire_size`
-gives the same size the real vector would encode to, without making it.
+In ``timing`` fidelity a vector is a :class:`Blank` (length and dtype, no data), and keys, shares,
+ciphertexts and signatures are :class:`Opaque` (length only; also in ``learning`` fidelity, beside real
+vectors): :meth:`Message.wire_size` gives the same size the real values would encode to, without making
+them.
 """
 
 from __future__ import annotations
@@ -61,7 +63,8 @@ def vector_length(v: Vector) -> int:
 
 @dataclass(frozen=True)
 class Opaque:
-    """Bytes known only by their length (``timing`` fidelity): keys, ciphertexts, shares, signatures."""
+    """Bytes known only by their length (``timing`` and ``learning`` fidelity): keys, ciphertexts, shares,
+    signatures."""
 
     length: int
 
@@ -70,7 +73,7 @@ class Opaque:
 
 
 Data = bytes | Opaque
-"""A byte string, or its length only in timing fidelity."""
+"""A byte string, or its length only in timing and learning fidelity."""
 
 
 @dataclass(frozen=True, eq=False)

@@ -11,7 +11,9 @@ in its ShareKeys ciphertexts, sends its own seeds of the components every surviv
 follow from |U \ U3|, which the client takes from the survivor set it checked, signed in the malicious
 variant, so a server cannot understate dropout), and in step 5 (``noise_removal``) its shares of the excess
 seeds of survivors that did not answer. Under rebasing (Baek et al.) y carries an unshared self mask b_y and
-the Unmasking answer carries z = n' - n_0 - PRG(b_y) + PRG(b).
+the Unmasking answer carries z = n' - n_0 - PRG(b_y) + PRG(b). With a suite whose cryptography is sized
+but whose vectors are real (``learning`` fidelity, :class:`~sim.protocol.suite.LearningSuite`) no mask is
+added: y = x and z = n' - n_0, whose sums are those of ``full`` once its masks cancel.
 
 A client checks what the server sends it before it acts on it: the keys it lists (its holders, well formed, of
 full order, none repeated, its own as it advertised them, signed in the malicious variant), the ciphertexts'

@@ -9,7 +9,9 @@ b and each dropped client's mask key s_sk, removes the self masks and the droppe
 and decodes the mean (4). Under XNoise it also regenerates every survivor's excess noise components from
 their seeds and subtracts them, collecting shares of the seeds of survivors that did not answer in step 5
 (ExcessiveNoiseRemoval, ``noise_removal``); under rebasing (Baek et al.) it adds each survivor's z and
-aborts if a survivor did not answer.
+aborts if a survivor did not answer. With the ``learning`` fidelity's suite the inputs carry no masks, so
+the sum of step 2 is already the one unmasking gives: the server skips the masks' removal and goes on
+with the noise.
 
 Misbehaving clients (see :mod:`sim.protocol.machine` for what a driver does with each error). The server
 checks every value a client sends where it enters: ids in the round and in the sender's neighbourhood, key
