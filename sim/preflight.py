@@ -45,6 +45,12 @@ def preflight(scenario: Scenario) -> list[Problem]:
                 "of digits, so some clients would have no data; lower it, or use dataset synthetic",
             )
         )
+    if scenario.fidelity != "timing":  # training.device: cuda on a machine without one
+        from sim.learning.device import cuda_problem
+
+        device = cuda_problem(scenario.training.device)
+        if device is not None:
+            problems.append(Problem(scenario.origin("training", "device"), "training.device", device))
     memory = footprint.refusal(scenario)  # before the trace is read
     if memory:
         problems.append(_memory(scenario, memory))

@@ -22,8 +22,8 @@ conv, then one Linear(512, classes). Two departures, both without effect on the 
   state (what the trainer sends, averages and loads). GroupNorm normalises each sample on its own: the
   same in training and evaluation, defined for a batch of one, and the usual choice under non-IID
   federated data (Hsieh et al., ICML 2020).
-- Pooling adapts to small inputs: ResNet ends in an adaptive average pool, VGG's max-pools round up
-  (``ceil_mode``) and it ends in an adaptive average pool, so every shipped shape builds (at 3x32x32
+- Pooling adapts to small inputs: ResNet ends in a global average pool, VGG's max-pools round up
+  (``ceil_mode``) and it ends in a global average pool, so every shipped shape builds (at 3x32x32
   both are exactly the CIFAR models).
 
 Parameters (``count_parameters``; they depend on the input channels and the classes only):
@@ -58,6 +58,15 @@ _GROUPS = 32
 _VGG19 = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 
 
+class GlobalAvgPool(nn.Module):
+    """The mean of each channel over the image: ``AdaptiveAvgPool2d(1)`` as a plain mean, whose gradient on a
+    GPU is deterministic (adaptive pooling's backward on CUDA is not, and deterministic training refuses
+    it: :mod:`sim.learning.device`)."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.mean(dim=(2, 3), keepdim=True)
+
+
 class _BasicBlock(nn.Module):
     """ResNet's two 3x3 convs with a shortcut (a 1x1 conv where the shape changes); He et al. 2016."""
 
@@ -90,7 +99,7 @@ def _resnet18(channels: int, num_classes: int) -> nn.Module:
     for cout, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
         layers += [_BasicBlock(cin, cout, stride), _BasicBlock(cout, cout, 1)]
         cin = cout
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
+    layers += [GlobalAvgPool(), nn.Flatten(), nn.Linear(512, num_classes)]
     return nn.Sequential(*layers)
 
 
@@ -104,7 +113,7 @@ def _vgg19(channels: int, num_classes: int) -> nn.Module:
             assert isinstance(v, int)
             layers += [nn.Conv2d(cin, v, 3, padding=1), nn.GroupNorm(_GROUPS, v), nn.ReLU()]
             cin = v
-    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(512, num_classes)]
+    layers += [GlobalAvgPool(), nn.Flatten(), nn.Linear(512, num_classes)]
     return nn.Sequential(*layers)
 
 

@@ -19,9 +19,13 @@ from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from sim.errors import InputError
+from sim.learning.device import describe as describe_device
+from sim.learning.device import resolve as resolve_device
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import make_model
-from sim.learning.pool import DataSource, TrainingPool
+from sim.learning.pool import DataSource, TrainingPool, Update
+from sim.learning.shards import Shards, largest_shard
+from sim.learning.together import TogetherTrainer, choose_together, group_sizes, schedule
 from sim.plugins import PluginError
 from sim.scenario.types import Model, Training
 from sim.seeds import Stream, int_seed
@@ -44,16 +48,33 @@ class Learner:
         name. ``source`` (the data set's configuration, population and seed) lets ``training.workers`` > 1
         processes build the same data set (and model) themselves."""
         torch.set_num_threads(training.threads)
+        self.device = resolve_device(training.device)
         torch.manual_seed(int_seed(seed, Stream.MODEL_INIT))
-        self.model: nn.Module = make_model(model, data.input_shape, data.num_classes)
+        self.model: nn.Module = make_model(model, data.input_shape, data.num_classes).to(self.device)
         self.data = data
         self.training = training
         self.seed = seed
-        self.params = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
+        self.params = parameters_to_vector(self.model.parameters()).detach().cpu().numpy().astype(np.float32)
         self._loss = nn.CrossEntropyLoss()
         self._model_spec = model
         self._source = source
         self._pool: TrainingPool | None = None
+        self.shards = Shards(data, self.device)
+        x0, y0 = self.shards.client(0)
+        self.together = choose_together(
+            self.model,
+            data.input_shape,
+            (x0[:2], y0[:2]),
+            training,
+            self.device,
+            _described(model),
+            largest_shard(data),
+        )
+        """How a round's clients train: together in groups, or one at a time (and why)."""
+        self._trainer = TogetherTrainer(self.model, training) if self.together.at_once > 1 else None
+        self._queued: tuple[int, list[int]] | None = None
+        """The round and clients :meth:`prefetch` named, trained together on the first :meth:`local_update`."""
+        self._trained: dict[tuple[int, int], Update] = {}
         if training.workers > 1:
             if source is None:
                 raise ValueError("training.workers > 1 needs the data set's source, to build it in the workers")
@@ -64,15 +85,20 @@ class Learner:
                 )
 
     def prefetch(self, round: int, clients: list[int]) -> None:
-        """With ``training.workers`` > 1, start training ``clients`` for ``round`` in worker processes;
-        :meth:`local_update` then returns their (identical) updates. Without, nothing."""
-        if self.training.workers <= 1 or not clients:
+        """Name the ``clients`` that train in ``round``. With ``training.workers`` > 1, start training them
+        in worker processes; else, if they train together, they do on the first :meth:`local_update` of
+        the round. :meth:`local_update` then returns their updates."""
+        if not clients:
             return
-        if self._pool is None:
-            assert self._source is not None
-            build = partial(_worker_learner, self._model_spec, self._source, self.training, self.seed)
-            self._pool = TrainingPool(build, self.training.workers)
-        self._pool.start(self.params, round, clients, [self.data.num_samples(c) for c in clients])
+        if self.training.workers > 1:
+            if self._pool is None:
+                assert self._source is not None
+                build = partial(_worker_learner, self._model_spec, self._source, self.training, self.seed)
+                self._pool = TrainingPool(build, self.training.workers)
+            self._pool.start(self.params, round, clients, [self.data.num_samples(c) for c in clients])
+        elif self._trainer is not None:
+            self._trained.clear()  # of clients of earlier rounds that never asked (they left)
+            self._queued = (round, list(clients))
 
     def close(self) -> None:
         """Stop the training workers, if any."""
@@ -85,7 +111,7 @@ class Learner:
         return int(self.params.shape[0])
 
     def _load(self, params: np.ndarray) -> None:
-        vector_to_parameters(torch.from_numpy(params.copy()), self.model.parameters())
+        vector_to_parameters(torch.from_numpy(params.copy()).to(self.device), self.model.parameters())
 
     def local_update(self, client: int, round: int) -> tuple[np.ndarray, float]:
         """Train ``client`` from the global model; returns ``(delta float32, weight = sample count)``."""
@@ -93,8 +119,54 @@ class Learner:
             started = self._pool.take(client, round)
             if started is not None:
                 return started
-        x_np, y_np = self.data.client_data(client)
-        x, y = torch.from_numpy(x_np), torch.from_numpy(y_np)
+        if self._queued is not None and self._queued[0] == round and client in self._queued[1]:
+            clients = self._queued[1]
+            self._queued = None
+            self._trained.update(zip(((round, c) for c in clients), self.train_clients(round, clients), strict=True))
+        trained = self._trained.pop((round, client), None)
+        if trained is not None:
+            return trained
+        return self._alone(client, round)
+
+    def train_clients(self, round: int, clients: list[int]) -> list[Update]:
+        """The updates of ``clients`` in ``round``: trained together in groups of at most
+        ``together.at_once`` (clients of similar sizes in a group), or one at a time."""
+        if self._trainer is None:
+            return [self._alone(c, round) for c in clients]
+        sizes = {c: self.data.num_samples(c) for c in clients}
+        ordered = sorted(clients, key=lambda c: (-sizes[c], c))
+        found: dict[int, Update] = {}
+        start = 0
+        for size in group_sizes(len(ordered), self.together.at_once):
+            group = ordered[start : start + size]
+            start += size
+            found.update(zip(group, self._group(group, round, sizes), strict=True))
+        return [found[c] for c in clients]
+
+    def _group(self, clients: list[int], round: int, sizes: dict[int, int]) -> list[Update]:
+        assert self._trainer is not None
+        plans = [schedule(c, sizes[c], self.training, self.seed, round) for c in clients]
+        shards = [self.shards.client(c) for c in clients]
+        xs = nn.utils.rnn.pad_sequence([x for x, _ in shards], batch_first=True)
+        ys = nn.utils.rnn.pad_sequence([y for _, y in shards], batch_first=True)
+        global_params = torch.from_numpy(self.params).to(self.device)
+        try:
+            updates = self._trainer.train(global_params, xs, ys, plans).cpu().numpy()
+        except Exception as exc:
+            raise self._failed(clients[0], round, exc) from exc
+        return [(updates[i].astype(np.float32, copy=False), float(sizes[c])) for i, c in enumerate(clients)]
+
+    def _failed(self, client: int, round: int, exc: Exception) -> Exception:
+        if isinstance(self._model_spec, str) or self._model_spec.factory is None:
+            return exc
+        return PluginError(
+            f"model.factory: {self._model_spec.factory}: training client {client} in round {round} failed: "
+            f"{type(exc).__name__}: {exc}"
+        )
+
+    def _alone(self, client: int, round: int) -> tuple[np.ndarray, float]:
+        """Train ``client`` by itself: the loop of mini-batch SGD steps (module docstring)."""
+        x, y = self.shards.client(client)
         self._load(self.params)
         self.model.train()
         t = self.training
@@ -103,7 +175,7 @@ class Learner:
         n = int(y.shape[0])
         try:
             for _ in range(t.local_epochs):
-                perm = torch.randperm(n, generator=order)
+                perm = torch.randperm(n, generator=order).to(self.device)
                 for start in range(0, n, t.batch_size):
                     batch = perm[start : start + t.batch_size]
                     optimizer.zero_grad(set_to_none=True)
@@ -111,13 +183,11 @@ class Learner:
                     loss.backward()
                     optimizer.step()
         except Exception as exc:
-            if isinstance(self._model_spec, str) or self._model_spec.factory is None:
+            failed = self._failed(client, round, exc)
+            if failed is exc:
                 raise
-            raise PluginError(
-                f"model.factory: {self._model_spec.factory}: training client {client} in round {round} failed: "
-                f"{type(exc).__name__}: {exc}"
-            ) from exc
-        local = parameters_to_vector(self.model.parameters()).detach().numpy().astype(np.float32)
+            raise failed from exc
+        local = parameters_to_vector(self.model.parameters()).detach().cpu().numpy().astype(np.float32)
         return local - self.params, float(n)
 
     def apply(self, aggregate: np.ndarray) -> None:
@@ -126,24 +196,35 @@ class Learner:
         self.params = (self.params + lr * aggregate.astype(np.float32)).astype(np.float32)
 
     def evaluate(self) -> tuple[float, float]:
-        """``(accuracy, mean cross-entropy loss)`` of the global model on the test set."""
-        x_np, y_np = self.data.test_data()
+        """``(accuracy, mean cross-entropy loss)`` of the global model on the test set, in batches of
+        :data:`_EVAL_BATCH` on the training device (the test set is put there once)."""
+        x_all, y_all = self.shards.test()
         self._load(self.params)
         self.model.eval()
         correct, loss_sum = 0, 0.0
+        n = int(y_all.shape[0])
         with torch.no_grad():
-            for start in range(0, y_np.shape[0], _EVAL_BATCH):
-                x = torch.from_numpy(x_np[start : start + _EVAL_BATCH])
-                y = torch.from_numpy(y_np[start : start + _EVAL_BATCH])
+            for start in range(0, n, _EVAL_BATCH):
+                x = x_all[start : start + _EVAL_BATCH]
+                y = y_all[start : start + _EVAL_BATCH]
                 out = self.model(x)
                 loss_sum += float(nn.functional.cross_entropy(out, y, reduction="sum"))
                 correct += int((out.argmax(dim=1) == y).sum())
-        n = int(y_np.shape[0])
         loss = loss_sum / n
         return correct / n, loss if math.isfinite(loss) else float("nan")
 
     def model_sha256(self) -> str:
         return hashlib.sha256(self.params.astype("<f4").tobytes()).hexdigest()
+
+    def manifest(self) -> dict[str, object]:
+        """What the manifest records of training: the device, torch's and CUDA's versions, and how clients
+        trained (together in groups of how many, or one at a time, and why)."""
+        return {
+            **describe_device(self.device),
+            "clients_at_once": self.together.at_once,
+            "clients_at_once_requested": self.training.clients_at_once or "auto",
+            "clients_at_once_why": self.together.why,
+        }
 
 
 def _worker_learner(model: Model | str, source: DataSource, training: Training, seed: int) -> Learner:

@@ -183,6 +183,8 @@ def run_scenario(
             ),
             **sim.manifest_entries(),
         )
+        if sim.world.learner is not None:  # the device, torch's and CUDA's versions, clients trained together
+            writer.manifest.update(training=sim.world.learner.manifest())
         if sim.chunks is not None:
             plan = sim.chunk_plan
             writer.manifest.update(

@@ -19,6 +19,7 @@ from sim.scenario.reader import MAX_INTEGER, Reader, as_number, shown
 from sim.scenario.source import Document
 from sim.scenario.types import (
     DATASETS,
+    DEVICE_PATTERN,
     EMULATIONS,
     FIDELITIES,
     LINK_MODELS,
@@ -583,9 +584,37 @@ def _training(r: Reader) -> Training:
         server_lr=r.number("server_lr", 1.0, lo=0, lo_open=True),
         threads=r.integer("threads", 1, lo=1, hi=256),
         workers=r.integer("workers", 1, lo=1, hi=256),
+        device=_device(r),
+        clients_at_once=_clients_at_once(r),
     )
     r.finish()
     return t
+
+
+def _device(r: Reader) -> str:
+    """``training.device``: ``auto``, ``cpu``, ``cuda`` or ``cuda:N`` (whether this machine has it is
+    ``dropsim check``'s and the run's to say: a scenario file is read on other machines too)."""
+    value = r.raw("device")
+    if value is None:
+        r.resolved["device"] = "auto"
+        return "auto"
+    if not isinstance(value, str) or not DEVICE_PATTERN.fullmatch(value):
+        r.fail("device", f"is {shown(value)}; allowed: auto, cpu, cuda or cuda:N (N a GPU's index)")
+        return "auto"
+    r.resolved["device"] = value
+    return value
+
+
+def _clients_at_once(r: Reader) -> int | None:
+    """``training.clients_at_once``: ``auto`` (None) or a whole number >= 1."""
+    value = r.raw("clients_at_once")
+    if value is None or value == "auto":
+        r.resolved["clients_at_once"] = "auto"
+        return None
+    if isinstance(value, str):
+        r.fail("clients_at_once", f"is {shown(value)}; allowed: auto or a whole number >= 1")
+        return None
+    return r.integer("clients_at_once", lo=1)
 
 
 def _timeouts(r: Reader, aggregation: AggregationParams) -> dict[str, float]:

@@ -11,6 +11,7 @@ Light on purpose: a module that only needs a config type imports this without th
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -295,6 +296,10 @@ class Testbed:
             raise ValueError(f"testbed cpu_scale is {self.cpu_scale!r}; a number > 0 is expected")
 
 
+DEVICE_PATTERN = re.compile(r"auto|cpu|cuda(:[0-9]+)?")
+"""The values ``training.device`` takes."""
+
+
 @dataclass(frozen=True)
 class Training:
     local_epochs: int
@@ -309,6 +314,12 @@ class Training:
     workers: int = 1
     """Processes that train a round's clients in parallel (``full`` and ``learning`` fidelity; the same
     results as 1)."""
+    device: str = "auto"
+    """Where real training runs: ``auto`` (a GPU when torch sees one), ``cpu``, ``cuda`` or ``cuda:N``
+    (:mod:`sim.learning.device`). Wall time only: training is charged from the cost profile."""
+    clients_at_once: int | None = None
+    """Clients trained together in one vectorised step (:mod:`sim.learning.together`); 1: one at a time,
+    None: ``auto`` (chosen per model and device)."""
 
 
 @dataclass(frozen=True)
