@@ -15,6 +15,7 @@ import torch
 from sim.errors import InputError
 from sim.learning import together
 from sim.learning.federated import FederatedData
+from sim.learning.flops import module_multiply_adds, multiply_adds
 from sim.learning.models import MODELS
 from sim.learning.trainer import Learner
 from sim.scenario.types import Training
@@ -128,11 +129,9 @@ def test_auto_on_the_cpu_follows_the_measured_rule() -> None:
     large = Learner("cnn", Uneven((1, 28, 28)), _training(clients_at_once=None, batch_size=20), seed=1)
     assert large.together.at_once == 1
     assert "one at a time is faster" in large.together.why
-    macs = together.module_multiply_adds(large.model, (1, 28, 28))
-    from sim.learning.flops import multiply_adds
-
+    macs = module_multiply_adds(large.model, (1, 28, 28))
     assert macs == multiply_adds("cnn", (1, 28, 28), 5)
-    assert macs * 20 > together.CPU_STEP_LIMIT >= together.module_multiply_adds(small.model, (1, 8, 8)) * 10
+    assert macs * 20 > together.CPU_STEP_LIMIT >= module_multiply_adds(small.model, (1, 8, 8)) * 10
 
 
 def test_groups_are_sized_to_the_memory_and_a_model_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -15,6 +15,9 @@ computed, so a VGG-19 costs what a linear model does.
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -25,24 +28,56 @@ def multiply_adds(model: str, input_shape: tuple[int, int, int], num_classes: in
     """Multiply-adds of one forward pass of one ``input_shape`` (C, H, W) sample through built-in ``model``
     (:data:`sim.learning.models.MODELS`) with ``num_classes`` outputs; raises ``ValueError`` for an
     unknown model or a shape it cannot take."""
+    with torch.device("meta"):
+        net = build_model(model, input_shape, num_classes)
+    return module_multiply_adds(net, input_shape)
+
+
+def module_multiply_adds(net: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Multiply-adds of one forward pass of one ``input_shape`` sample through ``net`` (any model, a
+    plug-in's too), counted on a copy of it on the meta device (``net`` itself is left as it is)."""
     total = 0
 
-    def count(layer: nn.Module, _inputs: tuple[torch.Tensor, ...], output: torch.Tensor) -> None:
+    def count(layer: nn.Module, _inputs: tuple[torch.Tensor, ...], output: object) -> None:
         nonlocal total
-        if isinstance(layer, nn.Conv2d):
+        if isinstance(layer, nn.Conv2d) and isinstance(output, torch.Tensor):
             kh, kw = layer.kernel_size
             per_position = layer.out_channels * (layer.in_channels // layer.groups) * kh * kw
             total += per_position * output.shape[-2] * output.shape[-1]
         elif isinstance(layer, nn.Linear):
             total += layer.in_features * layer.out_features
 
-    with torch.device("meta"):
-        net = build_model(model, input_shape, num_classes)
-        handles = [m.register_forward_hook(count) for m in net.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-        try:
-            with torch.no_grad():
-                net(torch.empty((1, *input_shape)))
-        finally:
-            for h in handles:
-                h.remove()
+    _forward_on_meta(net, input_shape, count, lambda m: isinstance(m, (nn.Conv2d, nn.Linear)))
     return total
+
+
+def activations_per_sample(net: nn.Module, input_shape: tuple[int, ...]) -> int:
+    """Values that ``net``'s leaf modules output for one ``input_shape`` sample (what its backward pass
+    keeps, for memory estimates), counted on a copy on the meta device."""
+    total = 0
+
+    def count(_layer: nn.Module, _inputs: tuple[torch.Tensor, ...], output: object) -> None:
+        nonlocal total
+        if isinstance(output, torch.Tensor):
+            total += output.numel()
+
+    _forward_on_meta(net, input_shape, count, lambda m: not list(m.children()))
+    return total
+
+
+def _forward_on_meta(
+    net: nn.Module,
+    input_shape: tuple[int, ...],
+    hook: Callable[[nn.Module, tuple[torch.Tensor, ...], object], None],
+    hooked: Callable[[nn.Module], bool],
+) -> None:
+    """One sample's forward pass through ``net`` on the meta device (a copy, unless it is there already),
+    with ``hook`` on every module that is ``hooked``: shapes propagate, nothing is computed or allocated."""
+    meta = net if all(p.device.type == "meta" for p in net.parameters()) else copy.deepcopy(net).to("meta")
+    handles = [m.register_forward_hook(hook) for m in meta.modules() if hooked(m)]
+    try:
+        with torch.no_grad():
+            meta(torch.empty((1, *input_shape), device="meta"))
+    finally:
+        for h in handles:
+            h.remove()

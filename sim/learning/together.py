@@ -37,6 +37,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
 
+from sim.learning.flops import activations_per_sample, module_multiply_adds
 from sim.scenario.types import Training
 from sim.seeds import Stream, int_seed
 
@@ -153,27 +154,6 @@ ACTIVATION_COPIES = 3
 """Activation-sized tensors per sample and layer kept for the backward pass and its gradients."""
 
 
-def activations_per_sample(model: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Values every leaf module outputs for one sample, counted on torch's meta device (no memory used)."""
-    import copy
-
-    counted = [0]
-
-    def hook(_module: nn.Module, _inputs: object, output: object) -> None:
-        if isinstance(output, torch.Tensor):
-            counted[0] += output.numel()
-
-    meta = copy.deepcopy(model).to("meta")
-    handles = [m.register_forward_hook(hook) for m in meta.modules() if not list(m.children())]
-    try:
-        with torch.no_grad():
-            meta(torch.empty((1, *input_shape), device="meta"))
-    finally:
-        for h in handles:
-            h.remove()
-    return counted[0]
-
-
 def bytes_per_client(model: nn.Module, input_shape: tuple[int, ...], batch: int, samples: int) -> int:
     """An estimate of the memory one client takes when trained together: :data:`STATE_COPIES` copies of
     its parameters, :data:`ACTIVATION_COPIES` of a mini-batch's activations and its samples (float32)."""
@@ -201,33 +181,6 @@ class Together:
 
     at_once: int
     why: str
-
-
-def module_multiply_adds(model: nn.Module, input_shape: tuple[int, ...]) -> int:
-    """Multiply-adds of one sample's forward pass through ``model`` (its Conv2d and Linear layers, as
-    :func:`sim.learning.flops.multiply_adds` counts them), on a copy on the meta device."""
-    import copy
-
-    total = [0]
-
-    def count(layer: nn.Module, _inputs: object, output: torch.Tensor) -> None:
-        if isinstance(layer, nn.Conv2d):
-            kh, kw = layer.kernel_size
-            total[0] += (
-                layer.out_channels * (layer.in_channels // layer.groups) * kh * kw * output.shape[-2] * output.shape[-1]
-            )
-        elif isinstance(layer, nn.Linear):
-            total[0] += layer.in_features * layer.out_features
-
-    meta = copy.deepcopy(model).to("meta")
-    handles = [m.register_forward_hook(count) for m in meta.modules() if isinstance(m, (nn.Conv2d, nn.Linear))]
-    try:
-        with torch.no_grad():
-            meta(torch.empty((1, *input_shape), device="meta"))
-    finally:
-        for h in handles:
-            h.remove()
-    return total[0]
 
 
 def choose_together(
