@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Callable, Collection, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Protocol, cast
 
@@ -400,26 +400,14 @@ class SizedSuite:
         return Blank(length, np.uint32)
 
 
+@dataclass(frozen=True, eq=False)
 class Carried(Opaque):
     """A sized stand-in that carries what the real value would let its holder recover (``learning``
     fidelity): a share carries the secret it is a share of, a ciphertext the shares it seals. Its length is
     the real value's, so messages holding it are sized as the real ones; it has no bytes to encode."""
 
-    inside: object
+    inside: object = field(repr=False)
     """The secret (of a share) or the tuple of shares (of a ciphertext)."""
-
-    def __init__(self, length: int, inside: object) -> None:
-        object.__setattr__(self, "length", length)
-        object.__setattr__(self, "inside", inside)
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __hash__(self) -> int:
-        return id(self)
-
-    def __repr__(self) -> str:
-        return f"Carried({self.length})"
 
 
 class LearningSuite:
