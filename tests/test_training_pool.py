@@ -15,7 +15,13 @@ ROOT = Path(__file__).resolve().parents[1]
 def _run(workers: int, rounds: int = 3) -> list[tuple[object, ...]]:
     sc = load(
         ROOT / "scenarios" / "secagg.yaml",
-        [f"rounds={rounds}", "sampling.clients_per_round=6", "training.local_epochs=1", f"training.workers={workers}"],
+        [
+            f"rounds={rounds}",
+            "sampling.clients_per_round=6",
+            "training.local_epochs=1",
+            f"training.workers={workers}",
+            "training.clients_at_once=1",  # bit for bit: each client alone (together, groups follow the workers)
+        ],
     ).base()
     simulation = Simulation(sc)
     try:

@@ -6,7 +6,9 @@ own :class:`~sim.learning.trainer.Learner` built from the same model name, data 
 from the same configuration), training settings and seed (by the function the learner hands the pool, so
 that this module does not import the trainer). A client's update depends only on the global
 model, the client's data and its ``TRAINING`` stream for the round, as it does in this process, so the
-models are bit-identical to ``workers: 1`` (tested) for the models here, which hold no state besides
+models are bit-identical to ``workers: 1`` (tested) when clients train one at a time
+(``training.clients_at_once: 1``; a worker trains its own share together otherwise, in other groups, so
+the last bits may differ) for the models here, which hold no state besides
 their parameters (a model with buffers, such as batch-norm statistics, is refused). The engine still
 consumes each update at the client's moment in virtual time; only wall time changes.
 
@@ -45,6 +47,8 @@ class LocalTrainer(Protocol):
 
     def local_update(self, client: int, round: int) -> Update: ...
 
+    def train_clients(self, round: int, clients: list[int]) -> list[Update]: ...
+
 
 _worker: list[LocalTrainer] = []
 """The worker process's own learner (one, once started)."""
@@ -78,7 +82,7 @@ def _train(params: np.ndarray, round: int, clients: list[int]) -> list[Update]:
         raise InputError(f"a training worker (training.workers) could not start: {_failed[0]}")
     learner = _worker[0]
     learner.params = params
-    return [learner.local_update(c, round) for c in clients]
+    return learner.train_clients(round, clients)  # together in groups, or one at a time, as the learner does
 
 
 class TrainingPool:
