@@ -19,6 +19,7 @@ import host_speed  # noqa: E402
 import overhead  # noqa: E402
 import scale  # noqa: E402
 import skellam  # noqa: E402
+import training  # noqa: E402
 import validate  # noqa: E402
 
 from sim.crypto import agreement  # noqa: E402
@@ -194,3 +195,13 @@ def test_repeatability_pairs_the_points_the_simulator_charges_alike() -> None:
     line = validate.repeatability(table)
     assert line.startswith("repeatability (1 pairs of points")
     assert "10000 parameters (n=1): median 20.0%, worst 20.0%" in line
+
+
+def test_the_training_benchmark_times_the_loop_and_clients_together_side_by_side(tmp_path: Path) -> None:
+    out = tmp_path / "training.csv"
+    assert training.main(["--quick", "--repeats", "1", "--csv", str(out)]) == 0
+    table = pd.read_csv(out)
+    assert list(table["model"]) == ["linear", "cnn"]
+    assert (table["together_at_once"] == table["clients"]).all()
+    assert (table["loop_s"] > 0).all() and (table["together_s"] > 0).all()
+    assert (table["max_rel_diff"] <= 1e-5).all()  # the same updates within the stated tolerance
