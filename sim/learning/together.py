@@ -33,6 +33,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
@@ -66,17 +67,18 @@ def schedule(client: int, samples: int, training: Training, seed: int, round: in
 def _padded_plan(plans: Sequence[Schedule], batch: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """The group's steps as tensors: indices ``(S, G, batch)`` (padding points at sample 0), weights
     ``(S, G, batch)`` (1 for a real sample, 0 for padding) and ``active`` ``(S, G)`` (the client still trains),
-    S the longest schedule."""
+    S the longest schedule. Filled in numpy (a few microseconds a step, not a torch call per slice)."""
     longest = max(len(p.steps) for p in plans)
-    index = torch.zeros((longest, len(plans), batch), dtype=torch.int64)
-    weight = torch.zeros((longest, len(plans), batch), dtype=torch.float32)
-    active = torch.zeros((longest, len(plans)), dtype=torch.bool)
+    index = np.zeros((longest, len(plans), batch), dtype=np.int64)
+    weight = np.zeros((longest, len(plans), batch), dtype=np.float32)
+    active = np.zeros((longest, len(plans)), dtype=np.bool_)
     for g, plan in enumerate(plans):
         for s, step in enumerate(plan.steps):
-            index[s, g, : step.shape[0]] = step
-            weight[s, g, : step.shape[0]] = 1.0
-            active[s, g] = True
-    return index, weight, active
+            n = step.shape[0]
+            index[s, g, :n] = step.numpy()
+            weight[s, g, :n] = 1.0
+        active[: len(plan.steps), g] = True
+    return torch.from_numpy(index), torch.from_numpy(weight), torch.from_numpy(active)
 
 
 class TogetherTrainer:
@@ -122,15 +124,21 @@ class TogetherTrainer:
             grads = self._gradients(params, xs[rows, idx], ys[rows, idx], weight[s])
             on = None if every else active[s]
             for name in self.names:
-                p, step = params[name], grads[name]
-                keep = None if on is None else on.view(_mask(g, p))
+                p, step = params[name], grads[name]  # step: this step's own fresh tensor
+                if on is None:  # every client steps: in place, as torch.optim.SGD does
+                    if t.weight_decay:
+                        step.add_(p, alpha=t.weight_decay)
+                    if t.momentum:
+                        step = buffers[name].mul_(t.momentum).add_(step)
+                    p.add_(step, alpha=-t.lr)
+                    continue
+                keep = on.view(_mask(g, p))
                 if t.weight_decay:
-                    step = step.add(p, alpha=t.weight_decay)
+                    step.add_(p, alpha=t.weight_decay)
                 if t.momentum:
                     b = buffers[name].mul(t.momentum).add_(step)
-                    step = buffers[name] = b if keep is None else torch.where(keep, b, buffers[name])
-                stepped = p.add(step, alpha=-t.lr)
-                params[name] = stepped if keep is None else torch.where(keep, stepped, p)
+                    step = buffers[name] = torch.where(keep, b, buffers[name])
+                params[name] = torch.where(keep, p.add(step, alpha=-t.lr), p)
         local = torch.cat([params[n].reshape(g, -1) for n in self.names], dim=1)
         return local - global_params.unsqueeze(0)
 
