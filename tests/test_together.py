@@ -137,6 +137,8 @@ def test_auto_on_the_cpu_follows_the_measured_rule() -> None:
 def test_groups_are_sized_to_the_memory_and_a_model_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     data = Uneven(SHAPES["mlp"])
     need = together.bytes_per_client(Learner("mlp", data, _training(), seed=1).model, SHAPES["mlp"], 3, 10)
+    monkeypatch.setattr("sim.learning.device.free_bytes", lambda device: int(need * 3.5 / together.MEMORY_SHARE))
+    assert Learner("mlp", data, _training(clients_at_once=None), seed=1).together.at_once == 2  # a power of 2
     monkeypatch.setattr("sim.learning.device.free_bytes", lambda device: int(need * 2 / together.MEMORY_SHARE) + 1)
     assert Learner("mlp", data, _training(clients_at_once=None), seed=1).together.at_once == 2
     capped = Learner("mlp", data, _training(clients_at_once=4), seed=1).together

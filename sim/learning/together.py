@@ -181,6 +181,11 @@ dominates and torch's grouped convolutions are slower than its dense ones, e.g. 
 (2.4 x 10^8 per batch of 20)."""
 MEMORY_SHARE = 0.5
 """The share of the device's free memory (:func:`sim.learning.device.free_bytes`) a group may take."""
+MAX_AT_ONCE = 4096
+"""The most clients in one group. The memory's limit is rounded down to a power of two, at most this: the
+free memory changes from run to run, and the groups (so the last bits of the updates) should not, so a
+run's groups change only when its free memory halves or doubles, and never for rounds of up to this many
+clients where they fit with room to spare."""
 
 
 @dataclass(frozen=True)
@@ -228,7 +233,8 @@ def choose_together(
         )
     need = bytes_per_client(model, input_shape, training.batch_size, largest)
     free = free_bytes(device)
-    fits = int(free * MEMORY_SHARE) // need
+    room = int(free * MEMORY_SHARE) // need
+    fits = min(MAX_AT_ONCE, 1 << (room.bit_length() - 1)) if room >= 1 else 0  # see MAX_AT_ONCE
     if fits < 1:
         raise InputError(
             f"model {described}: training one client together with others takes about {need / 2**30:.2f} GiB "
