@@ -173,6 +173,91 @@ def test_a_model_that_cannot_be_vectorised_falls_back_under_auto_and_is_refused_
         Learner("linear", data, _training(clients_at_once=3), seed=1)
 
 
+def _frozen_first_layer() -> torch.nn.Module:
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.ReLU(), torch.nn.Linear(8, 5))
+    model[1].weight.requires_grad_(False)
+    model[1].bias.requires_grad_(False)
+    return model
+
+
+class _Unused(torch.nn.Module):
+    """A model with a parameter its forward pass never uses: the loop's SGD leaves it (no weight decay)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(16, 5)
+        self.spare = torch.nn.Parameter(torch.ones(3))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(x.flatten(1))
+
+
+@pytest.mark.parametrize("build", [_frozen_first_layer, _Unused])
+def test_parameters_the_loop_does_not_step_stay_the_global_models(
+    build: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("sim.learning.trainer.make_model", lambda *a, **k: build())  # type: ignore[operator]
+    data = Uneven(SHAPES["linear"], sizes=(6, 4))
+    alone = Learner("linear", data, _training(weight_decay=0.01), seed=1)
+    joint = Learner("linear", data, _training(weight_decay=0.01, clients_at_once=None), seed=1)
+    assert joint.together.at_once > 1
+    expected = [alone.local_update(c, 1)[0] for c in (0, 1)]
+    got = [u for u, _ in joint.train_clients(1, [0, 1])]
+    for a, b in zip(expected, got, strict=True):
+        assert _relative(a, b) <= TOLERANCE
+        assert np.array_equal(a == 0, b == 0)  # the parameters left alone are exactly unchanged
+
+
+class _BatchStatistics(torch.nn.Module):
+    """Batch normalisation without running statistics: a sample's output depends on its batch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.dense = torch.nn.Linear(16, 6)
+        self.norm = torch.nn.BatchNorm1d(6, track_running_stats=False)
+        self.out = torch.nn.Linear(6, 5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.norm(self.dense(x.flatten(1))))
+
+
+def test_a_model_with_batch_statistics_trains_one_at_a_time_under_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("sim.learning.trainer.make_model", lambda *a, **k: _BatchStatistics())
+    learner = Learner("linear", Uneven(SHAPES["linear"]), _training(clients_at_once=None), seed=1)
+    assert learner.together.at_once == 1
+    assert "depends on the rest of its batch" in learner.together.why
+    with pytest.raises(InputError, match="depends on the rest of its batch"):
+        Learner("linear", Uneven(SHAPES["linear"]), _training(clients_at_once=2), seed=1)
+
+
+def test_training_together_after_an_evaluation_trains_in_training_mode() -> None:
+    # evaluation leaves the model in eval mode; a model whose forward pass reads it must train as the loop does
+    class _ModeAware(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense = torch.nn.Linear(16, 5)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            out = self.dense(x.flatten(1))
+            return out * 3 if self.training else out
+
+    data = Uneven(SHAPES["linear"])
+    import sim.learning.trainer as trainer
+
+    original = trainer.make_model
+    trainer.make_model = lambda *a, **k: _ModeAware()  # type: ignore[assignment]
+    try:
+        alone = Learner("linear", data, _training(), seed=1)
+        joint = Learner("linear", data, _training(clients_at_once=4), seed=1)
+    finally:
+        trainer.make_model = original
+    alone.evaluate()
+    joint.evaluate()
+    joint.prefetch(1, [0, 1])  # as the engine does: name the round's clients, then take each update
+    for c in (1, 0):
+        assert _relative(alone.local_update(c, 1)[0], joint.local_update(c, 1)[0]) <= TOLERANCE
+
+
 def _tiny_run(tmp_path: Path, folder: str, training: dict[str, object]) -> Path:
     """A two-round run of a small CNN on digits into ``tmp_path / folder`` (its tables name the run "tiny")."""
     from sim.api import load_scenario, run

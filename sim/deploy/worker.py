@@ -21,6 +21,7 @@ message its machine refuses makes it abort and close the connection. Then it rep
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
 import json
 import logging
@@ -170,7 +171,9 @@ class Shared:
         size = sum(data.num_samples(c) for c in range(sc.population)) * 4 * int(np.prod(data.input_shape))
         self.data = LocalData(data, sc.population) if size <= LOCAL_DATA_BYTES else data
         assert sc.model.params is None  # the deployment needs a real model (checked by the server)
-        self.learner = Learner(sc.model, self.data, sc.training, sc.seed)
+        # a deployed client trains on its own emulated CPU share, one client at a time, whatever the scenario says
+        alone = dataclasses.replace(sc.training, device="cpu", clients_at_once=1)
+        self.learner = Learner(sc.model, self.data, alone, sc.seed)
         self.train_op = model_train_op(sc.model, data.input_shape, data.num_classes)
         self.privacy: PrivacyLedger | None = None
         if sc.privacy.enabled:

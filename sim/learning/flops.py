@@ -74,6 +74,7 @@ def _forward_on_meta(
     """One sample's forward pass through ``net`` on the meta device (a copy, unless it is there already),
     with ``hook`` on every module that is ``hooked``: shapes propagate, nothing is computed or allocated."""
     meta = net if all(p.device.type == "meta" for p in net.parameters()) else copy.deepcopy(net).to("meta")
+    meta.eval()  # one sample: batch statistics in training mode would refuse it
     handles = [m.register_forward_hook(hook) for m in meta.modules() if hooked(m)]
     try:
         with torch.no_grad():

@@ -27,9 +27,12 @@ CACHE_SHARE = 0.25
 class Shards:
     """The clients' samples and the test set of a run's data, as tensors on ``device``."""
 
-    def __init__(self, data: FederatedData, device: torch.device) -> None:
+    def __init__(self, data: FederatedData, device: torch.device, processes: int = 1) -> None:
+        """``processes``: how many learners share the device (``training.workers``); each keeps a share of
+        :data:`CACHE_SHARE`."""
         self.data = data
         self.device = device
+        self.processes = processes
         self._whole: tuple[torch.Tensor, torch.Tensor] | None = None
         self._rows: dict[int, torch.Tensor] = {}
         self._kept: OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
@@ -70,7 +73,7 @@ class Shards:
 
     def _keep(self, client: int, shard: tuple[torch.Tensor, torch.Tensor], size: int) -> None:
         if self._budget is None:
-            self._budget = int(free_bytes(self.device) * CACHE_SHARE)
+            self._budget = int(free_bytes(self.device) * CACHE_SHARE / self.processes)
         if size > self._budget:
             return
         while self._kept and self._kept_bytes + size > self._budget:

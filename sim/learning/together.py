@@ -31,12 +31,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, grad, vmap
+from torch.nn.utils import parameters_to_vector
 
 from sim.learning.flops import activations_per_sample, module_multiply_adds
 from sim.scenario.types import Training
@@ -81,29 +82,80 @@ def _padded_plan(plans: Sequence[Schedule], batch: int) -> tuple[torch.Tensor, t
     return torch.from_numpy(index), torch.from_numpy(weight), torch.from_numpy(active)
 
 
+class NotTogetherError(Exception):
+    """Why a model cannot train together with the one-at-a-time loop's results."""
+
+
 class TogetherTrainer:
     """Trains groups of clients of one model together on one device (its parameters' device)."""
 
     def __init__(self, model: nn.Module, training: Training) -> None:
         self.model = model
         self.training = training
-        self.names = [name for name, _ in model.named_parameters()]
-        self.shapes = [p.shape for _, p in model.named_parameters()]
-        self.sizes = [p.numel() for _, p in model.named_parameters()]
-        self._gradients = vmap(grad(self._loss))
+        named = list(model.named_parameters())
+        self.names = [name for name, _ in named]
+        """Every parameter, in the order of the flat vector."""
+        self.shapes = [p.shape for _, p in named]
+        self.sizes = [p.numel() for _, p in named]
+        self.trained = [name for name, p in named if p.requires_grad]
+        """The parameters SGD steps: those the loop's optimizer gets a gradient for (:meth:`check` leaves
+        out those the loss does not use); the rest stay the global model's, shared by the group."""
+        self._gradients = vmap(grad(self._loss), in_dims=(0, None, 0, 0, 0))
 
-    def _loss(self, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    def _loss(
+        self,
+        params: dict[str, torch.Tensor],
+        fixed: dict[str, torch.Tensor],
+        x: torch.Tensor,
+        y: torch.Tensor,
+        w: torch.Tensor,
+    ) -> torch.Tensor:
         """One client's loss on its mini-batch: the mean cross-entropy over its real samples (weight 1)."""
-        out = functional_call(self.model, params, (x,))
+        out = functional_call(self.model, (params, fixed), (x,))
         losses = nn.functional.cross_entropy(out, y, reduction="none")
         return (losses * w).sum() / w.sum().clamp_min(1.0)
 
     def check(self, x: torch.Tensor, y: torch.Tensor) -> None:
-        """Raise what vectorising this model raises (e.g. a plug-in model with in-place buffer updates or
-        data-dependent control flow): one step of two copies on ``x``, ``y`` (a few samples)."""
-        params = {n: p.detach().unsqueeze(0).expand(2, *p.shape).clone() for n, p in self.model.named_parameters()}
-        xs, ys = x.unsqueeze(0).expand(2, *x.shape), y.unsqueeze(0).expand(2, *y.shape)
-        self._gradients(params, xs, ys, torch.ones(ys.shape, device=ys.device))
+        """Raise :class:`NotTogetherError` (or what vectorising raises: in-place buffer updates, data-dependent
+        control flow, random layers) if this model cannot train together with the loop's results, tried on
+        ``x``, ``y`` (a few samples): a sample's output must not depend on the rest of its batch (batch
+        statistics would see a padded batch's padding), and one step of two copies must vectorise. Finds
+        the parameters the loss leaves without a gradient (:attr:`trained`). Torch's random state is
+        left as it was."""
+        self.model.train()
+        devices = [x.device] if x.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            wanted = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+            loss = nn.functional.cross_entropy(self.model(x), y)
+            found = torch.autograd.grad(loss, [p for _, p in wanted], allow_unused=True)
+            self.trained = [n for (n, _), g in zip(wanted, found, strict=True) if g is not None]
+            batched = (
+                "a sample's output depends on the rest of its batch (batch statistics, e.g. BatchNorm), so the "
+                "padding of a short batch would change it"
+            )
+            with torch.no_grad():
+                probe = torch.cat([x[:1], x[:1].flip(-1) * 0.5 + 1.0])
+                try:
+                    alone, joint = self.model(probe[:1]), self.model(probe)[:1]
+                except Exception as exc:  # e.g. batch normalisation refusing a batch of one
+                    raise NotTogetherError(f"{batched}: {type(exc).__name__}: {exc}") from exc
+            if not torch.allclose(alone, joint, rtol=1e-4, atol=1e-6):
+                raise NotTogetherError(batched)
+            params, fixed = self._split(parameters_to_vector(self.model.parameters()).detach(), 2)
+            xs, ys = x.unsqueeze(0).expand(2, *x.shape), y.unsqueeze(0).expand(2, *y.shape)
+            self._gradients(params, fixed, xs, ys, torch.ones(ys.shape, device=ys.device))
+
+    def _split(self, flat: torch.Tensor, g: int) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
+        """The flat global parameters as ``g`` stacked copies of those SGD steps, and the rest once."""
+        params: dict[str, torch.Tensor] = {}
+        fixed: dict[str, torch.Tensor] = {}
+        trained = set(self.trained)
+        for name, shape, piece in zip(self.names, self.shapes, flat.split(self.sizes), strict=True):
+            if name in trained:
+                params[name] = piece.reshape(shape).unsqueeze(0).expand(g, *shape).clone()
+            else:
+                fixed[name] = piece.reshape(shape)
+        return params, fixed
 
     def train(
         self, global_params: torch.Tensor, xs: torch.Tensor, ys: torch.Tensor, plans: Sequence[Schedule]
@@ -112,18 +164,17 @@ class TogetherTrainer:
         ``ys`` ``(G, n_max)`` hold each client's samples (padded to the largest), ``plans`` their schedules.
         Returns the updates ``theta_local - theta_global``, ``(G, dim)`` float32 on the device."""
         t, device, g = self.training, global_params.device, len(plans)
+        self.model.train()
         index, weight, active = (a.to(device) for a in _padded_plan(plans, t.batch_size))
         every = bool(active.all())
         rows = torch.arange(g, device=device).unsqueeze(1)
-        params: dict[str, torch.Tensor] = {}
-        for name, shape, piece in zip(self.names, self.shapes, global_params.split(self.sizes), strict=True):
-            params[name] = piece.reshape(shape).unsqueeze(0).expand(g, *shape).clone()
+        params, fixed = self._split(global_params, g)
         buffers = {name: torch.zeros_like(p) for name, p in params.items()} if t.momentum else {}
         for s in range(index.shape[0]):
             idx = index[s]
-            grads = self._gradients(params, xs[rows, idx], ys[rows, idx], weight[s])
+            grads = self._gradients(params, fixed, xs[rows, idx], ys[rows, idx], weight[s])
             on = None if every else active[s]
-            for name in self.names:
+            for name in self.trained:
                 p, step = params[name], grads[name]  # step: this step's own fresh tensor
                 if on is None:  # every client steps: in place, as torch.optim.SGD does
                     if t.weight_decay:
@@ -139,7 +190,10 @@ class TogetherTrainer:
                     b = buffers[name].mul(t.momentum).add_(step)
                     step = buffers[name] = torch.where(keep, b, buffers[name])
                 params[name] = torch.where(keep, p.add(step, alpha=-t.lr), p)
-        local = torch.cat([params[n].reshape(g, -1) for n in self.names], dim=1)
+        local = torch.cat(
+            [params[n].reshape(g, -1) if n in params else fixed[n].reshape(1, -1).expand(g, -1) for n in self.names],
+            dim=1,
+        )
         return local - global_params.unsqueeze(0)
 
 
@@ -194,6 +248,8 @@ class Together:
 
     at_once: int
     why: str
+    trainer: TogetherTrainer | None = field(default=None, compare=False, repr=False)
+    """The trainer that checked the model (None: one at a time)."""
 
 
 def choose_together(
@@ -204,45 +260,60 @@ def choose_together(
     device: torch.device,
     described: str,
     largest: int,
+    workers: int = 1,
 ) -> Together:
     """How many clients train at once under ``training.clients_at_once`` (None: ``auto``): 1 when asked, or
     when ``auto`` finds the model cannot be vectorised (tried on ``sample``, a few samples on the device) or
     the CPU rule (:data:`CPU_STEP_LIMIT`) says one at a time is faster; else as many as asked (``auto``:
     all) up to what fits in :data:`MEMORY_SHARE` of the device's free memory, ``largest`` the most samples
-    a client holds. Raises :class:`InputError` for an explicit N > 1 with a model that cannot be vectorised,
-    and when not even one client fits."""
+    a client holds (``workers`` processes that each train: a share of that each). Raises
+    :class:`InputError` for an explicit N > 1 with a model that cannot be vectorised, and when not even one
+    client fits."""
     from sim.errors import InputError
     from sim.learning.device import free_bytes
 
     asked = training.clients_at_once
     if asked == 1:
         return Together(1, "training.clients_at_once is 1: one at a time")
+    trainer = TogetherTrainer(model, training)
     try:
-        TogetherTrainer(model, training).check(*sample)
+        trainer.check(*sample)
     except Exception as exc:
-        why = f"{described} cannot be trained together (torch.func.vmap: {type(exc).__name__}: {exc})"
+        detail = str(exc) if isinstance(exc, NotTogetherError) else f"torch.func.vmap: {type(exc).__name__}: {exc}"
+        why = f"{described} cannot be trained together ({detail})"
         if asked is not None:
             raise InputError(f"training.clients_at_once: {asked}: {why}; set it to 1 or auto") from exc
         return Together(1, f"auto: {why}; one at a time")
-    macs = module_multiply_adds(model, input_shape)
+    try:
+        macs = module_multiply_adds(model, input_shape)
+        need = bytes_per_client(model, input_shape, training.batch_size, largest)
+    except Exception as exc:  # a plug-in's forward pass that the meta device cannot run
+        why = f"{described}'s size could not be counted on the meta device ({type(exc).__name__}: {exc})"
+        if asked is None:
+            return Together(1, f"auto: {why}; one at a time")
+        return Together(
+            asked, f"training.clients_at_once is {asked}; {why}, so groups are not sized to the memory", trainer
+        )
     if asked is None and device.type == "cpu" and macs * training.batch_size > CPU_STEP_LIMIT:
         return Together(
             1,
             f"auto: on the CPU a batch of {training.batch_size} takes {macs * training.batch_size:.3g} multiply-adds, "
             f"over {CPU_STEP_LIMIT:.3g}: one at a time is faster",
         )
-    need = bytes_per_client(model, input_shape, training.batch_size, largest)
     free = free_bytes(device)
-    room = int(free * MEMORY_SHARE) // need
+    share = MEMORY_SHARE / workers
+    room = int(free * share) // need
     fits = min(MAX_AT_ONCE, 1 << (room.bit_length() - 1)) if room >= 1 else 0  # see MAX_AT_ONCE
     if fits < 1:
         raise InputError(
             f"model {described}: training one client together with others takes about {need / 2**30:.2f} GiB "
-            f"(batch_size {training.batch_size}, {largest} samples), more than {MEMORY_SHARE:.0%} of the "
+            f"(batch_size {training.batch_size}, {largest} samples), more than {share:.0%} of the "
             f"{free / 2**30:.2f} GiB free on {device}; lower training.batch_size or set training.clients_at_once: 1"
         )
     if asked is None:
-        return Together(fits, f"auto: together, up to {fits} at once (memory: about {need / 2**20:.1f} MiB each)")
+        return Together(
+            fits, f"auto: together, up to {fits} at once (memory: about {need / 2**20:.1f} MiB each)", trainer
+        )
     if asked > fits:
-        return Together(fits, f"{asked} asked; {fits} fit in memory (about {need / 2**20:.1f} MiB each)")
-    return Together(asked, f"training.clients_at_once is {asked}")
+        return Together(fits, f"{asked} asked; {fits} fit in memory (about {need / 2**20:.1f} MiB each)", trainer)
+    return Together(asked, f"training.clients_at_once is {asked}", trainer)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from dataclasses import replace
 from functools import partial
 
 import numpy as np
@@ -25,7 +26,7 @@ from sim.learning.federated import FederatedData, load_federated
 from sim.learning.models import make_model
 from sim.learning.pool import DataSource, TrainingPool, Update
 from sim.learning.shards import Shards, largest_shard
-from sim.learning.together import TogetherTrainer, choose_together, group_sizes, schedule
+from sim.learning.together import choose_together, group_sizes, schedule
 from sim.plugins import PluginError
 from sim.scenario.types import Model, Training
 from sim.seeds import Stream, int_seed
@@ -59,7 +60,7 @@ class Learner:
         self._model_spec = model
         self._source = source
         self._pool: TrainingPool | None = None
-        self.shards = Shards(data, self.device)
+        self.shards = Shards(data, self.device, training.workers)
         x0, y0 = self.shards.client(0)
         self.together = choose_together(
             self.model,
@@ -69,9 +70,10 @@ class Learner:
             self.device,
             _described(model),
             largest_shard(data),
+            training.workers,
         )
         """How a round's clients train: together in groups, or one at a time (and why)."""
-        self._trainer = TogetherTrainer(self.model, training) if self.together.at_once > 1 else None
+        self._trainer = self.together.trainer if self.together.at_once > 1 else None
         self._queued: tuple[int, list[int]] | None = None
         """The round and clients :meth:`prefetch` named, trained together on the first :meth:`local_update`."""
         self._trained: dict[tuple[int, int], Update] = {}
@@ -88,6 +90,7 @@ class Learner:
         """Name the ``clients`` that train in ``round``. With ``training.workers`` > 1, start training them
         in worker processes; else, if they train together, they do on the first :meth:`local_update` of
         the round. :meth:`local_update` then returns their updates."""
+        self._trained.clear()  # of clients of earlier rounds that never asked (they left)
         if not clients:
             return
         if self.training.workers > 1:
@@ -97,7 +100,6 @@ class Learner:
                 self._pool = TrainingPool(build, self.training.workers)
             self._pool.start(self.params, round, clients, [self.data.num_samples(c) for c in clients])
         elif self._trainer is not None:
-            self._trained.clear()  # of clients of earlier rounds that never asked (they left)
             self._queued = (round, list(clients))
 
     def close(self) -> None:
@@ -140,8 +142,24 @@ class Learner:
         for size in group_sizes(len(ordered), self.together.at_once):
             group = ordered[start : start + size]
             start += size
-            found.update(zip(group, self._group(group, round, sizes), strict=True))
+            found.update(zip(group, self._fitting(group, round, sizes), strict=True))
         return [found[c] for c in clients]
+
+    def _fitting(self, clients: list[int], round: int, sizes: dict[int, int]) -> list[Update]:
+        """:meth:`_group`, in halves (and for the rest of the run, groups half as large) when the device
+        runs out of memory: the memory per client is an estimate (:func:`~sim.learning.together.bytes_per_client`)."""
+        try:
+            return self._group(clients, round, sizes)
+        except torch.cuda.OutOfMemoryError:
+            if len(clients) == 1:
+                raise
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        half = len(clients) // 2
+        if self.together.at_once > half:
+            why = f"{self.together.why}; {half} at once after the device ran out of memory in round {round}"
+            self.together = replace(self.together, at_once=half, why=why)
+        return self._fitting(clients[:half], round, sizes) + self._fitting(clients[half:], round, sizes)
 
     def _group(self, clients: list[int], round: int, sizes: dict[int, int]) -> list[Update]:
         assert self._trainer is not None
@@ -152,15 +170,21 @@ class Learner:
         global_params = torch.from_numpy(self.params).to(self.device)
         try:
             updates = self._trainer.train(global_params, xs, ys, plans).cpu().numpy()
+        except torch.cuda.OutOfMemoryError:
+            raise
         except Exception as exc:
-            raise self._failed(clients[0], round, exc) from exc
+            failed = self._failed(f"clients {clients}", round, exc)
+            if failed is exc:
+                raise
+            raise failed from exc
         return [(updates[i].astype(np.float32, copy=False), float(sizes[c])) for i, c in enumerate(clients)]
 
-    def _failed(self, client: int, round: int, exc: Exception) -> Exception:
+    def _failed(self, clients: str, round: int, exc: Exception) -> Exception:
+        """A plug-in model's failure as a :class:`PluginError` naming it; a built-in's as it was raised."""
         if isinstance(self._model_spec, str) or self._model_spec.factory is None:
             return exc
         return PluginError(
-            f"model.factory: {self._model_spec.factory}: training client {client} in round {round} failed: "
+            f"model.factory: {self._model_spec.factory}: training {clients} in round {round} failed: "
             f"{type(exc).__name__}: {exc}"
         )
 
@@ -183,7 +207,7 @@ class Learner:
                     loss.backward()
                     optimizer.step()
         except Exception as exc:
-            failed = self._failed(client, round, exc)
+            failed = self._failed(f"client {client}", round, exc)
             if failed is exc:
                 raise
             raise failed from exc

@@ -102,7 +102,7 @@ def profile_training(
     for samples in sizes:
         data = _RandomData(shape, classes, samples)
         for batch_size in batch_sizes:
-            training = Training(1, batch_size, 0.01, 0.9, 0.0, 1.0, 1)
+            training = Training(1, batch_size, 0.01, 0.9, 0.0, 1.0, 1, device="cpu", clients_at_once=1)  # one core
             learner = Learner(model, data, training, seed=0)
             seconds.append(_median_seconds(partial(learner.local_update, 0, 1), repeats))
             rows.append({"samples": float(samples), "batches": float(local_batches(samples, batch_size, 1))})

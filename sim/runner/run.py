@@ -218,6 +218,8 @@ def run_scenario(
                 writer.manifest.update(stopped=f"after round {rec.round}: {sim.stopped}")
                 break
         writer.manifest.update(sim.manifest_entries())  # what its driver learnt playing (a deployment's workers)
+        if sim.world.learner is not None:  # groups halved when the device ran out of memory
+            writer.manifest.update(training=sim.world.learner.manifest())
     except KeyboardInterrupt:
         writer.close("interrupted", wall_seconds=time.perf_counter() - started)
         raise

@@ -313,7 +313,7 @@ class Training:
     """Torch CPU threads used for real training (results are reproducible for a fixed value)."""
     workers: int = 1
     """Processes that train a round's clients in parallel (``full`` and ``learning`` fidelity; the same
-    results as 1)."""
+    results as 1 when clients train one at a time, ``clients_at_once: 1``)."""
     device: str = "auto"
     """Where real training runs: ``auto`` (a GPU when torch sees one), ``cpu``, ``cuda`` or ``cuda:N``
     (:mod:`sim.learning.device`). Wall time only: training is charged from the cost profile."""
