@@ -74,7 +74,7 @@ clients:
 dropout: {rate: 0}
 data: {dataset: digits, partition: iid}
 model: {name: mlp}
-training: {local_epochs: 1, batch_size: 10}
+training: {local_epochs: 1, batch_size: 10, clients_at_once: 1}  # as deployed clients train
 aggregation: {protocol: secagg, bits: 20}
 """
 """Five of ten clients per round, SecAgg with threshold 3 of 5: a round survives two losses. ``ranks: 2``

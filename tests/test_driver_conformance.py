@@ -37,7 +37,7 @@ clients:
 dropout: {rate: 0.2, stage: before_upload}
 data: {dataset: digits, partition: {dirichlet: 1.0}}
 model: {name: mlp}
-training: {local_epochs: 1, batch_size: 20}
+training: {local_epochs: 1, batch_size: 20, clients_at_once: 1}  # as deployed clients train
 aggregation: {protocol: secagg, bits: 20, threshold: 0.5}
 """
 

@@ -316,7 +316,7 @@ clients:
 dropout: {rate: 0.0, stage: before_upload}
 data: {dataset: synthetic, samples_per_client: 10, input_shape: [1, 27, 37], classes: 10}
 model: {name: linear}
-training: {local_epochs: 1, batch_size: 10}
+training: {local_epochs: 1, batch_size: 10, clients_at_once: 1}  # as deployed clients train
 aggregation: {protocol: secagg, bits: 20}
 fidelity: full
 """

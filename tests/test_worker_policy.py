@@ -536,7 +536,7 @@ sampling: {clients_per_round: 3}
 dropout: {rate: 0}
 data: {dataset: digits, partition: iid}
 model: {name: mlp}
-training: {local_epochs: 1, batch_size: 10}
+training: {local_epochs: 1, batch_size: 10, clients_at_once: 1}  # as deployed clients train
 aggregation: {protocol: fedavg}
 """
 
