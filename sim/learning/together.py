@@ -22,9 +22,9 @@ What makes it the loop's training and not an approximation of it:
   so padding changes nothing of the real samples' outputs.
 - **Local epochs, momentum, weight decay** are per client: nothing is shared across the group.
 
-The results equal the loop's within float tolerance, not bit for bit: the vectorised kernels (grouped
-convolutions, batched matrix products) sum in another order. docs/performance.md states the tolerance
-measured for every built-in model (tests/test_together.py checks it).
+The results equal the loop's within float tolerance, not always bit for bit: the vectorised kernels
+(grouped convolutions, batched matrix products) may sum in another order. docs/performance.md, section 8,
+states the tolerance measured for every built-in model (tests/test_together.py checks it).
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def bytes_per_client(model: nn.Module, input_shape: tuple[int, ...], batch: int,
 CPU_STEP_LIMIT = 2.0e7
 """On the CPU, ``clients_at_once: auto`` trains clients together when a mini-batch's forward pass takes at
 most this many multiply-adds (per-sample multiply-adds times ``batch_size``), else one at a time. Measured
-by benchmarks/training.py on the 2-core host (docs/performance.md): together wins where the loop's
+by benchmarks/training.py on the 2-core host (docs/performance.md, section 8): together wins where the loop's
 per-step overhead (tens of kernel launches and the optimizer's Python) outweighs the arithmetic, e.g.
 ``cnn`` on 8x8 (3.4 x 10^6 per batch of 10) and ``mlp`` on 28x28; one at a time wins where the arithmetic
 dominates and torch's grouped convolutions are slower than its dense ones, e.g. ``cnn`` on 28x28
