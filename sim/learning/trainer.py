@@ -5,6 +5,13 @@ momentum from the global model, mini-batches in an order drawn from the client's
 the round. The server applies ``theta <- theta + server_lr * aggregate`` (FedAvg, McMahan et al. 2017:
 with server_lr = 1 the new model is the weighted mean of the client models). The model hash is SHA-256
 of the parameters as little-endian float32 bytes.
+
+A round's clients train one at a time (the loop, :meth:`Learner._alone`) or together
+(:mod:`sim.learning.together`, ``training.clients_at_once``): the engine names them first
+(:meth:`Learner.prefetch`), the first :meth:`Learner.local_update` of the round trains them all, and each
+later call takes its own update. Training and evaluation run on ``training.device``
+(:mod:`sim.learning.device`), with the clients' data and the test set put there once
+(:mod:`sim.learning.shards`); the global model stays a host array, which the protocols encode.
 """
 
 from __future__ import annotations
