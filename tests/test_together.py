@@ -293,8 +293,11 @@ def test_a_run_that_trains_together_is_reproducible_and_its_manifest_says_how(tm
     assert (training["device"], training["torch"], training["cuda"]) == ("cpu", torch.__version__, torch.version.cuda)
     assert training["clients_at_once"] == 5 and training["clients_at_once_requested"] == 5
     assert manifest["scenario"]["training"]["device"] == "auto"
-    alone = _tiny_run(tmp_path, "c", {"clients_at_once": 1})
-    assert json.loads((alone / "manifest.json").read_text())["training"]["clients_at_once"] == 1
+    alone = Learner("cnn", Uneven(SHAPES["cnn"]), _training(clients_at_once=1), seed=1).manifest()
+    assert (alone["clients_at_once"], alone["clients_at_once_why"]) == (
+        1,
+        "training.clients_at_once is 1: one at a time",
+    )
 
 
 @pytest.mark.slow
