@@ -182,11 +182,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     rows = list(QUICK_ROWS if args.quick else CPU_ROWS)
-    if not args.quick:
-        if torch.cuda.is_available():
-            rows += GPU_ROWS
-        else:
-            print(f"GPU rows skipped: torch {torch.__version__} sees no CUDA device", file=sys.stderr)
+    if args.quick:
+        print("GPU rows skipped: --quick runs the tiny CPU rows only")
+    elif torch.cuda.is_available():
+        rows += GPU_ROWS
+    else:
+        print(f"GPU rows skipped: torch {torch.__version__} sees no CUDA device")
     table = pd.DataFrame([measure(row, args.repeats) for row in rows])
     with pd.option_context("display.width", 200, "display.max_columns", None):
         print(table.to_string(index=False, float_format=lambda v: f"{v:.3g}"))

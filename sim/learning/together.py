@@ -315,5 +315,13 @@ def choose_together(
             fits, f"auto: together, up to {fits} at once (memory: about {need / 2**20:.1f} MiB each)", trainer
         )
     if asked > fits:
-        return Together(fits, f"{asked} asked; {fits} fit in memory (about {need / 2**20:.1f} MiB each)", trainer)
+        return Together(fits, f"{asked} asked; {fits} fit in memory (about {_size(need)} each)", trainer)
     return Together(asked, f"training.clients_at_once is {asked}", trainer)
+
+
+def _size(nbytes: int) -> str:
+    """Bytes as a person reads them: KiB below a MiB, MiB below a GiB, else GiB."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes / 2**10:.1f} KiB"

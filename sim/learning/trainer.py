@@ -251,6 +251,7 @@ class Learner:
         """What the manifest records of training: the device, torch's and CUDA's versions, and how clients
         trained (together in groups of how many, or one at a time, and why)."""
         return {
+            "device_requested": self.training.device,
             **describe_device(self.device),
             "clients_at_once": self.together.at_once,
             "clients_at_once_requested": self.training.clients_at_once or "auto",
