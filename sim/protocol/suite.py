@@ -410,7 +410,7 @@ class Carried(Opaque):
     """The secret (of a share) or the tuple of shares (of a ciphertext)."""
 
 
-class LearningSuite:
+class LearningSuite(SizedSuite):
     """The operations for the ``learning`` fidelity: the protocol's messages, sizes and work as
     :class:`SizedSuite` gives them, with real noise seeds and no cryptography.
 
@@ -423,8 +423,8 @@ class LearningSuite:
     :class:`Carried` of :data:`SHARE_BYTES` holding its secret, a ciphertext one of its ciphertext's
     length holding its shares: recovering a secret from at least ``threshold`` shares returns it (a
     survivor's noise seeds in XNoise's noise removal). Masks are never made (:meth:`pair_mask` and
-    :meth:`self_mask` give blanks; the machines add them only when ``full``). Nothing is checked, as in
-    :class:`SizedSuite`: the clients are honest.
+    :meth:`self_mask` give blanks, as :class:`SizedSuite`'s, whose signatures and checks it keeps: the
+    machines add masks only when ``full``, and the clients are honest.
     """
 
     full = False
@@ -436,12 +436,6 @@ class LearningSuite:
 
     def seed(self, rng: RandomSource) -> Data:
         return rng.bytes(SEED_BYTES)
-
-    def sign(self, signing_key: Data, message: bytes) -> Data:
-        return _SIGNATURE
-
-    def verify(self, public: Data, message: bytes, signature: Data) -> bool:
-        return True
 
     @staticmethod
     def _draw(secrets: int, threshold: int, rng: RandomSource) -> None:
@@ -471,15 +465,6 @@ class LearningSuite:
             return Recovered(None)
         return Recovered(self.reconstruct(holders, shares))
 
-    def public_of(self, private: Data) -> Data:
-        return _KEY
-
-    def valid_key(self, public: Data) -> bool:
-        return len(public) == KEY_BYTES
-
-    def valid_shares(self, shares: Sequence[Data]) -> bool:
-        return all(len(s) == SHARE_BYTES for s in shares)
-
     def seal(
         self,
         c_sk: Data,
@@ -508,14 +493,6 @@ class LearningSuite:
         self._draw(len(secrets), threshold, rng)
         row: list[Data] = [Carried(SHARE_BYTES, s) for s in secrets]
         return [row for _ in holders]
-
-    def pair_mask(
-        self, s_sk: Data, peer_s_pk: Data, round: int, a: int, b: int, length: int, bits: int, scratch: bool = False
-    ) -> Vector:
-        return Blank(length, np.uint32)
-
-    def self_mask(self, seed: Data, length: int, bits: int, scratch: bool = False) -> Vector:
-        return Blank(length, np.uint32)
 
 
 SUITES: dict[str, Callable[[], Suite]] = {"full": RealSuite, "learning": LearningSuite, "timing": SizedSuite}
