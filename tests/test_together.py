@@ -300,14 +300,18 @@ def test_a_run_that_trains_together_is_reproducible_and_its_manifest_says_how(tm
     )
 
 
-@pytest.mark.slow
-def test_training_workers_train_their_clients_together_with_the_same_updates(tmp_path: Path) -> None:
-    one = _tiny_run(tmp_path, "one", {"clients_at_once": 5})
-    two = _tiny_run(tmp_path, "two", {"clients_at_once": 5, "workers": 2})
-    assert _tables(one)["rounds.csv"] != b""
-    # each worker trains its share of the clients together: groups differ, so the last bits may too
-    rounds = [np.genfromtxt(f / "rounds.csv", delimiter=",", names=True) for f in (one, two)]
-    assert np.allclose(rounds[0]["accuracy"], rounds[1]["accuracy"], atol=0.02)
+def test_a_training_worker_trains_its_share_of_the_clients_as_the_learner_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    # what a worker process of training.workers runs (sim.learning.pool._train), here in this process
+    from sim.learning import pool
+
+    data = Uneven(SHAPES["mlp"])
+    learner = Learner("mlp", data, _training(clients_at_once=4), seed=2)
+    monkeypatch.setattr(pool, "_worker", [learner])
+    expected = Learner("mlp", data, _training(clients_at_once=4), seed=2).train_clients(3, [2, 0, 3])
+    got = pool._train(learner.params.copy(), 3, [2, 0, 3])
+    assert [w for _, w in got] == [w for _, w in expected]
+    for (a, _), (b, _) in zip(expected, got, strict=True):
+        assert np.array_equal(a, b)
 
 
 @pytest.mark.gpu
