@@ -3,11 +3,12 @@ per round).
 
 A real data set partitioned among clients (:class:`~sim.learning.federated.PartitionedData`) goes to the
 device whole, once, with each client's sample indices: a client's shard is a gather on the device. Data
-made per client (``synthetic``, a loader's clients) is put on the device the first time the client is
-sampled and kept, up to :data:`CACHE_SHARE` of the device's free memory (least recently used first out,
-then made again: the same values, from the client's own seed). The test set goes there once. On the CPU
-the tensors share the arrays' memory, and the values are exactly the arrays', so a run's tables do not
-depend on this module.
+made per client (``synthetic``, a loader's clients) is put on a GPU the first time the client is sampled
+and kept, up to :data:`CACHE_SHARE` of the GPU's free memory (least recently used first out, then made
+again: the same values, from the client's own seed); on the CPU it is made at each call, as it always
+was (no copy to save, and a run's memory stays what :mod:`sim.footprint` estimates). The test set goes
+there once. On the CPU the tensors share the arrays' memory, and the values are exactly the arrays', so a
+run's tables do not depend on this module.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from sim.learning.device import free_bytes
 from sim.learning.federated import FederatedData, PartitionedData, SyntheticData
 
 CACHE_SHARE = 0.25
-"""Share of the device's free memory (when the run starts) that clients' data made per client may hold."""
+"""Share of a GPU's free memory (when the run starts) that clients' data made per client may hold."""
 
 
 class Shards:
@@ -72,6 +73,8 @@ class Shards:
         return self._whole
 
     def _keep(self, client: int, shard: tuple[torch.Tensor, torch.Tensor], size: int) -> None:
+        if self.device.type != "cuda":  # nothing to save on the CPU (module docstring)
+            return
         if self._budget is None:
             self._budget = int(free_bytes(self.device) * CACHE_SHARE / self.processes)
         if size > self._budget:
