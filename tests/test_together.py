@@ -230,6 +230,14 @@ def test_a_model_with_batch_statistics_trains_one_at_a_time_under_auto(monkeypat
         Learner("linear", Uneven(SHAPES["linear"]), _training(clients_at_once=2), seed=1)
 
 
+def test_a_model_with_batch_statistics_is_counted_on_one_sample() -> None:
+    # the meta-device pass runs the model in eval mode: batch normalisation takes a batch of one there
+    from sim.learning.flops import activations_per_sample
+
+    assert module_multiply_adds(_BatchStatistics(), (1, 4, 4)) == 16 * 6 + 6 * 5
+    assert activations_per_sample(_BatchStatistics(), (1, 4, 4)) == 6 + 6 + 5
+
+
 def test_training_together_after_an_evaluation_trains_in_training_mode() -> None:
     # evaluation leaves the model in eval mode; a model whose forward pass reads it must train as the loop does
     class _ModeAware(torch.nn.Module):

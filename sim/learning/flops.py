@@ -8,7 +8,7 @@ the model's arithmetic, and only those:
 - ``Linear``: ``in_features * out_features``.
 
 Biases, activations, pooling and normalisation are left out (each is O(outputs), not O(outputs x
-fan-in)). The model is built on torch's ``meta`` device and run once on a meta input of one sample with a
+fan-in)). The model is built on torch's ``meta`` device and run once on a meta input of two samples with a
 forward hook on every counted layer: shapes propagate, but no memory is allocated and nothing is
 computed, so a VGG-19 costs what a linear model does.
 """
@@ -59,10 +59,14 @@ def activations_per_sample(net: nn.Module, input_shape: tuple[int, ...]) -> int:
     def count(_layer: nn.Module, _inputs: tuple[torch.Tensor, ...], output: object) -> None:
         nonlocal total
         if isinstance(output, torch.Tensor):
-            total += output.numel()
+            total += output.numel() // _BATCH
 
     _forward_on_meta(net, input_shape, count, lambda m: not list(m.children()))
     return total
+
+
+_BATCH = 2
+"""Samples in the counting pass: batch normalisation without running statistics refuses a batch of one."""
 
 
 def _forward_on_meta(
@@ -71,14 +75,16 @@ def _forward_on_meta(
     hook: Callable[[nn.Module, tuple[torch.Tensor, ...], object], None],
     hooked: Callable[[nn.Module], bool],
 ) -> None:
-    """One sample's forward pass through ``net`` on the meta device (a copy, unless it is there already),
-    with ``hook`` on every module that is ``hooked``: shapes propagate, nothing is computed or allocated."""
+    """A forward pass of :data:`_BATCH` samples through ``net`` on the meta device (a copy, unless it is there
+    already; in eval mode), with ``hook`` on every module that is ``hooked``: shapes propagate, nothing is
+    computed or allocated. A Conv2d's or Linear's multiply-adds per sample do not depend on the batch; an
+    output's values are counted per sample."""
     meta = net if all(p.device.type == "meta" for p in net.parameters()) else copy.deepcopy(net).to("meta")
-    meta.eval()  # one sample: batch statistics in training mode would refuse it
+    meta.eval()
     handles = [m.register_forward_hook(hook) for m in meta.modules() if hooked(m)]
     try:
-        with torch.no_grad():
-            meta(torch.empty((1, *input_shape), device="meta"))
+        with torch.no_grad():  # two samples: batch statistics refuse a batch of one
+            meta(torch.empty((_BATCH, *input_shape), device="meta"))
     finally:
         for h in handles:
             h.remove()
