@@ -89,16 +89,7 @@ def build(scenario: Scenario) -> World:
         footprint.check(sc, dim, trace=False)
     op = model_train_op(sc.model, shape, classes)
     if trains_at_rate(sc.model):  # an abstract model (or a factory's given one) trains at the scenario's rate
-        rate = LinearCost({"samples": sc.model.train_seconds_per_sample})
-        costs = CostModel(
-            {**costs.operations, op: rate},
-            costs.machine,
-            costs.source,
-            costs.interference_s,
-            costs.implementation,
-            costs.wire,
-            costs.engine,
-        )
+        costs = costs.with_operations({op: LinearCost({"samples": sc.model.train_seconds_per_sample})})
     estimate = estimate_training(costs, op, multiply_adds) if sc.model.factory is None else None
     if estimate is not None:  # a built-in model at a shape the profile has not measured
         costs = estimate.applied(costs)

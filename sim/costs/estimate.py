@@ -87,15 +87,7 @@ class TrainingEstimate:
             base, at, role = name.partition("@")
             if base == self.source:
                 added[f"{self.op}{at}{role}"] = self.cost(measured)
-        return CostModel(
-            {**costs.operations, **{name: cost for name, cost in added.items() if name not in costs.operations}},
-            costs.machine,
-            costs.source,
-            costs.interference_s,
-            costs.implementation,
-            costs.wire,
-            costs.engine,
-        )
+        return costs.with_operations({name: cost for name, cost in added.items() if name not in costs.operations})
 
     def manifest(self) -> dict[str, Any]:
         """The run manifest's ``training_cost`` entry."""

@@ -186,6 +186,18 @@ class CostModel:
     def has(self, op: str) -> bool:
         return op in self.operations
 
+    def with_operations(self, operations: Mapping[str, LinearCost]) -> CostModel:
+        """This profile with ``operations`` added (replacing any of the same name); the rest as it is."""
+        return CostModel(
+            {**self.operations, **operations},
+            self.machine,
+            self.source,
+            self.interference_s,
+            self.implementation,
+            self.wire,
+            self.engine,
+        )
+
     def scaled(self, factor: float, keep: tuple[str, ...] = (), role: str | None = None) -> CostModel:
         """This profile with every operation's cost, and the pipeline interference, times ``factor``, except
         the operations named in ``keep`` (at every role: ``op@server`` and ``op@client`` too). With ``role``,
