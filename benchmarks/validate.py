@@ -42,6 +42,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from functools import partial
@@ -52,7 +53,7 @@ import pandas as pd
 
 from sim.costs.model import DEFAULT_PROFILE
 from sim.deploy.deployment import DeployOptions
-from sim.deploy.validate import Validation, compare, testbed_overrides
+from sim.deploy.validate import Validation, compare, signed_error, testbed_overrides
 from sim.results.read import read_manifest
 from sim.runner import Deployed, run_scenario
 from sim.scenario import load
@@ -152,11 +153,14 @@ class KernelPoint:
     xnoise: bool
     stage: str
     chunks: int
+    slowdown: tuple[float, float] | None = None
+    """The clients' slow-down range (``clients.compute.slowdown``), if not the scenario's."""
 
     @property
     def name(self) -> str:
         noise = "xnoise" if self.xnoise else "plain"
-        return f"n{self.clients}_d{self.params:g}_{self.protocol}_{noise}_{self.stage}_m{self.chunks}"
+        name = f"n{self.clients}_d{self.params:g}_{self.protocol}_{noise}_{self.stage}_m{self.chunks}"
+        return name if self.slowdown is None else f"{name}_s{self.slowdown[0]:g}-{self.slowdown[1]:g}"
 
     @property
     def levels(self) -> tuple[int, int, int, int]:
@@ -185,6 +189,8 @@ class KernelPoint:
             point.append("privacy={strategy: xnoise, epsilon: 6, delta: 0.01, clip: 3.0, tolerance: 0.5}")
         if self.chunks > 1:
             point.append(f"pipeline={{chunks: {self.chunks}, links: shared}}")
+        if self.slowdown is not None:
+            point.append(f"clients.compute.slowdown=[{self.slowdown[0]}, {self.slowdown[1]}]")
         return point
 
 
@@ -195,27 +201,63 @@ of 5 clients that do the same work (:func:`repeatability`) differed by a median 
 with 4 rounds and 13% with 16, and by 5% and 1% in two grids at 10^6 with 4."""
 
 
-def kernel_grid() -> list[KernelPoint]:
+def kernel_grid(clients: Sequence[int] = (5, 10, 20), slowdown: tuple[float, float] | None = None) -> list[KernelPoint]:
     """48 points: for each of 5, 10 and 20 clients, every combination of the four two-level factors
     (protocol, XNoise, dropout stage, chunks; combination ``c`` has protocol ``c & 1``, XNoise ``c & 2``,
     ...), the model size rotating over 10^4, 10^5 and 10^6 parameters with ``(c >> 1) + i`` (i: the client
     count's index), so that each half of :func:`calibration_half` holds every client count with every size,
-    2 or 3 times."""
+    2 or 3 times. ``clients`` and ``slowdown`` give other client counts (16 points each) and slow-downs."""
     sizes = sorted(SHAPES)
     points = []
-    for i, clients in enumerate((5, 10, 20)):
+    for i, n in enumerate(clients):
         for combo in range(16):
             points.append(
                 KernelPoint(
-                    clients,
+                    n,
                     sizes[((combo >> 1) + i) % 3],
                     "secagg+" if combo & 1 else "secagg",
                     bool(combo & 2),
                     "during_unmasking" if combo & 4 else "before_upload",
                     3 if combo & 8 else 1,
+                    slowdown,
                 )
             )
     return points
+
+
+F1_CLIENTS = 3
+"""Clients per round of ``--regime f1``: with the server's core and :data:`F1_SLOWDOWN`, every party's quota
+fits in 2 cores at f = 1 (1 + 3 / 3 = 2), so no party ever waits for another's core."""
+
+F1_SLOWDOWN = (3.0, 9.0)
+"""The clients' slow-down range of ``--regime f1``: a client's quota is 1/3 to 1/9 of a core."""
+
+BIAS_COMBOS = (0, 1, 2, 3, 6, 7, 8, 9)
+"""The grid's combinations that ``--repeats`` deploys by default: SecAgg and SecAgg+ (a pair of the same
+work, one in each half) of plain and XNoise rounds dropping before upload, XNoise dropping during
+unmasking, and plain with 3 chunks; 10^4 and 10^5 parameters (a 10^6 round is long, and quiet)."""
+
+
+def grid_for(regime: str) -> list[KernelPoint]:
+    """The kernel grid of ``regime``: ``usual`` (:func:`kernel_grid`: this host's usual time dilation f),
+    or ``f1`` (:data:`F1_CLIENTS` clients of :data:`F1_SLOWDOWN`, f = 1 on 2 cores)."""
+    if regime == "f1":
+        return kernel_grid((F1_CLIENTS,), F1_SLOWDOWN)
+    return kernel_grid()
+
+
+def repeated_points(grid: list[KernelPoint]) -> list[KernelPoint]:
+    """The points ``--repeats`` deploys when no ``--points`` are given: :data:`BIAS_COMBOS` at the grid's
+    smallest client count."""
+    fewest = min(p.clients for p in grid)
+    first = [p for p in grid if p.clients == fewest]
+    return [first[c] for c in BIAS_COMBOS]
+
+
+def deployments(root: Path, point: KernelPoint, repeats: int) -> list[Path]:
+    """The folders of ``point``'s ``repeats`` deployments under ``root`` (the first is ``deployed``, as a
+    grid without repeats keeps it)."""
+    return [root / point.name / ("deployed" if r == 0 else f"deployed-{r + 1}") for r in range(repeats)]
 
 
 def calibration_half(point: KernelPoint) -> bool:
@@ -245,30 +287,37 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
     from sim.profiling.calibrate import calibrate as fit_profile
     from sim.profiling.calibrate import summary, write_profile
 
-    if not in_private_network():
-        reexec_in_private_network([sys.executable, str(Path(__file__).resolve()), *argv])
-    grid = kernel_grid()
+    grid = grid_for(args.regime)
     if args.points:
         grid = [p for p in grid if any(sel in p.name for sel in args.points)]
+    elif args.repeats > 1:
+        grid = repeated_points(grid)
+    if not grid:
+        print(f"no point of the {args.regime} grid matches --points {' '.join(args.points)}", file=sys.stderr)
+        return 2
     base = [*testbed_overrides(), "testbed.emulation=kernel", "testbed.cpu_scale=1"]
     base.append(f"costs.profile={DEFAULT_PROFILE}")  # what the deployed runs are calibrated from
     with TemporaryDirectory() as scratch:
         root = args.keep if args.keep is not None else Path(scratch)
         root.mkdir(parents=True, exist_ok=True)
-        for k, point in enumerate(grid, start=1):
-            deployed = root / point.name / "deployed"
-            if complete(deployed):
-                continue
-            print(f"[{k}/{len(grid)}] deploying {point.name}", file=sys.stderr)
+        # interleaved: every point once, then every point again, so that a slow stretch of the host falls
+        # on all points alike rather than on one point's repetitions
+        order = [(r, point) for r in range(args.repeats) for point in grid]
+        todo = [(r, point) for r, point in order if not complete(deployments(root, point, args.repeats)[r])]
+        if todo and not in_private_network():
+            reexec_in_private_network([sys.executable, str(Path(__file__).resolve()), *argv])
+        for k, (r, point) in enumerate(todo, start=1):
+            deployed = deployments(root, point, args.repeats)[r]
+            print(f"[{k}/{len(todo)}] deploying {point.name} ({r + 1} of {args.repeats})", file=sys.stderr)
             keys = [*base, *point.overrides(args.rounds), *args.overrides]
             scenario = load(SCENARIO, keys, output=str(deployed)).base()
             options = DeployOptions(log_dir=deployed)
             start = time.perf_counter()
             run_scenario(scenario, deployed, progress=False, engine=partial(Deployed, options=options), driver="deploy")
             print(f"    {time.perf_counter() - start:.1f} s", file=sys.stderr)
-        calibration = [root / p.name / "deployed" for p in grid if calibration_half(p)]
+        calibration = [run for p in grid if calibration_half(p) for run in deployments(root, p, args.repeats)]
         profile = root / "calibrated.json"
-        doc = fit_profile(calibration)
+        doc = fit_profile(calibration or [run for p in grid for run in deployments(root, p, args.repeats)])
         write_profile(doc, profile)
         print(summary(doc))
         models = {"calibrated": [f"costs.profile={profile}"], "profile": [f"costs.profile={DEFAULT_PROFILE}"]}
@@ -281,25 +330,28 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
         with ProcessPoolExecutor(args.jobs) as pool:
             list(pool.map(simulate, jobs))
         rows, stages = [], []
-        for point in grid:
-            deployed = root / point.name / "deployed"
+        for r, point in order:
+            deployed = deployments(root, point, args.repeats)[r]
             row: dict[str, object] = {
                 "half": "calibration" if calibration_half(point) else "validation",
                 "name": point.name,
-                **{k: v for k, v in point.__dict__.items()},
+                **{k: v for k, v in point.__dict__.items() if k != "slowdown"},
+                "repeat": r + 1,
             }
             for model in models:
                 simulated = root / point.name / f"simulated-{model}"
                 validation = compare(simulated, deployed, skip_first=True)
                 suffix = "" if model == "calibrated" else f"_{model}"
                 row.update(round_columns(validation, suffix))
-                stages.append(validation.summary.assign(model=model, point=point.name, half=row["half"]))
+                stages.append(validation.summary.assign(model=model, point=point.name, half=row["half"], repeat=r + 1))
             row["time_dilation"] = read_manifest(deployed).get("testbed", {}).get("time_dilation")
             rows.append(row)
             pd.DataFrame(rows).to_csv(args.csv, index=False)
             pd.concat(stages).to_csv(args.stages_csv, index=False)
     table = pd.DataFrame(rows)
     per_stage = pd.concat(stages)
+    bias = bias_table(per_stage)
+    bias.to_csv(args.bias_csv, index=False)
     print(table.to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     for half in ("calibration", "validation"):
         part = table[table["half"] == half]
@@ -308,17 +360,58 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
         for suffix, model in (("", "calibrated profile"), ("_profile", "profile as is")):
             errors = part[f"error{suffix}"].abs()
             print(
-                f"\n{half} half ({len(part)} points), {model}: round time |simulated - measured| / measured: "
-                f"median {errors.median():.1%}, worst {errors.max():.1%} ({part.loc[errors.idxmax(), 'name']})"
+                f"\n{half} half ({part['name'].nunique()} points, {len(part)} deployments), {model}: round time "
+                f"|simulated - measured| / measured: median {errors.median():.1%}, worst {errors.max():.1%} "
+                f"({part.loc[errors.idxmax(), 'name']})"
             )
-        stage_errors = per_stage[(per_stage["half"] == half) & (per_stage["model"] == "calibrated")]
-        medians = stage_errors.assign(abs_error=stage_errors["error"].abs()).groupby("stage", sort=False)["abs_error"]
-        print("  per stage, median |error| over the points (calibrated): " + ", ".join(
-            f"{stage} {value:.1%}" for stage, value in medians.median().items()
-        ))  # fmt: skip
-    print(repeatability(table))
+        print(f"  mean signed error with its 95% interval, per stage (calibrated, {half} half):")
+        print(format_bias(bias[(bias["half"] == half) & (bias["model"] == "calibrated")]))
+    print(repeatability(table[table["repeat"] == 1]))
+    if args.repeats > 1:
+        print(spread(table))
+    dilations = sorted({round(float(f), 3) for f in table["time_dilation"].dropna()})
+    print(f"time dilation f: {', '.join(f'{f:g}' for f in dilations)}")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; tables: {args.csv}")
     return 0
+
+
+def bias_table(per_stage: pd.DataFrame) -> pd.DataFrame:
+    """Per half (and both together: ``all``), model and stage, the mean signed error over the deployments
+    with its 95% interval, and the median and worst |error| (:func:`sim.deploy.validate.signed_error`); one
+    error per deployment, the error of its mean round (its first round left out)."""
+    rows = []
+    for half in ("calibration", "validation", "all"):
+        part = per_stage if half == "all" else per_stage[per_stage["half"] == half]
+        for (model, stage), group in part.groupby(["model", "stage"], sort=False):
+            rows.append(
+                {"half": half, "model": model, "stage": stage, "points": group["point"].nunique(),
+                 **signed_error(group["error"])}
+            )  # fmt: skip
+    return pd.DataFrame(rows)
+
+
+def format_bias(bias: pd.DataFrame) -> str:
+    """One line per stage: mean signed error [95% interval], median and worst |error|, deployments."""
+    lines = []
+    for row in bias.itertuples():
+        lines.append(
+            f"    {row.stage:<22} {row.mean_error:+7.1%} [{row.ci_low:+7.1%}, {row.ci_high:+7.1%}]  "
+            f"median |error| {row.median_abs_error:6.1%}  worst {row.worst_abs_error:6.1%}  (n = {int(row.n)})"
+        )
+    return "\n".join(lines)
+
+
+def spread(table: pd.DataFrame) -> str:
+    """How far the repetitions of one point are apart: per point, the standard deviation of its measured
+    round times over their mean (the coefficient of variation); the median and worst over the points."""
+    cv = table.groupby("name")["measured_s"].agg(lambda m: m.std(ddof=1) / m.mean()).dropna()
+    if cv.empty:
+        return "spread: no point deployed twice"
+    return (
+        f"spread of a point's repetitions ({len(cv)} points, {table.groupby('name').size().min()} or more "
+        f"deployments each): standard deviation / mean of the measured round times, median {cv.median():.1%}, "
+        f"worst {cv.max():.1%}"
+    )
 
 
 TWIN_TOLERANCE = 0.02
@@ -394,6 +487,27 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--jobs", type=int, default=os.cpu_count() or 1, help="--testbed kernel: simulations at a time (cores)"
+    )
+    parser.add_argument(
+        "--repeats",
+        type=int,
+        default=1,
+        metavar="K",
+        help="--testbed kernel: deploy every point K times, interleaved (without --points: the 8 points of "
+        "BIAS_COMBOS), to measure the mean signed error within a narrow interval",
+    )
+    parser.add_argument(
+        "--regime",
+        choices=("usual", "f1"),
+        default="usual",
+        help="--testbed kernel: usual (the grid of 5, 10 and 20 clients at this host's time dilation) or f1 "
+        "(3 clients of slow-downs 3-9: every quota fits 2 cores at f = 1)",
+    )
+    parser.add_argument(
+        "--bias-csv",
+        type=Path,
+        default=Path("validate_kernel_bias.csv"),
+        help="--testbed kernel: the mean signed error and its 95%% interval per half, model and stage",
     )
     args = parser.parse_args(argv)
     if args.testbed == "kernel":

@@ -205,3 +205,52 @@ def test_the_training_benchmark_times_the_loop_and_clients_together_side_by_side
     assert (table["together_at_once"] == table["clients"]).all()
     assert (table["loop_s"] > 0).all() and (table["together_s"] > 0).all()
     assert (table["max_rel_diff"] <= 1e-5).all()  # the same updates within the stated tolerance
+
+
+def test_signed_error_is_the_mean_with_its_student_t_interval() -> None:
+    from sim.deploy.validate import signed_error
+
+    got = signed_error([0.1, -0.1, 0.05, 0.0, float("nan")])
+    # mean 0.0125; sample standard deviation sqrt(0.021875 / 3); t(0.975, 3) = 3.182446305284263
+    half = 3.182446305284263 * (0.021875 / 3) ** 0.5 / 2
+    assert got["n"] == 4
+    assert got["mean_error"] == pytest.approx(0.0125)
+    assert got["ci_half_width"] == pytest.approx(half)
+    assert (got["ci_low"], got["ci_high"]) == pytest.approx((0.0125 - half, 0.0125 + half))
+    assert got["median_abs_error"] == pytest.approx(0.075)
+    assert got["worst_abs_error"] == pytest.approx(0.1)
+    lone = signed_error([-0.2])
+    assert lone["mean_error"] == pytest.approx(-0.2) and lone["ci_half_width"] != lone["ci_half_width"]  # NaN
+
+
+def test_repeats_deploy_both_halves_of_a_few_points_interleaved_and_f1_fits_the_cores(tmp_path: Path) -> None:
+    from sim.clients.population import Population
+    from sim.scenario import load
+    from sim.testbed import clients_per_round, run_dilation
+
+    for regime in ("usual", "f1"):
+        points = validate.repeated_points(validate.grid_for(regime))
+        assert len(points) == 8 and len({p.name for p in points}) == 8
+        halves = [validate.calibration_half(p) for p in points]
+        assert halves.count(True) == halves.count(False) == 4
+        assert {p.params for p in points} == {10_000, 100_000}
+    f1 = validate.repeated_points(validate.grid_for("f1"))[0]
+    assert f1.name == "n3_d10000_secagg_plain_before_upload_m1_s3-9"
+    scenario = load(validate.SCENARIO, [*f1.overrides(1), "testbed.cores=2", "server.speed=1"]).base()
+    slowdown = Population.build(scenario.population, scenario.clients, scenario.seed).slowdown
+    assert run_dilation(scenario, slowdown.smallest(clients_per_round(scenario))) == 1.0
+    assert [d.name for d in validate.deployments(tmp_path, f1, 3)] == ["deployed", "deployed-2", "deployed-3"]
+
+
+def test_the_bias_table_has_an_interval_per_half_model_and_stage() -> None:
+    rows = [
+        {"stage": "round", "error": e, "model": "calibrated", "point": p, "half": h}
+        for p, h, errors in (("a", "calibration", (-0.1, -0.3)), ("b", "validation", (0.1, 0.2, 0.3)))
+        for e in errors
+    ]
+    bias = validate.bias_table(pd.DataFrame(rows)).set_index("half")
+    assert list(bias.index) == ["calibration", "validation", "all"]
+    assert bias.loc["calibration", "mean_error"] == pytest.approx(-0.2)
+    assert bias.loc["validation", "ci_half_width"] == pytest.approx(4.302652729911275 * 0.1 / 3**0.5)
+    assert bias.loc["all", "n"] == 5 and bias.loc["all", "points"] == 2
+    assert "-20.0% [" in validate.format_bias(bias.reset_index().iloc[:1])

@@ -119,6 +119,34 @@ def simulated_scale(run: Path) -> float:
     return float(testbed.get("cpu_scale", 1.0))
 
 
+def signed_error(errors: pd.Series | list[float], level: float = 0.95) -> dict[str, float]:
+    """The bias of relative errors ``errors`` ((simulated - measured) / measured, one per deployment) with its
+    uncertainty: their mean, the two ends of its ``level`` confidence interval (Student's t with n - 1
+    degrees of freedom, the deployments taken as independent draws), the interval's half-width, and the
+    median and worst absolute error. NaNs are left out; with fewer than two errors the interval is NaN.
+
+    A bias shows in the mean and does not shrink with more deployments; the noise of single deployments
+    shrinks in the interval with the square root of their count (docs/time-model.md, "Measuring the bias")."""
+    from scipy.stats import t as student  # type: ignore[import-untyped]  # scipy comes with scikit-learn
+
+    values = pd.Series(errors, dtype=float).dropna()
+    n = len(values)
+    mean = float(values.mean()) if n else math.nan
+    half = math.nan
+    if n >= 2:
+        half = float(student.ppf(0.5 + level / 2, n - 1) * values.std(ddof=1) / math.sqrt(n))
+    absolute = values.abs()
+    return {
+        "n": float(n),
+        "mean_error": mean,
+        "ci_low": mean - half,
+        "ci_high": mean + half,
+        "ci_half_width": half,
+        "median_abs_error": float(absolute.median()) if n else math.nan,
+        "worst_abs_error": float(absolute.max()) if n else math.nan,
+    }
+
+
 def relative_error(simulated: float, measured: float) -> float:
     """(simulated - measured) / measured; NaN where either is missing or the measurement is 0."""
     if not (math.isfinite(simulated) and math.isfinite(measured)) or measured == 0:
