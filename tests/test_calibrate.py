@@ -226,3 +226,28 @@ def test_calibration_refuses_an_operations_table_changed_since_its_run_completed
         f.write("3,0,compute,0,9.5,[]\n")
     with pytest.raises(ChangedTableError, match=r"operations\.csv: changed since its run completed"):
         calibrate([run])
+
+
+def test_calibrate_takes_either_runs_or_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["calibrate", "--out", str(tmp_path / "p.json")], ["calibrate", str(tmp_path), "--host", "--out", "p"]):
+        assert dropsim(argv) == 2
+        assert "give either folders of deployed runs, or --host" in capsys.readouterr().err
+    assert dropsim(["calibrate", "--host", "--rounds", "0", "--out", str(tmp_path / "p.json")]) == 2
+    assert "--rounds is 0" in capsys.readouterr().err
+
+
+def test_validate_names_the_host_calibration_when_the_round_is_far_off() -> None:
+    import pandas as pd
+
+    from sim.cli.deploy import calibration_advice
+    from sim.deploy.validate import Validation
+
+    def advice(error: float, kernel: bool) -> str:
+        summary = pd.DataFrame([{"stage": "download", "error": 0.5}, {"stage": "round", "error": error}])
+        return calibration_advice(Validation(pd.DataFrame(), summary, True, 3, math.nan), kernel)
+
+    assert advice(-0.10, True) == advice(0.09, False) == advice(math.nan, True) == ""
+    far = advice(-0.28, False)
+    assert far.startswith("the simulated round time is -28% off the measured one")
+    assert "dropsim calibrate --host --out host.json" in far and "--testbed kernel --set costs.profile=host.json" in far
+    assert "--testbed kernel" not in advice(0.2, True)

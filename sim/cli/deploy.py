@@ -43,6 +43,7 @@ from sim.errors import InputError
 if TYPE_CHECKING:
     from sim.deploy.deployment import DeployOptions
     from sim.deploy.policy import WorkerPolicy
+    from sim.deploy.validate import Validation
     from sim.runner import Experiment
     from sim.scenario.types import Scenario
 
@@ -107,8 +108,23 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         help="fit a cost profile's scales per operation class (crypto, encoding, framing, training) to the CPU "
         "seconds deployed parties measured (operations.csv of deploy or validate runs)",
     )
-    p.add_argument("runs", nargs="+", type=Path, metavar="RUN", help="folders of `dropsim deploy` or `validate` runs")
+    p.add_argument("runs", nargs="*", type=Path, metavar="RUN", help="folders of `dropsim deploy` or `validate` runs")
     p.add_argument("--out", type=Path, required=True, metavar="PROFILE", help="the calibrated profile to write")
+    p.add_argument(
+        "--host",
+        action="store_true",
+        help="calibrate this host (as root): deploy the kernel grid's 8 calibration points on its kernel testbed, "
+        'then fit to them (docs/deploy.md, "Calibrating a new host")',
+    )
+    p.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="--host: keep the deployed runs here (default results/calibrate-host); runs already there are reused",
+    )
+    p.add_argument(
+        "--rounds", type=int, default=2, metavar="R", help="--host: rounds per point, in the grid's units (2)"
+    )
     p.add_argument(
         "--profile",
         type=Path,
@@ -518,15 +534,80 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"CPU: the deployed computations took {validation.cpu_scale / testbed.cpu_scale:.3g} times the simulated "
             f"CPU seconds; this host's testbed.cpu_scale is {validation.cpu_scale:.3g} (--cpu-scale, docs/deploy.md)"
         )
+    advice = calibration_advice(validation, testbed.emulation == "kernel")
+    if advice:
+        print(advice)
     print(f"results: {out}/ (summary.csv, validation.csv, validation.png/.pdf, simulated/, deployed/)")
     return 0 if validation.identical or noisy else 1
+
+
+LARGE_ERROR = 0.10
+"""A round-time error of ``dropsim validate`` beyond which it says how to calibrate this host."""
+
+
+def calibration_advice(validation: Validation, kernel: bool) -> str:
+    """What to do when the simulated round time is more than :data:`LARGE_ERROR` off the measured one (empty
+    when it is not): calibrate this host with ``dropsim calibrate --host``, then validate with its profile."""
+    rounds = validation.summary[validation.summary["stage"] == "round"]
+    error = float(rounds["error"].iloc[0]) if len(rounds) else math.nan
+    if not (math.isfinite(error) and abs(error) > LARGE_ERROR):
+        return ""
+    also = "" if kernel else " --testbed kernel"
+    return (
+        f"the simulated round time is {error:+.0%} off the measured one: calibrate this host with "
+        "`dropsim calibrate --host --out host.json` (as root, a few minutes), then validate again with"
+        f'{also} --set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")'
+    )
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from sim.profiling.calibrate import calibrate, summary, write_profile
 
-    doc = calibrate(args.runs, args.profile)
+    if args.host == bool(args.runs):
+        raise InputError("calibrate: give either folders of deployed runs, or --host (to deploy them here)")
+    runs = deploy_host_grid(args) if args.host else args.runs
+    doc = calibrate(runs, args.profile)
     write_profile(doc, args.out)
     print(summary(doc))
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` and testbed.cpu_scale 1)")
+    if args.host:
+        print(
+            f"  simulate this host's kernel testbed with it: dropsim run FILE --set costs.profile={args.out}\n"
+            "  and check it against a deployment: "
+            f"dropsim validate FILE --testbed kernel --set costs.profile={args.out}"
+        )
     return 0
+
+
+def deploy_host_grid(args: argparse.Namespace) -> list[Path]:
+    """``dropsim calibrate --host``: deploy the kernel grid's calibration points on this host's kernel
+    testbed, each once (``sim.deploy.grid.repeated_points``: 8 points of 5 clients at 10^4 and 10^5
+    parameters; a few minutes), from the shipped default profile; the folders of the deployed runs."""
+    from functools import partial
+
+    from sim.costs.model import DEFAULT_PROFILE
+    from sim.deploy.deployment import DeployOptions
+    from sim.deploy.grid import SCENARIO, complete, grid_for, repeated_points
+    from sim.deploy.kernel import in_private_network, reexec_in_private_network
+    from sim.deploy.validate import testbed_overrides
+    from sim.runner import Deployed, run_scenario
+    from sim.scenario import load
+
+    if args.rounds < 1:
+        raise InputError(f"calibrate: --rounds is {args.rounds}; it must be at least 1")
+    if not SCENARIO.is_file():
+        raise InputError(f"{SCENARIO}: the kernel grid's scenario is missing; run dropsim from a clone of the project")
+    keep = args.keep or Path("results/calibrate-host")
+    points = repeated_points(grid_for("usual"))
+    base = [*testbed_overrides(), "testbed.emulation=kernel", "testbed.cpu_scale=1", f"costs.profile={DEFAULT_PROFILE}"]
+    runs = [keep / point.name / "deployed" for point in points]
+    todo = [(point, run) for point, run in zip(points, runs, strict=True) if not complete(run)]
+    if todo and not in_private_network():
+        reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
+    for k, (point, run) in enumerate(todo, start=1):
+        print(f"[{k}/{len(todo)}] deploying {point.name} on this host's kernel testbed", file=sys.stderr)
+        scenario = load(SCENARIO, [*base, *point.overrides(args.rounds)], output=str(run)).base()
+        engine = partial(Deployed, options=DeployOptions(log_dir=run))
+        run_scenario(scenario, run, progress=False, engine=engine, driver="deploy")
+    print(f"deployed runs: {keep}/ (kept: `dropsim calibrate {keep}/*/deployed --out PROFILE` fits again)")
+    return runs
