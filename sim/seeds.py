@@ -43,6 +43,8 @@ class Stream(enum.IntEnum):
     """The public SecAgg+ communication graph of each round."""
     ROTATION = 13
     """The public seed of each round's randomised Hadamard rotation (DSkellam)."""
+    CFS_PHASE = 14
+    """The phase of each party's CFS period in the kernel testbed's model (``sim.engine.host.PartyQuotas``)."""
 
 
 def seed_sequence(seed: int, stream: Stream, *context: int) -> np.random.SeedSequence:

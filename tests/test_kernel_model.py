@@ -1,5 +1,5 @@
-"""The simulator's model of the kernel testbed (sim.engine.host.QuotaCores, PartyQuotas, sim.testbed): a
-party's CPU cgroup as a token bucket of one CFS period's quota, refilled at the quota.
+"""The simulator's model of the kernel testbed (sim.engine.host.QuotaScheduler, PartyQuotas, sim.testbed): a
+party's CPU cgroup as CFS bandwidth control runs it, its quota handed out afresh at every period.
 
 Stories are computed by hand with numbers exact in binary floating point and asserted with ``==``; random
 job sets are checked against what any quota-limited pool must do (no job faster than its work, none slower
@@ -41,45 +41,60 @@ def _job(env: simpy.Environment, pool: QuotaCores, log: Log, name: str, work: fl
     env.process(proc())
 
 
-def test_a_short_job_after_idle_runs_at_full_speed_within_the_burst() -> None:
+def test_a_short_job_after_idle_runs_at_full_speed_within_the_periods_quota() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    pool = QuotaCores(env, quota=0.5, burst=0.25)  # 0.25 s of CPU every 0.5 s
     _job(env, pool, log, "a", 0.125)
     env.run()
     assert log == [("a", 0.125)]
-    assert pool.credit == 0.25 - 0.125 * 0.5  # drained at 1 - quota per second of full speed
+    assert pool.credit == 0.25 - 0.125  # what is left of this period's quota
 
 
-def test_a_long_job_uses_its_burst_then_runs_at_the_quota() -> None:
+def test_a_long_job_runs_each_periods_quota_then_waits_for_the_next() -> None:
     env, log = simpy.Environment(), []
     pool = QuotaCores(env, quota=0.5, burst=0.25)
-    _job(env, pool, log, "a", 1.0)  # 0.5 s at full speed empties the burst, the other 0.5 s of work at 0.5
+    _job(env, pool, log, "a", 1.0)  # runs 0-0.25, 0.5-0.75, 1-1.25 and 1.5-1.75: throttled in between
     env.run()
-    assert log == [("a", 1.5)]
+    assert log == [("a", 1.75)]
     assert pool.credit == 0.0
 
 
-def test_two_jobs_drain_the_burst_together_then_share_the_quota() -> None:
+def test_two_jobs_spend_the_quota_together_then_wait_together() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=0.5, burst=0.375)
+    pool = QuotaCores(env, quota=0.5, burst=0.375)  # periods of 0.75 s
     _job(env, pool, log, "a", 0.5)
-    _job(env, pool, log, "b", 0.5)  # 2 - 0.5 = 1.5 per second: empty at 0.25; then 0.25 each at 0.25
+    _job(env, pool, log, "b", 0.5)  # 0.1875 each by 0.1875, and by 0.9375; the last 0.125 each by 1.625
     env.run()
-    assert log == [("a", 1.25), ("b", 1.25)]
+    assert log == [("a", 1.625), ("b", 1.625)]
 
 
-def test_an_idle_pool_refills_its_burst_at_its_quota() -> None:
+def test_an_idle_pool_gets_its_quota_back_at_the_next_period_not_before() -> None:
     env, log = simpy.Environment(), []
     pool = QuotaCores(env, quota=0.5, burst=0.25)
-    _job(env, pool, log, "a", 1.0)  # ends at 1.5 with no credit
-    _job(env, pool, log, "b", 0.5, start=1.75)  # 0.25 s idle: 0.125 of credit, 0.25 s of full speed
+    _job(env, pool, log, "a", 1.0)  # ends at 1.75, the quota of the period 1.5-2 spent
+    _job(env, pool, log, "b", 0.5, start=1.875)  # throttled until 2, then runs 2-2.25 and 2.5-2.75
     env.run()
-    assert log == [("a", 1.5), ("b", 1.75 + 0.25 + 0.5)]
+    assert log == [("a", 1.75), ("b", 2.75)]
+
+
+def test_the_period_has_a_phase() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.5, 0.25, phase=0.375)  # refills at 0.375, 0.875, ...
+
+    def job() -> Generator[simpy.Event, Any, None]:
+        yield from scheduler.run(pool, 0.5)  # 0-0.25, throttled until 0.375, then 0.25 more
+        log.append(("a", env.now))
+
+    env.process(job())
+    env.run()
+    assert log == [("a", 0.625)]
+    assert pool.boundary_after(0.625) == 0.875 and pool.boundary_after(0.875) == 1.375
 
 
 def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=2.0, burst=0.5)
+    pool = QuotaCores(env, quota=2.0, burst=0.5)  # periods of 0.25 s
     for name in "ab":
         _job(env, pool, log, name, 1.0)
     env.run()
@@ -87,15 +102,15 @@ def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
     env, log = simpy.Environment(), []
     pool = QuotaCores(env, quota=2.0, burst=0.5)
     for name in "abc":
-        _job(env, pool, log, name, 1.0)  # 3 - 2 = 1 per second: empty at 0.5, then 2/3 of a core each
+        _job(env, pool, log, name, 1.0)  # 1/6 each per period, spent 1/6 s into it: the 6th ends at 1.25 + 1/6
     env.run()
-    assert [t for _, t in log] == [pytest.approx(0.5 + 0.5 * 1.5)] * 3
+    assert [t for _, t in log] == [pytest.approx(1.25 + 1 / 6)] * 3
 
 
 def test_parties_bursting_at_once_share_the_hosts_cores() -> None:
     env, log = simpy.Environment(), []
     scheduler = QuotaScheduler(env, cores=1.0)
-    pools = [scheduler.pool(0.25, 0.25) for _ in range(2)]
+    pools = [scheduler.pool(0.25, 0.25) for _ in range(2)]  # 0.25 s of CPU every second each
 
     def job(name: str, pool: Pool) -> Generator[simpy.Event, Any, None]:
         yield from scheduler.run(pool, 1.0)
@@ -103,31 +118,18 @@ def test_parties_bursting_at_once_share_the_hosts_cores() -> None:
 
     for name, pool in zip("ab", pools, strict=True):
         env.process(job(name, pool))
-    # both may burst at a core, the host has one: half each, each burst draining at 0.5 - 0.25 = 0.25 per
-    # second, empty at 1.0 (0.5 done); then each at its quota, 0.25: 2 s more
+    # both may run at a core, the host has one: half each, so each period's quota is spent after 0.5 s;
+    # 0.25 each per period, the fourth period's by 3.5
     env.run()
-    assert log == [("a", 3.0), ("b", 3.0)]
-
-
-def test_a_party_held_back_by_the_host_keeps_its_unused_quota_as_credit() -> None:
-    env = simpy.Environment()
-    scheduler = QuotaScheduler(env, cores=1.0)
-    small, big = scheduler.pool(0.5, 0.25), scheduler.pool(0.5, 0.25)
-    big.credit = small.credit = 0.0
-    for _ in range(3):
-        scheduler.start(big, 10.0)  # 3 jobs of a 0.5-core pool: 1/6 each
-    job = scheduler.start(small, 10.0)  # alone in its pool: 0.5, within the host's core
-    env.run(until=1.0)
-    assert scheduler.cancel(job) == pytest.approx(0.5)
-    assert small.credit == 0.0 and big.credit == 0.0  # both use their quota as it comes
+    assert log == [("a", 3.5), ("b", 3.5)]
 
 
 def test_a_cancelled_job_reports_its_work_done() -> None:
     env = simpy.Environment()
     pool = QuotaCores(env, quota=0.5, burst=0.25)
     job = pool.start(1.0)
-    env.run(until=1.0)  # 0.5 at full speed, then 0.5 s at 0.5
-    assert pool.cancel(job) == 0.75
+    env.run(until=1.0)  # 0-0.25 and 0.5-0.75
+    assert pool.cancel(job) == 0.5
     assert not pool.jobs
 
 
@@ -142,24 +144,33 @@ def test_bad_quotas_and_work_are_refused() -> None:
 @settings(max_examples=60, deadline=None)
 @given(
     quota=st.sampled_from([0.125, 0.25, 0.5, 1.0, 1.5]),
+    phase=st.floats(0, 0.01),
     jobs=st.lists(st.tuples(st.floats(0, 2), st.floats(1e-3, 1)), min_size=1, max_size=6),
 )
 def test_no_job_is_faster_than_its_work_nor_slower_than_the_quota_allows(
-    quota: float, jobs: list[tuple[float, float]]
+    quota: float, phase: float, jobs: list[tuple[float, float]]
 ) -> None:
     env, log = simpy.Environment(), []
     burst = quota * 0.01
-    pool = QuotaCores(env, quota=quota, burst=burst)
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(quota, burst, phase)
+
+    def job(name: str, start: float, work: float) -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(start)
+        yield from scheduler.run(pool, work)
+        log.append((name, env.now))
+
     for i, (start, work) in enumerate(jobs):
-        _job(env, pool, log, str(i), work, start)
+        env.process(job(str(i), start, work))
     env.run()
     ends = dict(log)
     total = sum(work for _, work in jobs)
     last_start = max(start for start, _ in jobs)
     for i, (start, work) in enumerate(jobs):
         assert ends[str(i)] >= start + work - 1e-9
-    # all the work done by the last end: at least at the quota's rate (or a core each) from the last start
-    assert max(ends.values()) <= last_start + total / min(quota, 1.0) + 1e-9
+    # all the work done by the last end: at the quota's rate (or a core each) from the last start, but for
+    # the rest of the period the last one started in
+    assert max(ends.values()) <= last_start + total / min(quota, 1.0) + pool.period + 1e-9
 
 
 # ------------------------------------------------------------------------------------- the arithmetic
@@ -197,7 +208,8 @@ def test_party_quotas_give_each_party_its_share() -> None:
     assert quotas.pool(SERVER).quota == 1.0
     assert quotas.pool(0).quota == 0.5
     assert quotas.pool(1).quota == 0.125
-    assert quotas.pool(1).burst == testbed.burst_s(0.125)
+    assert quotas.pool(1).burst == testbed.burst_s(0.125) and quotas.pool(1).period == 0.01
+    assert quotas.pool(1).phase != quotas.pool(0).phase  # each party's period timer started on its own
     log: Log = []
 
     def server() -> Generator[simpy.Event, Any, None]:
@@ -206,7 +218,7 @@ def test_party_quotas_give_each_party_its_share() -> None:
 
     env.process(server())
     env.run()
-    assert log == [("server", 0.5)]
+    assert log == [("server", pytest.approx(0.5, abs=1e-12))]  # never throttled (summed over 50 periods)
 
 
 def test_emulation_is_read_only_when_given_and_checked() -> None:
@@ -233,8 +245,10 @@ def test_a_kernel_testbed_simulation_charges_compute_at_each_partys_quota(tmp_pa
         quota = world.dilation / row["slowdown"]
         work = row["samples"] * 0.05 + call  # its samples at 0.05 s, and the hand-over
         train = row["train_s"]
-        # its work at the quota, less the burst it had after idle (b / q: it ran at full speed meanwhile)
-        assert work / quota - testbed.burst_s(quota) / quota - 1e-9 <= train <= work / quota + 1e-9
+        # its work at the quota, give or take where in a CFS period it started and ended: a period's quota
+        # run just before a refill and another just after gain up to 2 (1 - q) periods
+        period = testbed.quota_us(quota)[1] / 1e6
+        assert work / quota - 2 * period - 1e-9 <= train <= work / quota + period + 1e-9
 
 
 def test_a_profile_may_charge_an_operation_by_role() -> None:

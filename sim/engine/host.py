@@ -20,9 +20,9 @@ A client of slow-down f >= 1 is emulated on the testbed by its process sleeping 
 seconds of each computation after it, holding its own processor: :meth:`SharedCores.compute`.
 
 The kernel testbed (``testbed: {emulation: kernel}``) gives every party a CPU cgroup of its own instead:
-:class:`PartyQuotas` charges each party's compute on a :class:`QuotaCores` of its quota (f / s cores for a
-client of slow-down s, f times its speed for the server: :mod:`sim.testbed`), with CFS's burst after idle
-(docs/time-model.md, "The kernel testbed").
+:class:`PartyQuotas` charges each party's compute on a :class:`Pool` of a :class:`QuotaScheduler`, its
+quota f / s cores for a client of slow-down s and f times its speed for the server (:mod:`sim.testbed`),
+refilled once per CFS period as the kernel does (docs/time-model.md, "The kernel testbed").
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ import numpy as np
 import simpy
 
 from sim.protocol.machine import SERVER
-from sim.testbed import burst_s, client_cores, server_cores
+from sim.seeds import Stream, generator
+from sim.testbed import client_cores, quota_us, server_cores
 
 if TYPE_CHECKING:
     from sim.clients.population import Profile
@@ -172,43 +173,59 @@ class SharedCores:
 
 
 class Pool:
-    """One party's CPU cgroup in a :class:`QuotaScheduler`: its quota (cores), its burst (CPU seconds) and
-    its credit (CPU seconds it may still run at full speed), and its running jobs in start order."""
+    """One party's CPU cgroup in a :class:`QuotaScheduler`, as CFS bandwidth control runs it: at every
+    boundary of its period (``phase + k * period`` seconds) the kernel hands it ``burst`` CPU seconds (its
+    quota per period; ``quota`` = burst / period cores) and carries none over. Its jobs run at up to a core
+    each while any of that is left (``credit``), and not at all once it is spent, until the next boundary
+    (docs/time-model.md, "The kernel testbed")."""
 
-    __slots__ = ("burst", "credit", "jobs", "quota")
+    __slots__ = ("burst", "credit", "jobs", "next_boundary", "period", "phase", "quota")
 
-    def __init__(self, quota: float, burst: float) -> None:
-        if not (math.isfinite(quota) and quota > 0 and math.isfinite(burst) and burst >= 0):
+    def __init__(self, quota: float, burst: float, phase: float = 0.0, now: float = 0.0) -> None:
+        if not (math.isfinite(quota) and quota > 0 and math.isfinite(burst) and burst > 0):
             raise ValueError(f"a quota of {quota!r} cores with a burst of {burst!r} s")
+        if not (math.isfinite(phase) and math.isfinite(now)):
+            raise ValueError(f"a CFS period's phase {phase!r} s at {now!r} s")
         self.quota = quota
         self.burst = burst
+        self.period = burst / quota
+        """Seconds between the kernel's refills."""
+        self.phase = phase % self.period
+        """Seconds from time 0 to the first refill (the period timer's phase)."""
         self.credit = burst
+        """CPU seconds it may still run in this period (a cgroup idle for a period holds all of its quota)."""
         self.jobs: dict[int, Job] = {}
+        self.next_boundary = self.boundary_after(now)
+
+    def boundary_after(self, t: float) -> float:
+        """The first refill strictly after ``t`` (seconds)."""
+        k = math.floor((t - self.phase) / self.period) + 1
+        boundary = self.phase + k * self.period
+        while boundary <= t:  # round-off at a boundary itself
+            k += 1
+            boundary = self.phase + k * self.period
+        return boundary
 
     def cap(self) -> float:
-        """The most a job of this pool may run at now (reference seconds per second): a core while it has
-        credit, else an equal share of the quota (a core at most)."""
-        if self.credit > _EPS_S:
-            return 1.0
-        return min(1.0, self.quota / len(self.jobs))
+        """The most a job of this pool may run at now (reference seconds per second): a core while its
+        period's quota lasts, else 0 (throttled until the next refill)."""
+        return 1.0 if self.credit > _EPS_S else 0.0
 
 
 class QuotaScheduler:
     """The kernel testbed's CPUs in virtual time: parties' CPU cgroups (:class:`Pool`) on a host of
     ``cores`` cores.
 
-    CFS hands a group its quota afresh every period and carries none over, so a group that was idle may
-    run at full speed until it has used one period's quota. A pool models that as a token bucket of
-    ``burst`` CPU seconds refilled at ``quota`` per second: while it holds credit each of its jobs may run
-    at one core, and once it is empty they share the quota, ``min(1, quota / n)`` each. The host's cores
-    bound them all together: when the jobs may run at more than ``cores`` in total (parties bursting at
-    once), they share the cores max-min fairly, none above what its pool allows (water-filling, the fluid
-    limit of CFS's fair share among runnable groups). A pool's credit changes at its quota less its jobs'
-    rates, between 0 and its burst.
+    CFS hands a group its quota afresh at every boundary of its period and carries none over. A group may
+    run at full speed until it has used that period's quota, and then not at all until the next boundary.
+    The host's cores bound them all together: when the jobs may run at more than ``cores`` in total
+    (parties bursting at once), they share the cores max-min fairly, none above what its pool allows
+    (water-filling, the fluid limit of CFS's fair share among runnable groups).
 
     As :class:`SharedCores`, the scheduler is event-driven: whenever a job starts, ends or is cancelled,
-    or a pool's credit runs out, every job's remaining work and every pool's credit are advanced at the
-    old rates and one timer is set for the next such event (a version counter voids older timers)."""
+    a pool's quota runs out, or a busy pool's period ends, every job's remaining work and every pool's
+    credit are advanced at the old rates and one timer is set for the next such event (a version counter
+    voids older timers)."""
 
     def __init__(self, env: simpy.Environment, cores: float = math.inf) -> None:
         if not cores > 0:
@@ -221,8 +238,11 @@ class QuotaScheduler:
         self._last = env.now
         self._version = 0
 
-    def pool(self, quota: float, burst: float) -> Pool:
-        pool = Pool(quota, burst)
+    def pool(self, quota: float, burst: float, phase: float = 0.0) -> Pool:
+        """A cgroup of ``quota`` cores handed ``burst`` CPU seconds per period, its periods starting at
+        ``phase`` seconds (modulo the period); idle until now, so it holds all of this period's quota."""
+        self._advance()
+        pool = Pool(quota, burst, phase, float(self.env.now))
         self.pools.append(pool)
         return pool
 
@@ -284,50 +304,59 @@ class QuotaScheduler:
     def _pool_rate(self, pool: Pool) -> float:
         return sum(self._rates.get(jid, 0.0) for jid in pool.jobs)
 
-    def _advance(self) -> None:
-        dt = self.env.now - self._last
-        self._last = self.env.now
-        if dt <= 0:
-            return
+    def _advance(self) -> list[Pool]:
+        """Advance every job and credit to now at the rates set last; the pools refilled now."""
+        now = float(self.env.now)
+        dt = now - self._last
+        self._last = now
+        refilled = []
         for pool in self.pools:
-            used = 0.0
-            for job in pool.jobs.values():
-                rate = self._rates.get(job.id, 0.0)
-                job.remaining -= rate * dt
-                used += rate
-            if pool.jobs and pool.credit <= _EPS_S and used >= pool.quota * (1 - 1e-12):
-                continue  # throttled: the quota is used as it comes
-            pool.credit = min(pool.burst, max(0.0, pool.credit + (pool.quota - used) * dt))
+            if dt > 0 and pool.jobs:
+                used = 0.0
+                for job in pool.jobs.values():
+                    rate = self._rates.get(job.id, 0.0)
+                    job.remaining -= rate * dt
+                    used += rate
+                pool.credit = max(0.0, pool.credit - used * dt)
+            if now >= pool.next_boundary - _EPS_S:  # a refill: a busy pool's is an event, an idle pool's passes
+                pool.credit = pool.burst
+                pool.next_boundary = pool.boundary_after(max(now, pool.next_boundary))
+                refilled.append(pool)
+        return refilled
 
     def _reschedule(self) -> None:
         self._version += 1
         self._compute_rates()
+        now = float(self.env.now)
         wait: float = math.inf
-        target: Job | Pool | None = None  # the next event: a job's end, or a pool's credit running out
+        target: Job | Pool | None = None  # the next event: a job's end, or a busy pool's quota running out
+        refill = False  # ... or its period's end
         for pool in self.pools:
+            if not pool.jobs:
+                continue
             for job in pool.jobs.values():
                 rate = self._rates[job.id]
                 if rate > 0 and max(job.remaining, 0.0) / rate < wait:
-                    wait, target = max(job.remaining, 0.0) / rate, job
-            drain = self._pool_rate(pool) - pool.quota
-            if pool.jobs and pool.credit > _EPS_S and drain > 0 and pool.credit / drain < wait:
-                wait, target = pool.credit / drain, pool
+                    wait, target, refill = max(job.remaining, 0.0) / rate, job, False
+            drain = self._pool_rate(pool)
+            if pool.credit > _EPS_S and drain > 0 and pool.credit / drain < wait:
+                wait, target, refill = pool.credit / drain, pool, False
+            if pool.next_boundary - now < wait:
+                wait, target, refill = max(0.0, pool.next_boundary - now), pool, True
         if target is None:
             return
         timer = self.env.timeout(wait)
         version = self._version
-        timer.callbacks.append(lambda _ev: self._on_timer(version, target))
+        timer.callbacks.append(lambda _ev: self._on_timer(version, target, refill))
 
-    def _on_timer(self, version: int, target: Job | Pool) -> None:
+    def _on_timer(self, version: int, target: Job | Pool, refill: bool) -> None:
         if version != self._version:
             return
-        self._advance()
-        if isinstance(target, Pool):
-            target.credit = 0.0
-            self._reschedule()
-            return
+        refilled = self._advance()  # a refill due now is done here
+        if isinstance(target, Pool) and not refill and target not in refilled:
+            target.credit = 0.0  # its quota ran out (to round-off), not at a refill
         # the job the timer was set for ends, with any that are level with it (to round-off)
-        finished = [target]
+        finished = [target] if isinstance(target, Job) else []
         for job in self._running():
             if job is not target and job.remaining <= _EPS_S + 1e-12 * job.work:
                 finished.append(job)
@@ -379,23 +408,31 @@ class PartyQuotas:
         server_speed: float,
         slowdown: Profile | np.ndarray,
         cores: float = math.inf,
+        seed: int = 0,
     ) -> None:
         self.env = env
         self.f = f
         self.server_speed = server_speed
         self.slowdown = slowdown
+        self.seed = seed
         self.scheduler = QuotaScheduler(env, cores)
         self.pools: dict[int, Pool] = {}
 
     def pool(self, party: int) -> Pool:
-        """``party``'s cgroup (a client's keeps its quota: a worker plays one client a round)."""
+        """``party``'s cgroup (a client's keeps its quota: a worker plays one client a round). Its quota and
+        period are the kernel's (:func:`sim.testbed.quota_us`); its period's phase is drawn once for the
+        party from the scenario seed (:attr:`sim.seeds.Stream.CFS_PHASE`): a cgroup's period timer starts
+        when its process first runs, at no particular moment of a round."""
         pool = self.pools.get(party)
         if pool is None:
             if party == SERVER:
                 cores = server_cores(self.f, self.server_speed)
             else:
                 cores = client_cores(self.f, float(self.slowdown[party]))
-            pool = self.pools[party] = self.scheduler.pool(cores, burst_s(cores))
+            runtime_us, period_us = quota_us(cores)
+            period = period_us / 1e6
+            phase = float(generator(self.seed, Stream.CFS_PHASE, party + 1).random()) * period
+            pool = self.pools[party] = self.scheduler.pool(runtime_us / period_us, runtime_us / 1e6, phase)
         return pool
 
     def start(self, work: float, party: int = SERVER) -> Job:

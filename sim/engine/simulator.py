@@ -113,7 +113,8 @@ class Simulator:
             return None
         if is_kernel(world.scenario):
             sc = world.scenario
-            return PartyQuotas(self.env, world.dilation, sc.server.speed, world.population.slowdown, testbed.cores)
+            slowdown = world.population.slowdown
+            return PartyQuotas(self.env, world.dilation, sc.server.speed, slowdown, testbed.cores, sc.seed)
         return SharedCores(self.env, testbed.cores)
 
     @property
