@@ -229,7 +229,8 @@ def test_calibration_refuses_an_operations_table_changed_since_its_run_completed
 
 
 def test_calibrate_takes_either_runs_or_host(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["calibrate", "--out", str(tmp_path / "p.json")], ["calibrate", str(tmp_path), "--host", "--out", "p"]):
+    neither = ["calibrate", "--out", str(tmp_path / "p.json")]
+    for argv in (neither, ["calibrate", str(tmp_path), "--host", "--out", "p"]):
         assert dropsim(argv) == 2
         assert "give either folders of deployed runs, or --host" in capsys.readouterr().err
     assert dropsim(["calibrate", "--host", "--rounds", "0", "--out", str(tmp_path / "p.json")]) == 2
