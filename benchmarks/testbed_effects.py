@@ -526,7 +526,7 @@ def section_threads(quick: bool, rng: random.Random) -> pd.DataFrame:
             _, t1 = groups.stat(party)
             samples[(threads, p)].append((reply["wall_s"], reply["cpu_s"], (t1 - t0) / 1e3))
     rows = []
-    b = burst_s(q)
+    quota_period = cfs_period_us(q) / 1e6
     for (threads, p), got in sorted(samples.items()):
         wall, cpu, thr = (float(np.mean([g[i] for g in got])) for i in range(3))
         one_cpu = float(np.mean([g[1] for g in samples[(1, p)]]))
@@ -541,8 +541,8 @@ def section_threads(quick: bool, rng: random.Random) -> pd.DataFrame:
                 "measured_ms": wall * 1e3,
                 "cpu_ms": cpu * 1e3,
                 "throttled_ms": thr,
-                "modelled_ms": bucket_s(one_cpu, q, b) * 1e3,
-                "alt_all_threads_cpu_ms": bucket_s(cpu, q, b) * 1e3,
+                "modelled_ms": simulator_s(one_cpu, q, quota_period) * 1e3,
+                "alt_all_threads_cpu_ms": simulator_s(cpu, q, quota_period) * 1e3,
             }
         )
     df = pd.DataFrame(rows)
@@ -558,7 +558,7 @@ def verdict_threads(df: pd.DataFrame) -> str:
     cpu = (two.cpu_ms / one.cpu_ms).map(lambda x: f"{x:.2f}").to_dict()
     return (
         f"At 0.5 core, 2 threads over 1 thread: wall x{ratio}, process CPU x{cpu} (by parameters). The simulator "
-        f"charges the single-thread CPU as one job (modelled_ms, the bucket): 1 thread measured minus model "
+        f"charges the single-thread CPU as one job (modelled_ms, its quota's model): 1 thread measured minus model "
         f"{one.diff_frac.median():+.1%} median, 2 threads {two.diff_frac.median():+.1%}. Charging all threads' CPU "
         f"against the quota (alt_all_threads_cpu_ms) explains 2 threads' wall within "
         f"{((two.measured_ms - two.alt_all_threads_cpu_ms) / two.alt_all_threads_cpu_ms).abs().median():.1%} (median). "
