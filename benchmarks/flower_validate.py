@@ -34,6 +34,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from sim.preflight import measured_elsewhere
 from sim.results.manifest import host
 from sim.results.read import read_run_table
 from sim.runner import run_scenario
@@ -153,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
     shown += [f"error_{stage}" for stage in STAGES]
     print(table[shown].to_string(index=False, float_format=lambda x: f"{x:.4g}"))
     print(summary(table))
+    elsewhere = measured_elsewhere(load(SCENARIO, args.extra).base())
+    if elsewhere and args.measured is None:
+        print(f"note: the simulated times' cost profile {elsewhere}")
     if args.csv is not None:
         table.to_csv(args.csv, index=False)
         print(f"written: {args.csv}", file=sys.stderr)

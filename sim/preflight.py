@@ -12,7 +12,7 @@ from pathlib import Path
 
 from sim import footprint
 from sim.costs.estimate import estimate_training
-from sim.costs.model import CostModel, CostModelError
+from sim.costs.model import CostModel, CostModelError, read_profile, resolve_profile
 from sim.errors import InputError
 from sim.learning.datasets import digits_train_size
 from sim.learning.federated import data_shape
@@ -21,11 +21,12 @@ from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.plugins import where_raised
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS
+from sim.results.manifest import host
 from sim.round.privacy import padded
 from sim.scenario.errors import Problem, ScenarioError
 from sim.scenario.plugins import written_key
 from sim.scenario.types import Scenario
-from sim.testbed import cost_profile
+from sim.testbed import ENGINE, KERNEL, cost_profile
 
 
 def preflight(scenario: Scenario) -> list[Problem]:
@@ -330,7 +331,44 @@ def warnings(scenario: Scenario) -> list[Problem]:
             estimate = None
         if estimate is not None:
             found.append(Problem(scenario.origin("costs", "profile"), "costs.profile", estimate.note()))
+    elsewhere = measured_elsewhere(scenario)
+    if elsewhere:
+        found.append(Problem(scenario.origin("costs", "profile"), "costs.profile", elsewhere))
     return found
+
+
+HOW_TO_MEASURE = {
+    ENGINE: "profile this host with `dropsim profile --impl flower --out here.json` and simulate with "
+    "--set costs.profile=here.json (docs/profiles.md)",
+    KERNEL: "calibrate this host with `dropsim calibrate --host --out host.json` (as root) and simulate with "
+    '--set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")',
+}
+"""How to measure this host's own profile, for the testbeds whose simulated times are one host's."""
+
+
+def measured_elsewhere(scenario: Scenario) -> str:
+    """Where ``scenario`` models a testbed of one host (a kernel testbed, or a profile's simulation engine:
+    ``testbed.emulation``) with a cost profile measured or calibrated on another machine (another processor
+    or core count), a note saying so and how to measure this one; else empty. Such a profile's times are
+    its machine's: the flower profile of a 2-core AMD EPYC under-estimated Flower's rounds on a 2-core
+    Intel Xeon by 33 to 48%."""
+    testbed = scenario.testbed
+    if testbed is None or testbed.emulation not in HOW_TO_MEASURE:
+        return ""
+    try:
+        doc = read_profile(resolve_profile(cost_profile(scenario)))
+    except (InputError, OSError, ValueError):
+        return ""  # an unusable profile: preflight's problem
+    measured = doc.get("calibration", {}).get("host") or doc.get("machine") or {}
+    if not isinstance(measured, dict) or "processor" not in measured:
+        return ""
+    here = host()
+    if (measured.get("processor"), measured.get("cpus")) == (here["processor"], here["cpus"]):
+        return ""
+    return (
+        f"was measured on a {measured.get('cpus')}-core {measured.get('processor')}, not this host (a "
+        f"{here['cpus']}-core {here['processor']}): its times are that machine's; " + HOW_TO_MEASURE[testbed.emulation]
+    )
 
 
 def check_all(scenarios: list[Scenario]) -> None:

@@ -306,3 +306,23 @@ def test_profile_impl_without_its_extra_says_what_to_install(tmp_path, monkeypat
     assert main(["profile", "--impl", "flower", "--quick", "--out", str(tmp_path / "f.json")]) == 2
     assert "--impl flower needs flwr: pip install -e '.[peer]'" in capsys.readouterr().err
     assert not (tmp_path / "f.json").exists()
+
+
+def test_a_one_host_testbed_with_another_machines_profile_is_pointed_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    import sim.preflight as preflight
+    from sim.scenario import load
+
+    root = Path(__file__).resolve().parent.parent
+    flower = load(root / "scenarios" / "flower.yaml").base()
+    kernel = load(root / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel"]).base()
+    process = load(root / "scenarios" / "deploy.yaml").base()
+    profile = json.loads((root / "sim" / "costs" / "flower.json").read_text())["machine"]
+    monkeypatch.setattr(preflight, "host", lambda: {"processor": profile["processor"], "cpus": profile["cpus"]})
+    assert preflight.measured_elsewhere(flower) == ""  # the machine it was measured on
+    monkeypatch.setattr(preflight, "host", lambda: {"processor": "Another CPU", "cpus": 16})
+    note = preflight.measured_elsewhere(flower)
+    assert note.startswith(f"was measured on a 2-core {profile['processor']}, not this host (a 16-core Another CPU)")
+    assert "dropsim profile --impl flower --out here.json" in note
+    assert "dropsim calibrate --host --out host.json" in preflight.measured_elsewhere(kernel)
+    assert preflight.measured_elsewhere(process) == ""  # the process testbed scales its profile (cpu_scale)
+    assert any(w.key == "costs.profile" and w.message == note for w in preflight.warnings(flower))
