@@ -15,6 +15,10 @@ says whether and how the simulator models it:
 - ``threads``: a few SGD steps of a torch Linear model (1e4 to 1e6 parameters) in a cgroup of 0.5 core
   with 1 and 2 intra-op threads: wall, process CPU and throttled time. The simulator charges training
   as one job whatever the threads.
+- ``slices``: two threads of one cgroup (q of 1/3 and 1/2 core per 10 ms), the first running a short
+  burst and then waking the second, which runs another: both pinned to one CPU, or each to its own (a
+  party's event loop handing a frame's work to its compute thread). The simulator's quota is one pool,
+  whichever CPU a party's threads run on.
 - ``loop``: two processes over TCP on 127.0.0.1 with asyncio streams (as a deployment): ping-pong of 64 B
   to 1 MB frames, and hand-overs of a tiny computation to a thread with ``loop.run_in_executor`` (what
   ``deploy.call`` charges), unconstrained and with both in cgroups of 0.25 core. Wall time per round
@@ -91,7 +95,7 @@ MIN_QUOTA_US = 1_000
 """The kernel's least quota per period (microseconds)."""
 LOCAL_SLACK_S = 0.001
 """Runtime a CPU's run queue keeps when its group goes idle (the kernel's min_cfs_rq_runtime, 1 ms)."""
-SECTIONS = ("cfs", "threads", "loop", "htb", "cores", "gc")
+SECTIONS = ("cfs", "threads", "slices", "loop", "htb", "cores", "gc")
 
 
 # -- plumbing ----------------------------------------------------------------------------------------------
@@ -973,6 +977,111 @@ def verdict_cores(df: pd.DataFrame) -> str:
     )
 
 
+# -- slices ------------------------------------------------------------------------------------------------
+def child_slices(config: dict[str, Any]) -> None:
+    """Child: two threads. For each command, the main thread sleeps ``idle_s``, runs ``a_s`` CPU seconds on
+    CPU ``a``, then wakes the other thread, pinned to CPU ``b``, which runs ``b_s``; reports the wall
+    seconds from the first's start to the second's end (a party's event loop handing a frame's work to its
+    compute thread)."""
+    go, done = threading.Event(), threading.Event()
+    plan: dict[str, Any] = {}
+
+    def second() -> None:
+        while True:
+            go.wait()
+            go.clear()
+            if plan.get("stop"):
+                return
+            os.sched_setaffinity(0, {plan["b"]})
+            busy(plan["b_s"])
+            done.set()
+
+    worker = threading.Thread(target=second, daemon=True)
+    worker.start()
+    say({"ready": True})
+    while (command := listen()) is not None:
+        plan.update(command)
+        os.sched_setaffinity(0, {command["a"]})
+        time.sleep(command["idle_s"])
+        start = time.perf_counter()
+        busy(command["a_s"])
+        go.set()
+        done.wait()
+        done.clear()
+        say({"wall_s": time.perf_counter() - start})
+    plan["stop"] = True
+    go.set()
+    worker.join(1)
+
+
+def section_slices(quick: bool, rng: random.Random) -> pd.DataFrame:
+    """Two threads of one cgroup, one after the other, on one CPU and on two: the wall time (ms) of both
+    bursts, against the simulator (the party's quota, whichever CPU its threads run on)."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        return pd.DataFrame()
+    pairs = {"one CPU": (cpus[0], cpus[0]), "two CPUs": (cpus[0], cpus[1])}
+    quotas = [1 / 3] if quick else [1 / 3, 0.5]
+    bursts = [(3e-4, 1e-3), (1e-3, 2e-3)] if quick else [(3e-4, 1e-3), (5e-4, 2e-3), (1e-3, 2e-3)]
+    reps = 15 if quick else 60
+    plan = [(q, where, a, b) for q in quotas for where in pairs for a, b in bursts for _ in range(reps)]
+    rng.shuffle(plan)
+    samples: dict[tuple[float, str, float, float], list[float]] = collections.defaultdict(list)
+    with Groups() as groups, children() as kids:
+        groups.add("party", 1.0)
+        child = Child.of("slices")
+        kids.append(child)
+        child.recv(30)
+        groups.attach("party", child.pid)
+        current = None
+        for q, where, a, b in plan:
+            if current != q:
+                groups.set_max("party", round(q * PERIOD_US), PERIOD_US)
+                current = q
+            cpu_a, cpu_b = pairs[where]
+            idle = 3 * PERIOD_US / 1e6 + rng.random() * PERIOD_US / 1e6
+            child.send({"a": cpu_a, "b": cpu_b, "a_s": a, "b_s": b, "idle_s": idle})
+            samples[(q, where, a, b)].append(child.recv(30)["wall_s"])
+    rows = []
+    for (q, where, a, b), walls in sorted(samples.items()):
+        wall = np.array(walls)
+        rows.append(
+            {
+                "section": "slices",
+                "q_cores": q,
+                "cpus": where,
+                "a_ms": a * 1e3,
+                "b_ms": b * 1e3,
+                "reps": len(wall),
+                "measured_ms": wall.mean() * 1e3,
+                "measured_p50_ms": np.median(wall) * 1e3,
+                "measured_p90_ms": np.percentile(wall, 90) * 1e3,
+                "simulator_ms": simulator_s(a + b, q, PERIOD_US / 1e6) * 1e3,
+            }
+        )
+    df = pd.DataFrame(rows)
+    df["diff_ms"] = df["measured_ms"] - df["simulator_ms"]
+    return df
+
+
+def verdict_slices(df: pd.DataFrame) -> str:
+    """One paragraph on the slices table."""
+    if df.empty:
+        return "slices: needs two CPUs."
+    keys = ["q_cores", "a_ms", "b_ms"]
+    one = df[df.cpus == "one CPU"].set_index(keys)
+    two = df[df.cpus == "two CPUs"].set_index(keys)
+    extra = (two.measured_ms - one.measured_ms).mean()
+    return (
+        f"Two threads of one party, one after the other: on two CPUs they take {extra:+.2f} ms more on average "
+        f"than on one (mean over {len(two)} configurations; tails: p90 {two.measured_p90_ms.mean():.2f} against "
+        f"{one.measured_p90_ms.mean():.2f} ms). Measured minus the simulator: {one.diff_ms.mean():+.2f} ms on one "
+        f"CPU, {two.diff_ms.mean():+.2f} ms on two. CFS hands a cgroup's runtime to each CPU in slices, so a "
+        "thread that wakes on another CPU may find the party's quota held by the first CPU and wait for the next "
+        "period; the simulator's quota is one pool, whichever CPU its threads run on."
+    )
+
+
 # -- gc ----------------------------------------------------------------------------------------------------
 def child_gc(config: dict[str, Any]) -> None:
     """Child: a party-like allocation loop (torch imported) for ``duration_s``; every collection's pause."""
@@ -1063,6 +1172,7 @@ def verdict_gc(df: pd.DataFrame) -> str:
 CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {
     "cfs": child_cfs,
     "threads": child_threads,
+    "slices": child_slices,
     "loop-server": child_loop_server,
     "loop-client": child_loop_client,
     "htb": child_htb,
@@ -1073,13 +1183,14 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {
 RUNNERS: dict[str, tuple[Callable[[bool, random.Random], pd.DataFrame], Callable[[pd.DataFrame], str]]] = {
     "cfs": (section_cfs, verdict_cfs),
     "threads": (section_threads, verdict_threads),
+    "slices": (section_slices, verdict_slices),
     "loop": (section_loop, verdict_loop),
     "htb": (section_htb, verdict_htb),
     "cores": (section_cores, verdict_cores),
     "gc": (section_gc, verdict_gc),
 }
 
-NEEDS_ROOT = {"cfs", "threads", "loop", "htb", "cores"}
+NEEDS_ROOT = {"cfs", "threads", "slices", "loop", "htb", "cores"}
 
 
 def _terminate(signum: int, _frame: object) -> None:
