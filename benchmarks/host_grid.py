@@ -8,13 +8,14 @@ It runs, one after the other, as root (the kernel testbed needs it: docs/deploy.
    simulated (``validate_kernel.csv``, ``validate_kernel_stages.csv``, ``validate_kernel_bias.csv``), with
    every deployed run kept in ``runs/`` (its ``operations.csv`` included), so that the calibration and
    the simulations can be redone on any other machine: ``python benchmarks/validate.py --testbed kernel
-   --keep OUT/runs`` with the same options deploys nothing that is already there;
+   --keep OUT/runs`` with the same options deploys nothing that is already there, and simulates the
+   cores of the host the runs were deployed on;
 
 and writes ``host.txt``: the machine, the kernel, the CPU, the Python, dropsim's commit and every installed
 package's version, and each step's command line, exit status and wall seconds. A step that fails is
 reported and the next one still runs; a folder already holding some of the grid goes on where it stopped.
 
-    python benchmarks/host_grid.py --out host-grid                       # the grid's 5-client half, ~1 hour
+    python benchmarks/host_grid.py --out host-grid                       # the 16 points of 5 clients, ~25 min
     python benchmarks/host_grid.py --out host-grid --points n5_ n10_ n20_   # the 48 points
     python benchmarks/host_grid.py --out host-grid --repeats 8            # 8 points, 8 times each, interleaved
     python benchmarks/host_grid.py --out host-grid --quick                # one point of each half, a few minutes
@@ -29,6 +30,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from sim.deploy.grid import F1_CLIENTS
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
@@ -104,10 +107,10 @@ def main(argv: list[str] | None = None) -> int:
               "--csv", str(out / "testbed_effects.csv")], log),
     ]  # fmt: skip
     points = args.points
-    if points is None and args.repeats == 1:
-        points = ["n3_d10000_secagg_plain_before", "n3_d10000_secagg+_plain_before"] if args.quick else ["n5_"]
-        if args.quick and args.regime == "usual":
-            points = [p.replace("n3_", "n5_") for p in points]
+    if points is None and args.repeats == 1:  # the grid's smallest client count: 16 points
+        fewest = f"n{F1_CLIENTS if args.regime == 'f1' else 5}_"
+        quick = [f"{fewest}d10000_secagg_plain_before", f"{fewest}d10000_secagg+_plain_before"]
+        points = quick if args.quick else [fewest]
     validate = [
         python, str(HERE / "validate.py"), "--testbed", "kernel", "--keep", str(out / "runs"),
         "--rounds", str(1 if args.quick else args.rounds), "--repeats", str(args.repeats), "--regime", args.regime,

@@ -86,8 +86,8 @@ from sim.testbed import (
     MSS_BYTES,
     PAYLOAD_FRACTION,
     PERIOD_US,
-    burst_s,
     cfs_period_us,
+    quota_us,
 )
 
 HERE = Path(__file__).resolve()
@@ -223,9 +223,10 @@ class Groups(kernel.CpuGroups):
         return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_time", 0)) / 1e3
 
 
-def simulated(quotas: Sequence[float], bursts: Sequence[float], works: Sequence[float], cores: float) -> list[float]:
+def simulated(quotas: Sequence[float], works: Sequence[float], cores: float, rng: random.Random) -> list[float]:
     """Seconds the simulator's :class:`QuotaScheduler` takes for one job of ``works[i]`` CPU seconds in each
-    pool ``(quotas[i] cores, bursts[i] s)``, all started at once with full credit on ``cores`` cores."""
+    pool of ``quotas[i]`` cores (the kernel's quota and period: :func:`sim.testbed.quota_us`, each period at a
+    random phase, as :class:`sim.engine.host.PartyQuotas` draws them), all started at once on ``cores``."""
     import simpy
 
     from sim.engine.host import QuotaScheduler
@@ -235,7 +236,8 @@ def simulated(quotas: Sequence[float], bursts: Sequence[float], works: Sequence[
     ends = [math.nan] * len(works)
 
     def one(i: int) -> Any:
-        pool = scheduler.pool(quotas[i], bursts[i])
+        runtime_us, period_us = quota_us(quotas[i])
+        pool = scheduler.pool(runtime_us / 1e6, period_us / 1e6, rng.random() * period_us / 1e6)
         yield from scheduler.run(pool, works[i])
         ends[i] = env.now
 
@@ -263,7 +265,7 @@ def simulator_s(w: float, q: float, period_s: float, phases: int = 64) -> float:
     for k in range(phases):
         env = simpy.Environment()
         scheduler = QuotaScheduler(env)
-        pool = scheduler.pool(q, q * period_s, phase=(k + 0.5) / phases * period_s)
+        pool = scheduler.pool(q * period_s, period_s, phase=(k + 0.5) / phases * period_s)
         env.process(scheduler.run(pool, w))
         env.run()
         total += env.now
@@ -922,7 +924,6 @@ def child_busy(config: dict[str, Any]) -> None:
 
 def section_cores(quick: bool, rng: random.Random) -> pd.DataFrame:
     """Completion times (s) of N busy processes at 0.75 core each on this host's cores vs water-filling."""
-    del rng
     q = 0.75
     cores = len(os.sched_getaffinity(0))
     work = 0.25 if quick else 0.6
@@ -943,7 +944,7 @@ def section_cores(quick: bool, rng: random.Random) -> pd.DataFrame:
                     child.send({"t0": t0})
                 ends = np.array([child.recv(60 + 10 * n * work)["end"] - t0 for child in kids])
                 throttled = sum(groups.stat(p)[1] for p in groups.parties) / 1e3 / n
-            model = simulated([q] * n, [burst_s(q)] * n, [work] * n, cores)
+            model = simulated([q] * n, [work] * n, cores, rng)
             share = work / min(q, cores / n)
             rows.append(
                 {

@@ -37,11 +37,13 @@ validation. ``--keep DIR`` keeps every run, and a grid interrupted there goes on
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import platform
 import statistics
 import sys
 import time
+from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -166,10 +168,10 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
     if not grid:
         print(f"no point of the {args.regime} grid matches --points {' '.join(args.points)}", file=sys.stderr)
         return 2
-    base = [*testbed_overrides(), "testbed.emulation=kernel", "testbed.cpu_scale=1"]
-    base.append(f"costs.profile={DEFAULT_PROFILE}")  # what the deployed runs are calibrated from
-    with TemporaryDirectory() as scratch:
-        root = args.keep if args.keep is not None else Path(scratch)
+    if args.keep is None and not in_private_network():  # everything is to deploy, in a namespace of its own
+        reexec_in_private_network([sys.executable, str(Path(__file__).resolve()), *argv])
+    with TemporaryDirectory() if args.keep is None else contextlib.nullcontext(str(args.keep)) as folder:
+        root = Path(folder)
         root.mkdir(parents=True, exist_ok=True)
         # interleaved: every point once, then every point again, so that a slow stretch of the host falls
         # on all points alike rather than on one point's repetitions
@@ -177,6 +179,10 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
         todo = [(r, point) for r, point in order if not complete(deployments(root, point, args.repeats)[r])]
         if todo and not in_private_network():
             reexec_in_private_network([sys.executable, str(Path(__file__).resolve()), *argv])
+        # the host the runs were deployed on: kept runs simulated on another machine model their own cores
+        cores = args.cores or deployed_cores(run for _, point in order for run in deployments(root, point, 1))
+        base = [*testbed_overrides(cores), "testbed.emulation=kernel", "testbed.cpu_scale=1"]
+        base.append(f"costs.profile={DEFAULT_PROFILE}")  # what the deployed runs are calibrated from
         for k, (r, point) in enumerate(todo, start=1):
             deployed = deployments(root, point, args.repeats)[r]
             print(f"[{k}/{len(todo)}] deploying {point.name} ({r + 1} of {args.repeats})", file=sys.stderr)
@@ -246,28 +252,59 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
+def deployed_cores(runs: Iterable[Path]) -> int | None:
+    """``testbed.cores`` of the first finished run of ``runs`` (the cores of the host it was deployed on), or
+    None if none is finished."""
+    for run in runs:
+        if complete(run):
+            cores = (read_manifest(run).get("scenario", {}).get("testbed") or {}).get("cores")
+            if isinstance(cores, int) and not isinstance(cores, bool) and cores > 0:
+                return cores
+    return None
+
+
 def bias_table(per_stage: pd.DataFrame) -> pd.DataFrame:
-    """Per half (and both together: ``all``), model and stage, the mean signed error over the deployments
-    with its 95% interval, and the median and worst |error| (:func:`sim.deploy.validate.signed_error`); one
-    error per deployment, the error of its mean round (its first round left out)."""
+    """Per half (and both together: ``all``), model and stage, the mean signed error with its 95% interval
+    (:func:`sim.deploy.validate.signed_error`), and the median and worst |error| over the deployments. A
+    deployment's error is the error of its mean round (its first round left out).
+
+    The interval is over the points: each point's repetitions share one simulated run and the point's own
+    error, so they are averaged first and the points are the independent draws (``mean_error``,
+    ``ci_low``, ``ci_high``, ``n`` points). More repetitions narrow it only as far as the points agree.
+    The interval over the deployments as if independent (``ci_low_deployments``, ``ci_high_deployments``)
+    shows the noise of single deployments alone."""
     rows = []
     for half in ("calibration", "validation", "all"):
         part = per_stage if half == "all" else per_stage[per_stage["half"] == half]
         for (model, stage), group in part.groupby(["model", "stage"], sort=False):
+            by_point = signed_error(group.groupby("point")["error"].mean())
+            by_deployment = signed_error(group["error"])
             rows.append(
-                {"half": half, "model": model, "stage": stage, "points": group["point"].nunique(),
-                 **signed_error(group["error"])}
-            )  # fmt: skip
+                {
+                    "half": half,
+                    "model": model,
+                    "stage": stage,
+                    **by_point,
+                    "deployments": by_deployment["n"],
+                    "ci_low_deployments": by_deployment["ci_low"],
+                    "ci_high_deployments": by_deployment["ci_high"],
+                    "median_abs_error": by_deployment["median_abs_error"],
+                    "worst_abs_error": by_deployment["worst_abs_error"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
 def format_bias(bias: pd.DataFrame) -> str:
-    """One line per stage: mean signed error [95% interval], median and worst |error|, deployments."""
+    """One line per stage: mean signed error [95% interval over the points], the interval over the
+    deployments, median and worst |error| over the deployments, and their counts."""
     lines = []
     for row in bias.itertuples():
         lines.append(
-            f"    {row.stage:<22} {row.mean_error:+7.1%} [{row.ci_low:+7.1%}, {row.ci_high:+7.1%}]  "
-            f"median |error| {row.median_abs_error:6.1%}  worst {row.worst_abs_error:6.1%}  (n = {int(row.n)})"
+            f"    {row.stage:<22} {row.mean_error:+7.1%} [{row.ci_low:+7.1%}, {row.ci_high:+7.1%}] over "
+            f"{int(row.n)} points ([{row.ci_low_deployments:+7.1%}, {row.ci_high_deployments:+7.1%}] over "
+            f"{int(row.deployments)} deployments)  median |error| {row.median_abs_error:6.1%}  worst "
+            f"{row.worst_abs_error:6.1%}"
         )
     return "\n".join(lines)
 
@@ -360,6 +397,12 @@ def main(argv: list[str] | None = None) -> int:
         "--jobs", type=int, default=os.cpu_count() or 1, help="--testbed kernel: simulations at a time (cores)"
     )
     parser.add_argument(
+        "--cores",
+        type=int,
+        help="--testbed kernel: the testbed's cores the runs are simulated with (default: those of the host the kept "
+        "runs were deployed on, else this host's)",
+    )
+    parser.add_argument(
         "--repeats",
         type=int,
         default=1,
@@ -381,6 +424,10 @@ def main(argv: list[str] | None = None) -> int:
         help="--testbed kernel: the mean signed error and its 95%% interval per half, model and stage",
     )
     args = parser.parse_args(argv)
+    for name in ("rounds", "repeats", "cores", "jobs"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            parser.error(f"--{name} is {value}; it must be at least 1")
     if args.testbed == "kernel":
         if args.csv == Path("validate.csv"):
             args.csv = Path("validate_kernel.csv")

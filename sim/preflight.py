@@ -337,13 +337,21 @@ def warnings(scenario: Scenario) -> list[Problem]:
     return found
 
 
-HOW_TO_MEASURE = {
-    ENGINE: "profile this host with `dropsim profile --impl flower --out here.json` and simulate with "
-    "--set costs.profile=here.json (docs/profiles.md)",
-    KERNEL: "calibrate this host with `dropsim calibrate --host --out host.json` (as root) and simulate with "
-    '--set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")',
-}
-"""How to measure this host's own profile, for the testbeds whose simulated times are one host's."""
+def how_to_measure(emulation: str, doc: dict[str, object]) -> str:
+    """How to measure this host's own profile for a testbed of ``emulation`` whose profile is ``doc``: the
+    command that measured it (a simulation engine's implementation), or the kernel testbed's calibration."""
+    if emulation == ENGINE:
+        implementation = doc.get("implementation")
+        measured_by = implementation.get("measured_by") if isinstance(implementation, dict) else None
+        command = measured_by if isinstance(measured_by, str) else "dropsim profile --impl NAME"
+        return (
+            f"profile this host with `{command} --out here.json` and simulate with --set costs.profile=here.json "
+            "(docs/profiles.md)"
+        )
+    return (
+        "calibrate this host with `dropsim calibrate --host --out host.json` (as root) and simulate with "
+        '--set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")'
+    )
 
 
 def measured_elsewhere(scenario: Scenario) -> str:
@@ -353,7 +361,7 @@ def measured_elsewhere(scenario: Scenario) -> str:
     its machine's: the flower profile of a 2-core AMD EPYC under-estimated Flower's rounds on a 2-core
     Intel Xeon by 33 to 48%."""
     testbed = scenario.testbed
-    if testbed is None or testbed.emulation not in HOW_TO_MEASURE:
+    if testbed is None or testbed.emulation not in (ENGINE, KERNEL):
         return ""
     try:
         doc = read_profile(resolve_profile(cost_profile(scenario)))
@@ -367,7 +375,8 @@ def measured_elsewhere(scenario: Scenario) -> str:
         return ""
     return (
         f"was measured on a {measured.get('cpus')}-core {measured.get('processor')}, not this host (a "
-        f"{here['cpus']}-core {here['processor']}): its times are that machine's; " + HOW_TO_MEASURE[testbed.emulation]
+        f"{here['cpus']}-core {here['processor']}): its times are that machine's; "
+        + how_to_measure(testbed.emulation, doc)
     )
 
 

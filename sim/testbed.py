@@ -96,13 +96,6 @@ def quota_us(cores: float) -> tuple[int, int]:
     return max(MIN_QUOTA_US, round(cores * period)), period
 
 
-def burst_s(cores: float) -> float:
-    """Seconds of CPU a party of ``cores`` cores may run at full speed after being idle for a period: its
-    quota per period (CFS refills the quota each period and carries none over)."""
-    quota, _ = quota_us(cores)
-    return quota / 1e6
-
-
 def dilation(cores: float, server_speed: float, slowdowns: Sequence[float] | np.ndarray) -> float:
     """f <= 1, the time dilation of a kernel testbed on ``cores`` cores whose rounds play clients of
     ``slowdowns``: the largest f with the server's quota (f times ``server_speed``) and the clients' (f / s)

@@ -242,15 +242,26 @@ def test_repeats_deploy_both_halves_of_a_few_points_interleaved_and_f1_fits_the_
     assert [d.name for d in validate.deployments(tmp_path, f1, 3)] == ["deployed", "deployed-2", "deployed-3"]
 
 
-def test_the_bias_table_has_an_interval_per_half_model_and_stage() -> None:
+def test_the_bias_tables_interval_is_over_the_points_their_repetitions_averaged() -> None:
     rows = [
         {"stage": "round", "error": e, "model": "calibrated", "point": p, "half": h}
-        for p, h, errors in (("a", "calibration", (-0.1, -0.3)), ("b", "validation", (0.1, 0.2, 0.3)))
+        for p, h, errors in (
+            ("a", "calibration", (-0.1, -0.3)),
+            ("b", "validation", (0.1, 0.2, 0.3)),
+            ("c", "validation", (0.5, 0.5, 0.5)),
+        )
         for e in errors
     ]
     bias = validate.bias_table(pd.DataFrame(rows)).set_index("half")
     assert list(bias.index) == ["calibration", "validation", "all"]
     assert bias.loc["calibration", "mean_error"] == pytest.approx(-0.2)
-    assert bias.loc["validation", "ci_half_width"] == pytest.approx(4.302652729911275 * 0.1 / 3**0.5)
-    assert bias.loc["all", "n"] == 5 and bias.loc["all", "points"] == 2
-    assert "-20.0% [" in validate.format_bias(bias.reset_index().iloc[:1])
+    assert bias.loc["calibration", "n"] == 1 and pd.isna(bias.loc["calibration", "ci_half_width"])  # one point
+    # the validation half: points b (mean 0.2) and c (0.5); t(0.975, 1) = 12.706204736174698
+    assert bias.loc["validation", "mean_error"] == pytest.approx(0.35)
+    assert bias.loc["validation", "ci_half_width"] == pytest.approx(12.706204736174698 * 0.15 * 2**0.5 / 2**0.5)
+    # as if its 6 deployments were independent: much narrower
+    deployments = validate.signed_error([0.1, 0.2, 0.3, 0.5, 0.5, 0.5])
+    assert bias.loc["validation", "ci_low_deployments"] == pytest.approx(deployments["ci_low"])
+    assert bias.loc["validation", "deployments"] == 6 and bias.loc["validation", "worst_abs_error"] == 0.5
+    assert bias.loc["all", "n"] == 3 and bias.loc["all", "deployments"] == 8
+    assert "+35.0% [" in validate.format_bias(bias.reset_index().iloc[1:2])

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from sim import testbed
 from sim.cli.main import main as dropsim
 from sim.costs.model import DEFAULT_PROFILE, CostModel
 from sim.deploy.compute import Call
@@ -237,18 +238,27 @@ def test_calibrate_takes_either_runs_or_host(tmp_path: Path, capsys: pytest.Capt
     assert "--rounds is 0" in capsys.readouterr().err
 
 
-def test_validate_names_the_host_calibration_when_the_round_is_far_off() -> None:
+def test_validate_names_the_host_calibration_when_the_round_is_far_off(monkeypatch: pytest.MonkeyPatch) -> None:
     import pandas as pd
 
+    import sim.preflight as preflight
     from sim.cli.deploy import calibration_advice
     from sim.deploy.validate import Validation
+    from sim.scenario import load
 
-    def advice(error: float, kernel: bool) -> str:
+    root = Path(__file__).resolve().parent.parent
+    kernel = load(root / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel"]).base()
+    process = load(root / "scenarios" / "deploy.yaml").base()
+
+    def advice(error: float, scenario: object) -> str:
         summary = pd.DataFrame([{"stage": "download", "error": 0.5}, {"stage": "round", "error": error}])
-        return calibration_advice(Validation(pd.DataFrame(), summary, True, 3, math.nan), kernel)
+        return calibration_advice(Validation(pd.DataFrame(), summary, True, 3, math.nan), scenario)  # type: ignore[arg-type]
 
-    assert advice(-0.10, True) == advice(0.09, False) == advice(math.nan, True) == ""
-    far = advice(-0.28, False)
-    assert far.startswith("the simulated round time is -28% off the measured one")
-    assert "dropsim calibrate --host --out host.json" in far and "--testbed kernel --set costs.profile=host.json" in far
-    assert "--testbed kernel" not in advice(0.2, True)
+    monkeypatch.setattr(preflight, "host", lambda: {"processor": "Another CPU", "cpus": 16})
+    assert advice(-0.10, kernel) == advice(math.nan, kernel) == advice(-0.5, process) == ""
+    far = advice(-0.28, kernel)
+    assert far.startswith("the simulated round time is -28% off the measured one, with a profile measured on another")
+    assert "dropsim calibrate --host --out host.json" in far and "--set costs.profile=host.json" in far
+    machine = json.loads(testbed.KERNEL_PROFILE.read_text())["calibration"]["host"]
+    monkeypatch.setattr(preflight, "host", lambda: {"processor": machine["processor"], "cpus": machine["cpus"]})
+    assert "with a profile of this machine: the rest is what the model lacks" in advice(0.2, kernel)

@@ -3,7 +3,7 @@ party's CPU cgroup as CFS bandwidth control runs it, its quota handed out afresh
 
 Stories are computed by hand with numbers exact in binary floating point and asserted with ``==``; random
 job sets are checked against what any quota-limited pool must do (no job faster than its work, none slower
-than its work at the quota, plus the burst it could not use).
+than its work at the quota, plus one period).
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ def _job(env: simpy.Environment, pool: QuotaCores, log: Log, name: str, work: fl
 
 def test_a_short_job_after_idle_runs_at_full_speed_within_the_periods_quota() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=0.5, burst=0.25)  # 0.25 s of CPU every 0.5 s
+    pool = QuotaCores(env, runtime=0.25, period=0.5)  # 0.25 s of CPU every 0.5 s: half a core
     _job(env, pool, log, "a", 0.125)
     env.run()
     assert log == [("a", 0.125)]
@@ -52,7 +52,7 @@ def test_a_short_job_after_idle_runs_at_full_speed_within_the_periods_quota() ->
 
 def test_a_long_job_runs_each_periods_quota_then_waits_for_the_next() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    pool = QuotaCores(env, runtime=0.25, period=0.5)
     _job(env, pool, log, "a", 1.0)  # runs 0-0.25, 0.5-0.75, 1-1.25 and 1.5-1.75: throttled in between
     env.run()
     assert log == [("a", 1.75)]
@@ -61,7 +61,7 @@ def test_a_long_job_runs_each_periods_quota_then_waits_for_the_next() -> None:
 
 def test_two_jobs_spend_the_quota_together_then_wait_together() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=0.5, burst=0.375)  # periods of 0.75 s
+    pool = QuotaCores(env, runtime=0.375, period=0.75)
     _job(env, pool, log, "a", 0.5)
     _job(env, pool, log, "b", 0.5)  # 0.1875 each by 0.1875, and by 0.9375; the last 0.125 each by 1.625
     env.run()
@@ -70,7 +70,7 @@ def test_two_jobs_spend_the_quota_together_then_wait_together() -> None:
 
 def test_an_idle_pool_gets_its_quota_back_at_the_next_period_not_before() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    pool = QuotaCores(env, runtime=0.25, period=0.5)
     _job(env, pool, log, "a", 1.0)  # ends at 1.75, the quota of the period 1.5-2 spent
     _job(env, pool, log, "b", 0.5, start=1.875)  # throttled until 2, then runs 2-2.25 and 2.5-2.75
     env.run()
@@ -80,7 +80,7 @@ def test_an_idle_pool_gets_its_quota_back_at_the_next_period_not_before() -> Non
 def test_the_period_has_a_phase() -> None:
     env, log = simpy.Environment(), []
     scheduler = QuotaScheduler(env)
-    pool = scheduler.pool(0.5, 0.25, phase=0.375)  # refills at 0.375, 0.875, ...
+    pool = scheduler.pool(0.25, 0.5, phase=0.375)  # refills at 0.375, 0.875, ...
 
     def job() -> Generator[simpy.Event, Any, None]:
         yield from scheduler.run(pool, 0.5)  # 0-0.25, throttled until 0.375, then 0.25 more
@@ -94,13 +94,13 @@ def test_the_period_has_a_phase() -> None:
 
 def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=2.0, burst=0.5)  # periods of 0.25 s
+    pool = QuotaCores(env, runtime=0.5, period=0.25)  # two cores
     for name in "ab":
         _job(env, pool, log, name, 1.0)
     env.run()
     assert log == [("a", 1.0), ("b", 1.0)]  # two jobs on two cores' quota: never throttled
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, quota=2.0, burst=0.5)
+    pool = QuotaCores(env, runtime=0.5, period=0.25)
     for name in "abc":
         _job(env, pool, log, name, 1.0)  # 1/6 each per period, spent 1/6 s into it: the 6th ends at 1.25 + 1/6
     env.run()
@@ -110,7 +110,7 @@ def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
 def test_parties_bursting_at_once_share_the_hosts_cores() -> None:
     env, log = simpy.Environment(), []
     scheduler = QuotaScheduler(env, cores=1.0)
-    pools = [scheduler.pool(0.25, 0.25) for _ in range(2)]  # 0.25 s of CPU every second each
+    pools = [scheduler.pool(0.25, 1.0) for _ in range(2)]  # 0.25 s of CPU every second each
 
     def job(name: str, pool: Pool) -> Generator[simpy.Event, Any, None]:
         yield from scheduler.run(pool, 1.0)
@@ -124,9 +124,72 @@ def test_parties_bursting_at_once_share_the_hosts_cores() -> None:
     assert log == [("a", 3.5), ("b", 3.5)]
 
 
+def test_what_is_left_of_a_periods_quota_is_lost_at_its_end() -> None:
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, runtime=0.25, period=0.5)
+    _job(env, pool, log, "a", 0.125)  # 0.125 of this period's 0.25 left when it ends
+    _job(env, pool, log, "b", 0.375, start=0.375)  # 0.125 by 0.5; a fresh 0.25 at 0.5 (not 0.375): ends 0.75
+    env.run()
+    assert log == [("a", 0.125), ("b", 0.75)]
+    env, log = simpy.Environment(), []
+    pool = QuotaCores(env, runtime=0.25, period=0.5)
+    _job(env, pool, log, "a", 0.125)
+    _job(env, pool, log, "b", 0.375, start=1.25)  # idle across refills: a whole 0.25 by 1.5, then the refill's
+    env.run()
+    assert log == [("a", 0.125), ("b", 1.625)]
+
+
+def test_a_pool_made_while_another_is_busy_starts_with_its_whole_quota() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env)
+    busy = scheduler.pool(0.25, 0.5)
+
+    def late() -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(0.375)
+        pool = scheduler.pool(0.25, 0.5, phase=0.25)  # its periods: 0.25, 0.75, ...; made at 0.375
+        yield from scheduler.run(pool, 0.375)  # 0.25 by 0.625, throttled until 0.75, then 0.125 more
+        log.append(("late", env.now))
+
+    scheduler.start(busy, 1.0)
+    env.process(late())
+    env.run(until=2.0)
+    assert log == [("late", 0.875)]
+
+
+def test_a_throttled_job_cancelled_leaves_the_period_spent() -> None:
+    env = simpy.Environment()
+    pool = QuotaCores(env, runtime=0.25, period=0.5)
+    job = pool.start(1.0)
+    env.run(until=0.375)  # ran 0-0.25, throttled since
+    assert pool.cancel(job) == 0.25
+    log: Log = []
+    _job(env, pool, log, "again", 0.125, start=0.0)  # nothing left until the refill at 0.5
+    env.run()
+    assert log == [("again", 0.625)]
+
+
+def test_parties_of_different_phases_share_the_hosts_core() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env, cores=1.0)
+    first, second = scheduler.pool(0.5, 1.0), scheduler.pool(0.5, 1.0, phase=0.25)
+
+    def job(name: str, pool: Pool) -> Generator[simpy.Event, Any, None]:
+        yield from scheduler.run(pool, 0.75)
+        log.append((name, env.now))
+
+    env.process(job("first", first))
+    env.process(job("second", second))
+    # both at half the core throughout. The first's periods start at 0, 1, ...: its 0.5 lasts until 1.0,
+    # where it is refilled. The second's start at 0.25, 1.25, ...: refilled at 0.25 having run 0.125, its
+    # 0.5 lasts until 1.25, where it is refilled. Neither is ever throttled: both end at 1.5
+    env.run()
+    assert log == [("first", 1.5), ("second", 1.5)]
+    assert first.credit == 0.5 - 0.25 and second.credit == 0.5 - 0.125
+
+
 def test_a_cancelled_job_reports_its_work_done() -> None:
     env = simpy.Environment()
-    pool = QuotaCores(env, quota=0.5, burst=0.25)
+    pool = QuotaCores(env, runtime=0.25, period=0.5)
     job = pool.start(1.0)
     env.run(until=1.0)  # 0-0.25 and 0.5-0.75
     assert pool.cancel(job) == 0.5
@@ -135,10 +198,13 @@ def test_a_cancelled_job_reports_its_work_done() -> None:
 
 def test_bad_quotas_and_work_are_refused() -> None:
     env = simpy.Environment()
-    with pytest.raises(ValueError, match="quota"):
-        QuotaCores(env, quota=0.0, burst=0.1)
+    for runtime, period in ((0.0, 0.1), (0.1, 0.0), (float("nan"), 0.1), (0.1, float("inf"))):
+        with pytest.raises(ValueError, match="quota"):
+            QuotaCores(env, runtime=runtime, period=period)
+    with pytest.raises(ValueError, match="phase"):
+        QuotaScheduler(env).pool(0.1, 0.2, phase=float("nan"))
     with pytest.raises(ValueError, match="work"):
-        QuotaCores(env, quota=0.5, burst=0.1).start(-1.0)
+        QuotaCores(env, runtime=0.05, period=0.1).start(-1.0)
 
 
 @settings(max_examples=60, deadline=None)
@@ -151,9 +217,8 @@ def test_no_job_is_faster_than_its_work_nor_slower_than_the_quota_allows(
     quota: float, phase: float, jobs: list[tuple[float, float]]
 ) -> None:
     env, log = simpy.Environment(), []
-    burst = quota * 0.01
     scheduler = QuotaScheduler(env)
-    pool = scheduler.pool(quota, burst, phase)
+    pool = scheduler.pool(quota * 0.01, 0.01, phase)
 
     def job(name: str, start: float, work: float) -> Generator[simpy.Event, Any, None]:
         yield env.timeout(start)
@@ -188,7 +253,6 @@ def test_small_quotas_get_longer_periods_so_the_kernel_accepts_them() -> None:
     assert testbed.quota_us(0.5) == (5_000, 10_000)
     assert testbed.quota_us(0.05) == (1_000, 20_000)  # 1 ms per period at least
     assert testbed.quota_us(2.0) == (20_000, 10_000)
-    assert testbed.burst_s(0.05) == 0.001
     quota, period = testbed.quota_us(0.047)
     assert quota >= testbed.MIN_QUOTA_US and quota / period == pytest.approx(0.047, rel=1e-3)
 
@@ -208,7 +272,7 @@ def test_party_quotas_give_each_party_its_share() -> None:
     assert quotas.pool(SERVER).quota == 1.0
     assert quotas.pool(0).quota == 0.5
     assert quotas.pool(1).quota == 0.125
-    assert quotas.pool(1).burst == testbed.burst_s(0.125) and quotas.pool(1).period == 0.01
+    assert quotas.pool(1).runtime == 0.00125 and quotas.pool(1).period == 0.01
     assert quotas.pool(1).phase != quotas.pool(0).phase  # each party's period timer started on its own
     log: Log = []
 

@@ -113,8 +113,8 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--host",
         action="store_true",
-        help="calibrate this host (as root): deploy the kernel grid's 8 calibration points on its kernel testbed, "
-        'then fit to them (docs/deploy.md, "Calibrating a new host")',
+        help="calibrate this host (as root): deploy 8 points of the kernel grid on its kernel testbed, then fit to "
+        'them (docs/deploy.md, "Calibrating a new host")',
     )
     p.add_argument(
         "--keep",
@@ -534,7 +534,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             f"CPU: the deployed computations took {validation.cpu_scale / testbed.cpu_scale:.3g} times the simulated "
             f"CPU seconds; this host's testbed.cpu_scale is {validation.cpu_scale:.3g} (--cpu-scale, docs/deploy.md)"
         )
-    advice = calibration_advice(validation, testbed.emulation == "kernel")
+    advice = calibration_advice(validation, scenario)
     if advice:
         print(advice)
     print(f"results: {out}/ (summary.csv, validation.csv, validation.png/.pdf, simulated/, deployed/)")
@@ -545,18 +545,27 @@ LARGE_ERROR = 0.10
 """A round-time error of ``dropsim validate`` beyond which it says how to calibrate this host."""
 
 
-def calibration_advice(validation: Validation, kernel: bool) -> str:
-    """What to do when the simulated round time is more than :data:`LARGE_ERROR` off the measured one (empty
-    when it is not): calibrate this host with ``dropsim calibrate --host``, then validate with its profile."""
+def calibration_advice(validation: Validation, scenario: Scenario) -> str:
+    """On a kernel testbed whose simulated round time is more than :data:`LARGE_ERROR` off the measured one,
+    what to do (empty otherwise): calibrate this host with ``dropsim calibrate --host`` where the profile
+    was measured on another machine; where it was calibrated on this one, say that the rest is the model's.
+    (On the process testbed the CPU line names ``--cpu-scale``.)"""
+    from sim.preflight import measured_elsewhere
+    from sim.testbed import is_kernel
+
     rounds = validation.summary[validation.summary["stage"] == "round"]
     error = float(rounds["error"].iloc[0]) if len(rounds) else math.nan
-    if not (math.isfinite(error) and abs(error) > LARGE_ERROR):
+    if not (is_kernel(scenario) and math.isfinite(error) and abs(error) > LARGE_ERROR):
         return ""
-    also = "" if kernel else " --testbed kernel"
+    if measured_elsewhere(scenario):
+        return (
+            f"the simulated round time is {error:+.0%} off the measured one, with a profile measured on another "
+            "machine: calibrate this host with `dropsim calibrate --host --out host.json` (as root, a few minutes), "
+            'then validate again with --set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")'
+        )
     return (
-        f"the simulated round time is {error:+.0%} off the measured one: calibrate this host with "
-        "`dropsim calibrate --host --out host.json` (as root, a few minutes), then validate again with"
-        f'{also} --set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")'
+        f"the simulated round time is {error:+.0%} off the measured one, with a profile of this machine: the rest "
+        'is what the model lacks (docs/deploy.md, "Measuring the bias")'
     )
 
 
@@ -580,14 +589,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 
 def deploy_host_grid(args: argparse.Namespace) -> list[Path]:
-    """``dropsim calibrate --host``: deploy the kernel grid's calibration points on this host's kernel
-    testbed, each once (``sim.deploy.grid.repeated_points``: 8 points of 5 clients at 10^4 and 10^5
-    parameters; a few minutes), from the shipped default profile; the folders of the deployed runs."""
+    """``dropsim calibrate --host``: deploy 8 points of the kernel grid on this host's kernel testbed, each
+    once (``sim.deploy.grid.repeated_points``: 5 clients, 10^4 and 10^5 parameters; a few minutes), from the
+    shipped default profile; the folders of the deployed runs."""
     from functools import partial
 
     from sim.costs.model import DEFAULT_PROFILE
     from sim.deploy.deployment import DeployOptions
-    from sim.deploy.grid import SCENARIO, complete, grid_for, repeated_points
+    from sim.deploy.grid import SCENARIO, complete, deployments, grid_for, repeated_points
     from sim.deploy.kernel import in_private_network, reexec_in_private_network
     from sim.deploy.validate import testbed_overrides
     from sim.runner import Deployed, run_scenario
@@ -600,7 +609,7 @@ def deploy_host_grid(args: argparse.Namespace) -> list[Path]:
     keep = args.keep or Path("results/calibrate-host")
     points = repeated_points(grid_for("usual"))
     base = [*testbed_overrides(), "testbed.emulation=kernel", "testbed.cpu_scale=1", f"costs.profile={DEFAULT_PROFILE}"]
-    runs = [keep / point.name / "deployed" for point in points]
+    runs = [deployments(keep, point, 1)[0] for point in points]
     todo = [(point, run) for point, run in zip(points, runs, strict=True) if not complete(run)]
     if todo and not in_private_network():
         reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])

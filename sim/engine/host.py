@@ -174,25 +174,27 @@ class SharedCores:
 
 class Pool:
     """One party's CPU cgroup in a :class:`QuotaScheduler`, as CFS bandwidth control runs it: at every
-    boundary of its period (``phase + k * period`` seconds) the kernel hands it ``burst`` CPU seconds (its
-    quota per period; ``quota`` = burst / period cores) and carries none over. Its jobs run at up to a core
+    boundary of its period (``phase + k * period`` seconds) the kernel hands it ``runtime`` CPU seconds (its
+    quota per period; ``quota`` = runtime / period cores) and carries none over. Its jobs run at up to a core
     each while any of that is left (``credit``), and not at all once it is spent, until the next boundary
     (docs/time-model.md, "The kernel testbed")."""
 
-    __slots__ = ("burst", "credit", "jobs", "next_boundary", "period", "phase", "quota")
+    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "runtime")
 
-    def __init__(self, quota: float, burst: float, phase: float = 0.0, now: float = 0.0) -> None:
-        if not (math.isfinite(quota) and quota > 0 and math.isfinite(burst) and burst > 0):
-            raise ValueError(f"a quota of {quota!r} cores with a burst of {burst!r} s")
+    def __init__(self, runtime: float, period: float, phase: float = 0.0, now: float = 0.0) -> None:
+        if not all(math.isfinite(x) and x > 0 for x in (runtime, period)):
+            raise ValueError(f"a quota of {runtime!r} s of CPU per period of {period!r} s")
         if not (math.isfinite(phase) and math.isfinite(now)):
             raise ValueError(f"a CFS period's phase {phase!r} s at {now!r} s")
-        self.quota = quota
-        self.burst = burst
-        self.period = burst / quota
+        self.runtime = runtime
+        """CPU seconds per period (the cgroup's quota)."""
+        self.period = period
         """Seconds between the kernel's refills."""
+        self.quota = runtime / period
+        """Cores: the quota's long-run rate."""
         self.phase = phase % self.period
         """Seconds from time 0 to the first refill (the period timer's phase)."""
-        self.credit = burst
+        self.credit = runtime
         """CPU seconds it may still run in this period (a cgroup idle for a period holds all of its quota)."""
         self.jobs: dict[int, Job] = {}
         self.next_boundary = self.boundary_after(now)
@@ -238,11 +240,11 @@ class QuotaScheduler:
         self._last = env.now
         self._version = 0
 
-    def pool(self, quota: float, burst: float, phase: float = 0.0) -> Pool:
-        """A cgroup of ``quota`` cores handed ``burst`` CPU seconds per period, its periods starting at
-        ``phase`` seconds (modulo the period); idle until now, so it holds all of this period's quota."""
+    def pool(self, runtime: float, period: float, phase: float = 0.0) -> Pool:
+        """A cgroup handed ``runtime`` CPU seconds every ``period`` seconds, its periods starting at ``phase``
+        seconds (modulo the period); idle until now, so it holds all of this period's quota."""
         self._advance()
-        pool = Pool(quota, burst, phase, float(self.env.now))
+        pool = Pool(runtime, period, phase, float(self.env.now))
         self.pools.append(pool)
         return pool
 
@@ -319,7 +321,7 @@ class QuotaScheduler:
                     used += rate
                 pool.credit = max(0.0, pool.credit - used * dt)
             if now >= pool.next_boundary - _EPS_S:  # a refill: a busy pool's is an event, an idle pool's passes
-                pool.credit = pool.burst
+                pool.credit = pool.runtime
                 pool.next_boundary = pool.boundary_after(max(now, pool.next_boundary))
                 refilled.append(pool)
         return refilled
@@ -369,13 +371,12 @@ class QuotaScheduler:
 
 
 class QuotaCores:
-    """A single CPU cgroup of ``quota`` cores and a ``burst`` of CPU seconds on a host of ``cores`` cores
-    (:class:`QuotaScheduler` with one pool)."""
+    """A single CPU cgroup of ``runtime`` CPU seconds every ``period`` seconds on a host of ``cores`` cores
+    (:class:`QuotaScheduler` with one pool, its periods starting at 0)."""
 
-    def __init__(self, env: simpy.Environment, quota: float, burst: float, cores: float = math.inf) -> None:
+    def __init__(self, env: simpy.Environment, runtime: float, period: float, cores: float = math.inf) -> None:
         self.scheduler = QuotaScheduler(env, cores)
-        self.own = self.scheduler.pool(quota, burst)
-        self.quota, self.burst = quota, burst
+        self.own = self.scheduler.pool(runtime, period)
 
     @property
     def credit(self) -> float:
@@ -432,7 +433,7 @@ class PartyQuotas:
             runtime_us, period_us = quota_us(cores)
             period = period_us / 1e6
             phase = float(generator(self.seed, Stream.CFS_PHASE, party + 1).random()) * period
-            pool = self.pools[party] = self.scheduler.pool(runtime_us / period_us, runtime_us / 1e6, phase)
+            pool = self.pools[party] = self.scheduler.pool(runtime_us / 1e6, period, phase)
         return pool
 
     def start(self, work: float, party: int = SERVER) -> Job:
