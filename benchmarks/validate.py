@@ -194,7 +194,8 @@ def kernel_main(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"    {time.perf_counter() - start:.1f} s", file=sys.stderr)
         calibration = [run for p in grid if calibration_half(p) for run in deployments(root, p, args.repeats)]
         profile = root / "calibrated.json"
-        doc = fit_profile(calibration or [run for p in grid for run in deployments(root, p, args.repeats)])
+        runs = calibration or [run for p in grid for run in deployments(root, p, args.repeats)]
+        doc = fit_profile(runs, DEFAULT_PROFILE)  # what they were deployed with, wherever it lay
         write_profile(doc, profile)
         print(summary(doc))
         models = {"calibrated": [f"costs.profile={profile}"], "profile": [f"costs.profile={DEFAULT_PROFILE}"]}
