@@ -206,13 +206,7 @@ class Groups(kernel.CpuGroups):
 
     def set_max(self, party: str, quota_us_: int, period_us: int) -> None:
         """Give ``party`` ``quota_us_`` microseconds of CPU per ``period_us`` (-1: no quota)."""
-        group = self.parties[party]
-        if self.version == 2:
-            (group / "cpu.max").write_text(f"{quota_us_ if quota_us_ > 0 else 'max'} {period_us}")
-        else:
-            (group / "cpu.cfs_quota_us").write_text("-1")
-            (group / "cpu.cfs_period_us").write_text(str(period_us))
-            (group / "cpu.cfs_quota_us").write_text(str(quota_us_))
+        self.set_quota_us(party, quota_us_ if quota_us_ > 0 else None, period_us)
 
     def stat(self, party: str) -> tuple[int, float]:
         """(periods throttled, microseconds throttled) of ``party`` so far."""
@@ -724,47 +718,36 @@ def section_loop(quick: bool, rng: random.Random) -> pd.DataFrame:
                 n, walls = entry["bytes"], np.array(entry["walls_s"])
                 cpu = (entry["client_cpu_s"] + entry["server_cpu_s"]) / len(walls)
                 modelled = 2 * (cost(send, n) + cost(receive, n))
-                rows.append(
-                    {
-                        "section": "loop",
-                        "what": "pingpong",
-                        "mode": mode,
-                        "q_cores": q if mode == "quota" else math.nan,
-                        "bytes": n,
-                        "count": len(walls),
-                        "median_us": np.median(walls) * 1e6,
-                        "mean_us": walls.mean() * 1e6,
-                        "p90_us": np.percentile(walls, 90) * 1e6,
-                        "cpu_us": cpu * 1e6,
-                        "unexplained_us": (walls.mean() - cpu) * 1e6,
-                        "modelled_us": modelled * 1e6,
-                        "mean_minus_modelled_us": (walls.mean() - modelled) * 1e6,
-                        "throttled_ms_all": throttled_ms,
-                    }
-                )
+                rows.append(loop_row("pingpong", mode, q, n, walls, cpu, modelled, throttled_ms))
             hand = result["handover"]
             walls = np.array(hand["walls_s"])
-            cpu = hand["cpu_s"] / len(walls)
-            modelled = cost(call, 0)
             rows.append(
-                {
-                    "section": "loop",
-                    "what": "handover",
-                    "mode": mode,
-                    "q_cores": q if mode == "quota" else math.nan,
-                    "bytes": 0,
-                    "count": len(walls),
-                    "median_us": np.median(walls) * 1e6,
-                    "mean_us": walls.mean() * 1e6,
-                    "p90_us": np.percentile(walls, 90) * 1e6,
-                    "cpu_us": cpu * 1e6,
-                    "unexplained_us": (walls.mean() - cpu) * 1e6,
-                    "modelled_us": modelled * 1e6,
-                    "mean_minus_modelled_us": (walls.mean() - modelled) * 1e6,
-                    "throttled_ms_all": throttled_ms,
-                }
+                loop_row("handover", mode, q, 0, walls, hand["cpu_s"] / len(walls), cost(call, 0), throttled_ms)
             )
     return pd.DataFrame(rows)
+
+
+def loop_row(
+    what: str, mode: str, q: float, n: int, walls: np.ndarray, cpu: float, modelled: float, throttled_ms: float
+) -> dict[str, Any]:
+    """One row of the loop table: ``walls`` (seconds each) of ``what`` with ``n`` bytes, against the CPU seconds
+    both ends spent per repetition (``cpu``) and the simulator's charge (``modelled``, seconds)."""
+    return {
+        "section": "loop",
+        "what": what,
+        "mode": mode,
+        "q_cores": q if mode == "quota" else math.nan,
+        "bytes": n,
+        "count": len(walls),
+        "median_us": np.median(walls) * 1e6,
+        "mean_us": walls.mean() * 1e6,
+        "p90_us": np.percentile(walls, 90) * 1e6,
+        "cpu_us": cpu * 1e6,
+        "unexplained_us": (walls.mean() - cpu) * 1e6,
+        "modelled_us": modelled * 1e6,
+        "mean_minus_modelled_us": (walls.mean() - modelled) * 1e6,
+        "throttled_ms_all": throttled_ms,
+    }
 
 
 def verdict_loop(df: pd.DataFrame) -> str:

@@ -77,8 +77,8 @@ class KernelPoint:
 ROUNDS_FACTOR = {10_000: 4, 100_000: 2, 1_000_000: 1}
 """The kernel grid's rounds per point, in multiples of ``--rounds``, by model size. A small model's round
 is a few CPU periods of its parties, so it varies more with their phase: measured on the grid, two points
-of 5 clients that do the same work (:func:`repeatability`) differed by a median of 24% at 10^4 parameters
-with 4 rounds and 13% with 16, and by 5% and 1% in two grids at 10^6 with 4."""
+of 5 clients that do the same work (``repeatability`` in benchmarks/validate.py) differed by a median of
+24% at 10^4 parameters with 4 rounds and 13% with 16, and by 5% and 1% in two grids at 10^6 with 4."""
 
 
 def kernel_grid(clients: Sequence[int] = (5, 10, 20), slowdown: tuple[float, float] | None = None) -> list[KernelPoint]:

@@ -206,16 +206,20 @@ class CpuGroups:
         """Let ``party``'s processes use ``cores`` of a core from now on (a worker playing another client)."""
         if not cores > 0:
             raise ValueError(f"{party}: a CPU quota must be > 0 cores, not {cores!r}")
+        self.set_quota_us(party, *quota_us(cores))  # sim.testbed: the simulator models the same periods
+
+    def set_quota_us(self, party: str, quota: int | None, period: int) -> None:
+        """Let ``party``'s processes run ``quota`` microseconds of CPU every ``period`` microseconds (None: no
+        quota), as the kernel takes them."""
         group = self.parties[party]
-        quota, period = quota_us(cores)  # sim.testbed: the simulator models the same periods
         try:
             if self.version == 2:
-                (group / "cpu.max").write_text(f"{quota} {period}")
+                (group / "cpu.max").write_text(f"{'max' if quota is None else quota} {period}")
             else:
                 # the quota first where it shrinks (the kernel refuses a quota/period above the parent's)
                 (group / "cpu.cfs_quota_us").write_text("-1")
                 (group / "cpu.cfs_period_us").write_text(str(period))
-                (group / "cpu.cfs_quota_us").write_text(str(quota))
+                (group / "cpu.cfs_quota_us").write_text(str(-1 if quota is None else quota))
         except OSError as exc:
             raise KernelTestbedError(f"cannot set {party}'s CPU quota in {group}: {exc}") from None
 
