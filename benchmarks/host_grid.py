@@ -41,7 +41,7 @@ def environment() -> list[str]:
     """What the host and the software are, one ``key: value`` per line."""
     lines = [
         f"date: {time.strftime('%Y-%m-%d %H:%M:%S %Z')}",
-        f"machine: {platform.machine()}, {os.cpu_count()} cores, {platform.processor() or 'processor unknown'}",
+        f"machine: {platform.machine()}, {os.cpu_count()} cores",
         f"kernel: {platform.release()}",
         f"python: {sys.version.split()[0]} ({sys.executable})",
     ]

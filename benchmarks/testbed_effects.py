@@ -1221,7 +1221,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             status = 1
             continue
         wall = time.monotonic() - start
-        others = (host_busy_s() - host0 - (own_cpu_s() - own0)) / wall
+        others = max(0.0, (host_busy_s() - host0 - (own_cpu_s() - own0)) / wall)
         print(f"== {section} ({wall:.0f} s; other processes kept {others:.2f} of the host's cores busy meanwhile)")
         print(df.drop(columns="section").to_string(index=False, float_format=lambda x: f"{x:.4g}"))
         print(f"-- verdict ({section}): {verdict(df)}\n", flush=True)

@@ -299,13 +299,16 @@ def bias_table(per_stage: pd.DataFrame) -> pd.DataFrame:
 def format_bias(bias: pd.DataFrame) -> str:
     """One line per stage: mean signed error [95% interval over the points], the interval over the
     deployments, median and worst |error| over the deployments, and their counts."""
+
+    def interval(low: float, high: float) -> str:
+        return "[no interval: one]" if pd.isna(low) else f"[{low:+7.1%}, {high:+7.1%}]"
+
     lines = []
     for row in bias.itertuples():
         lines.append(
-            f"    {row.stage:<22} {row.mean_error:+7.1%} [{row.ci_low:+7.1%}, {row.ci_high:+7.1%}] over "
-            f"{int(row.n)} points ([{row.ci_low_deployments:+7.1%}, {row.ci_high_deployments:+7.1%}] over "
-            f"{int(row.deployments)} deployments)  median |error| {row.median_abs_error:6.1%}  worst "
-            f"{row.worst_abs_error:6.1%}"
+            f"    {row.stage:<22} {row.mean_error:+7.1%} {interval(row.ci_low, row.ci_high)} over {int(row.n)} "
+            f"points ({interval(row.ci_low_deployments, row.ci_high_deployments)} over {int(row.deployments)} "
+            f"deployments)  median |error| {row.median_abs_error:6.1%}  worst {row.worst_abs_error:6.1%}"
         )
     return "\n".join(lines)
 

@@ -345,8 +345,8 @@ def how_to_measure(emulation: str, doc: dict[str, object]) -> str:
         measured_by = implementation.get("measured_by") if isinstance(implementation, dict) else None
         command = measured_by if isinstance(measured_by, str) else "dropsim profile --impl NAME"
         return (
-            f"profile this host with `{command} --out here.json` and simulate with --set costs.profile=here.json "
-            "(docs/profiles.md)"
+            f"profile this host with `{command} --out here.json` (the implementation installed: docs/profiles.md) "
+            "and simulate with --set costs.profile=here.json"
         )
     return (
         "calibrate this host with `dropsim calibrate --host --out host.json` (as root) and simulate with "

@@ -261,4 +261,4 @@ def test_validate_names_the_host_calibration_when_the_round_is_far_off(monkeypat
     assert "dropsim calibrate --host --out host.json" in far and "--set costs.profile=host.json" in far
     machine = json.loads(testbed.KERNEL_PROFILE.read_text())["calibration"]["host"]
     monkeypatch.setattr(preflight, "host", lambda: {"processor": machine["processor"], "cpus": machine["cpus"]})
-    assert "with a profile of this machine: the rest is what the model lacks" in advice(0.2, kernel)
+    assert "with a profile of this machine: what is left is the model's" in advice(0.2, kernel)

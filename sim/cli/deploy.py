@@ -123,7 +123,12 @@ def add_deploy_parsers(sub: argparse._SubParsersAction) -> None:
         help="--host: keep the deployed runs here (default results/calibrate-host); runs already there are reused",
     )
     p.add_argument(
-        "--rounds", type=int, default=2, metavar="R", help="--host: rounds per point, in the grid's units (2)"
+        "--rounds",
+        type=int,
+        default=2,
+        metavar="R",
+        help="--host: rounds per point in the grid's units: each unit is 4 rounds at 10^4 parameters and 2 at 10^5, "
+        "the first a warm-up (default 2; fewer fit a worse profile)",
     )
     p.add_argument(
         "--profile",
@@ -564,8 +569,9 @@ def calibration_advice(validation: Validation, scenario: Scenario) -> str:
             'then validate again with --set costs.profile=host.json (docs/deploy.md, "Calibrating a new host")'
         )
     return (
-        f"the simulated round time is {error:+.0%} off the measured one, with a profile of this machine: the rest "
-        'is what the model lacks (docs/deploy.md, "Measuring the bias")'
+        f"the simulated round time is {error:+.0%} off the measured one, with a profile of this machine: what is "
+        "left is the model's (docs/deploy.md, \"Measuring the bias\"), or the calibration's, if it saw few rounds "
+        "(calibrate --host --rounds, default 2)"
     )
 
 
@@ -581,7 +587,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     print(f"profile: {args.out} (use it with `costs: {{profile: {args.out}}}` and testbed.cpu_scale 1)")
     if args.host:
         print(
-            f"  simulate this host's kernel testbed with it: dropsim run FILE --set costs.profile={args.out}\n"
+            "  simulate this host's kernel testbed with it: dropsim run FILE --set testbed.emulation=kernel "
+            f"--set testbed.cpu_scale=1 --set costs.profile={args.out}\n"
             "  and check it against a deployment: "
             f"dropsim validate FILE --testbed kernel --set costs.profile={args.out}"
         )
