@@ -83,6 +83,7 @@ from sim.deploy import kernel
 from sim.testbed import (
     FRAME_BYTES,
     KERNEL_PROFILE,
+    MIN_QUOTA_US,
     MSS_BYTES,
     PAYLOAD_FRACTION,
     PERIOD_US,
@@ -91,8 +92,6 @@ from sim.testbed import (
 )
 
 HERE = Path(__file__).resolve()
-MIN_QUOTA_US = 1_000
-"""The kernel's least quota per period (microseconds)."""
 LOCAL_SLACK_S = 0.001
 """Runtime a CPU's run queue keeps when its group goes idle (the kernel's min_cfs_rq_runtime, 1 ms)."""
 SECTIONS = ("cfs", "threads", "slices", "loop", "htb", "cores", "gc")
@@ -204,17 +203,10 @@ class Groups(kernel.CpuGroups):
     def __enter__(self) -> Groups:
         return self
 
-    def set_max(self, party: str, quota_us_: int, period_us: int) -> None:
-        """Give ``party`` ``quota_us_`` microseconds of CPU per ``period_us`` (-1: no quota)."""
-        self.set_quota_us(party, quota_us_ if quota_us_ > 0 else None, period_us)
-
     def stat(self, party: str) -> tuple[int, float]:
         """(periods throttled, microseconds throttled) of ``party`` so far."""
-        lines = (self.parties[party] / "cpu.stat").read_text().splitlines()
-        stat = dict(line.split()[:2] for line in lines if line.strip())
-        if self.version == 2:
-            return int(stat.get("nr_throttled", 0)), float(stat.get("throttled_usec", 0))
-        return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_time", 0)) / 1e3
+        periods, seconds = self.throttling(party)
+        return periods, seconds * 1e6
 
 
 def simulated(quotas: Sequence[float], works: Sequence[float], cores: float, rng: random.Random) -> list[float]:
@@ -362,7 +354,7 @@ def section_cfs(quick: bool, rng: random.Random) -> pd.DataFrame:
                 print(f"cfs: time budget spent, {sum(map(len, samples.values()))} of {len(plan)} bursts run")
                 break
             if current != (q, p_ms):
-                groups.set_max("burst", round(q * p_ms * 1000) if q < math.inf else -1, p_ms * 1000)
+                groups.set_quota_us("burst", round(q * p_ms * 1000) if q < math.inf else None, p_ms * 1000)
                 current = (q, p_ms)
             period = p_ms / 1e3
             n0, t0 = groups.stat("burst")
@@ -1020,7 +1012,7 @@ def section_slices(quick: bool, rng: random.Random) -> pd.DataFrame:
         current = None
         for q, where, a, b in plan:
             if current != q:
-                groups.set_max("party", round(q * PERIOD_US), PERIOD_US)
+                groups.set_quota_us("party", round(q * PERIOD_US), PERIOD_US)
                 current = q
             cpu_a, cpu_b = pairs[where]
             idle = 3 * PERIOD_US / 1e6 + rng.random() * PERIOD_US / 1e6

@@ -242,10 +242,15 @@ class CpuGroups:
 
     def throttled_s(self, party: str) -> float:
         """Seconds ``party``'s processes were held back by their quota so far."""
-        stat = dict(line.split() for line in (self.parties[party] / "cpu.stat").read_text().splitlines())
+        return self.throttling(party)[1]
+
+    def throttling(self, party: str) -> tuple[int, float]:
+        """(periods in which ``party``'s processes were held back by their quota, seconds held back) so far."""
+        lines = (self.parties[party] / "cpu.stat").read_text().splitlines()
+        stat = dict(line.split()[:2] for line in lines if line.strip())
         if self.version == 2:
-            return int(stat.get("throttled_usec", 0)) / 1e6
-        return int(stat.get("throttled_time", 0)) / 1e9
+            return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_usec", 0)) / 1e6
+        return int(stat.get("nr_throttled", 0)), int(stat.get("throttled_time", 0)) / 1e9
 
     def _pids(self, group: Path) -> list[int]:
         with contextlib.suppress(OSError):
