@@ -3,6 +3,8 @@ sim.profiling.calibrate)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import math
 from pathlib import Path
@@ -12,9 +14,18 @@ import pytest
 from sim import testbed
 from sim.cli.main import main as dropsim
 from sim.costs.model import DEFAULT_PROFILE, CostModel
-from sim.deploy.compute import Call
+from sim.deploy.compute import NO_TIMES, Call
 from sim.deploy.control import Operations, decode_from_worker
-from sim.deploy.operations import COLUMNS, Entry, OperationsLog, entries, from_message, to_message, work_json
+from sim.deploy.operations import (
+    BASE_COLUMNS,
+    COLUMNS,
+    Entry,
+    OperationsLog,
+    entries,
+    from_message,
+    to_message,
+    work_json,
+)
 from sim.profiling.calibrate import CalibrationError, calibrate, feature_class, fit_scales, kind, predicted, role_kind
 from sim.protocol.machine import Work
 
@@ -76,7 +87,7 @@ def _run(folder: Path, rounds: int = 6, noise: float = 0.0, framing: bool = Fals
 
 
 def test_operations_go_to_the_server_and_back_as_they_were() -> None:
-    calls = [Call(0.25, CALLS[0]), Call(0.5, ())]
+    calls = [Call(0.25, CALLS[0], (10.0, 10.5, 10.75, 11.0, 11.25)), Call(0.5, ())]
     party = entries(calls, 1.0, [100, 2000], [300])
     assert [e.thread for e in party] == ["compute", "compute", "loop"]
     assert party[0].work[-1] == Work("deploy.call", {})  # the hand-over the simulator adds to each charge
@@ -85,17 +96,35 @@ def test_operations_go_to_the_server_and_back_as_they_were() -> None:
     message = decode_from_worker(to_message(7, party).encode())
     assert isinstance(message, Operations) and message.round == 7
     assert from_message(message) == party
+    # on the server, the worker's instants move to the run's clock; those not kept stay unknown
+    moved = from_message(message, shift=-10.0)
+    assert moved[0].times == (0.0, 0.5, 0.75, 1.0, 1.25)
+    assert moved[1].times is NO_TIMES and moved[2].times is NO_TIMES
+
+
+def test_a_deployment_keeps_each_computations_instants_in_its_operations_table(tmp_path: Path) -> None:
+    log = OperationsLog(tmp_path)
+    log.append(1, {"3": entries([Call(0.125, (), (1.0, 1.5, 1.75, 2.0, 2.5))], 0.25, [], [])})
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "operations.csv").read_text())))
+    assert [(r["thread"], r["requested_s"], r["began_s"], r["resumed_s"]) for r in rows] == [
+        ("compute", "1.0", "1.75", "2.5"),
+        ("loop", "", "", ""),
+    ]
 
 
 @pytest.mark.parametrize(
     ("calls", "says"),
     [
-        (((b"gpu", 0.1, ()),), "thread 'gpu'"),
-        (((b"compute", -1.0, ()),), "CPU seconds"),
-        (((b"compute", math.nan, ()),), "CPU seconds"),
-        (((b"compute", 0.1, ((b"x25519 agree", ()),)),), "operation"),
-        (((b"compute", 0.1, ((b"wire.decode", ((b"bytes", math.inf),)),)),), "feature value"),
-        (((b"compute", 0.1, ((b"wire.decode", ((b"b" * 65, 1.0),)),)),), "feature"),
+        (((b"gpu", 0.1, NO_TIMES, ()),), "thread 'gpu'"),
+        (((b"compute", -1.0, NO_TIMES, ()),), "CPU seconds"),
+        (((b"compute", math.nan, NO_TIMES, ()),), "CPU seconds"),
+        (((b"compute", 0.1, NO_TIMES, ((b"x25519 agree", ()),)),), "operation"),
+        (((b"compute", 0.1, NO_TIMES, ((b"wire.decode", ((b"bytes", math.inf),)),)),), "feature value"),
+        (((b"compute", 0.1, NO_TIMES, ((b"wire.decode", ((b"b" * 65, 1.0),)),)),), "feature"),
+        (((b"compute", 0.1, (1.0, 2.0), ()),), "2 instants: 5 expected"),
+        (((b"compute", 0.1, (1.0, 2.0, 1.5, 3.0, 4.0), ()),), "non-decreasing"),
+        (((b"compute", 0.1, (1.0, 2.0, math.inf, 3.0, 4.0), ()),), "finite"),
+        (((b"loop", 0.1, (1.0, 2.0, 3.0, 3.0, 4.0), ()),), "a loop's entry has no instants"),
     ],
 )
 def test_a_workers_operations_are_checked_as_hostile_input(calls: tuple, says: str) -> None:
@@ -140,6 +169,19 @@ def test_calibration_recovers_the_scales_of_consistent_runs(tmp_path: Path) -> N
         assert model.seconds(op, size, "client") == pytest.approx(expected * cost.seconds(size), rel=1e-9), op
         assert model.seconds(op, size, "server") == pytest.approx(cost.seconds(size), rel=1e-9), op
         assert model.seconds(op, size) == cost.seconds(size)  # no role: the profile's own
+
+
+def test_a_table_written_before_the_instants_were_kept_calibrates_the_same(tmp_path: Path) -> None:
+    run = _run(tmp_path / "new")
+    old = tmp_path / "old"
+    old.mkdir()
+    (old / "manifest.json").write_bytes((run / "manifest.json").read_bytes())
+    rows = list(csv.DictReader(io.StringIO((run / "operations.csv").read_text())))
+    with (old / "operations.csv").open("w", newline="") as f:
+        writer = csv.DictWriter(f, BASE_COLUMNS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+    assert calibrate([old])["calibration"]["scales"] == calibrate([run])["calibration"]["scales"]
 
 
 def test_the_ridge_keeps_inseparable_operations_near_their_kinds_scale(tmp_path: Path) -> None:
@@ -210,7 +252,10 @@ def test_predicted_groups_by_class() -> None:
     assert set(framing) == {"deploy.send:const@client", "deploy.send:bytes@client", "deploy.receive:bytes@client"}
     assert sum(by.values()) == pytest.approx(BASE.work_seconds(work))
     assert work_json(work).startswith('[["x25519.agree",{"count":4.0}]')
-    assert COLUMNS == ("round", "party", "thread", "call", "cpu_s", "work")
+    assert COLUMNS == (
+        "round", "party", "thread", "call", "cpu_s", "work",
+        "requested_s", "acquired_s", "began_s", "returned_s", "resumed_s",
+    )  # fmt: skip
     assert Entry("loop", 0.0, ()).work == ()
 
 

@@ -27,6 +27,15 @@ def test_a_slow_party_holds_its_processor_for_its_slowdown_times_the_cpu() -> No
     assert cpu.cpu_s >= sum(used) > 0
     # each operation is followed by a sleep of twice its CPU seconds, still holding the processor
     assert cpu.busy_s >= 3 * cpu.cpu_s * 0.999
+    # each call's instants: asked, held, began in the thread, returned, back on the loop
+    first, second, third = (call.times for call in cpu.calls)
+    for call in cpu.calls:
+        requested, acquired, began, returned, resumed = call.times
+        assert requested <= acquired <= began <= returned <= resumed
+        assert returned - began >= call.cpu_s * 0.999  # wall time of the computation: at least its CPU
+        assert resumed - returned >= 2 * call.cpu_s * 0.999  # then the slow-down's sleep
+    # all three asked at once; each later one held the processor once the one before let go of it
+    assert first[0] <= second[0] <= third[0] < first[4] <= second[1] and second[4] <= third[1]
 
 
 def test_operations_run_one_at_a_time_and_errors_come_back() -> None:

@@ -11,6 +11,7 @@ segmentation offload, so htb shapes frames; its burst lets one frame through at 
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
 import signal
@@ -355,10 +356,16 @@ def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_p
     for table in ("rounds", "clients", "stages", "operations"):
         assert (run / f"{table}.csv").is_file()
     operations = (run / "operations.csv").read_text().splitlines()
-    assert operations[0] == "round,party,thread,call,cpu_s,work"
+    assert operations[0] == "round,party,thread,call,cpu_s,work,requested_s,acquired_s,began_s,returned_s,resumed_s"
     for r in ("1", "2"):  # the server and the round's 3 clients, every round
         parties = {line.split(",")[1] for line in operations[1:] if line.split(",")[0] == r}
         assert "server" in parties and len(parties) == 4, (r, parties)
+    # each computation's instants, on the run's clock, lie in its round (a worker's placed by its clock's offset)
+    rounds = {row["round"]: row for row in csv.DictReader((run / "rounds.csv").open())}
+    for row in csv.DictReader((run / "operations.csv").open()):
+        if row["thread"] == "compute":
+            start, end = float(rounds[row["round"]]["t_start"]), float(rounds[row["round"]]["t_end"])
+            assert start - 0.005 <= float(row["requested_s"]) <= float(row["resumed_s"]) <= end + 1.0, row
     assert not _ours(process.pid)  # its cgroups are gone
     after = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True).stdout
     assert after == qdiscs  # the host's qdiscs were never touched

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import heapq
 import itertools
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -72,35 +73,53 @@ def one_thread_math() -> _OneThread:
     return _OneThread()
 
 
-__all__ = ["ONE_THREAD_ENV", "SIDE", "STAGED", "Call", "Processor", "one_thread_math"]
+__all__ = ["CALL_TIMES", "ONE_THREAD_ENV", "SIDE", "STAGED", "Call", "Processor", "one_thread_math"]
 
 
-def _timed(fn: Callable[[], T], slowdown: float) -> tuple[T | None, BaseException | None, float]:
+def _timed(fn: Callable[[], T], slowdown: float) -> tuple[T | None, BaseException | None, float, tuple[float, float]]:
     """Run ``fn`` in this (compute) thread, then sleep ``slowdown - 1`` times its CPU seconds in it; the
-    result, the exception and the CPU seconds.
+    result, the exception, the CPU seconds, and when (monotonic seconds) ``fn`` began and returned.
 
     The thread sleeps, not the event loop: ``asyncio.sleep`` waits in ``epoll_wait``, whose timeout is in
     whole milliseconds and rounded up, so every slow-down of a sub-millisecond operation would have taken
     a millisecond or more (measured: 1.15 ms for a 0.05 ms operation of a client of slow-down 1.01);
     ``time.sleep`` takes nanoseconds."""
+    began = time.monotonic()
     start = time.thread_time()
     try:
         result, error = fn(), None
     except BaseException as exc:
         result, error = None, exc
     cpu = time.thread_time() - start
+    returned = time.monotonic()
     if slowdown > 1:
         time.sleep((slowdown - 1) * cpu)
-    return result, error, cpu
+    return result, error, cpu, (began, returned)
+
+
+NO_TIMES = (math.nan,) * 5
 
 
 @dataclass(frozen=True)
 class Call:
     """One computation a party ran: the CPU seconds it took in its thread, and the operations the simulator
-    charges for it (empty where none is named), for ``dropsim calibrate`` (:mod:`sim.profiling.calibrate`)."""
+    charges for it (empty where none is named), for ``dropsim calibrate`` (:mod:`sim.profiling.calibrate`).
+
+    ``times`` are five instants of the party's monotonic clock (seconds), :data:`CALL_TIMES`: when the
+    event loop asked for the processor, when it held it, when the compute thread began the computation,
+    when the computation returned, and when the event loop had the result back (after the slow-down's
+    sleep, where there is one). Their differences split a computation's wall time into the wait for the
+    processor, the hand-over to the thread, the computation (its CPU seconds, and whatever kept it from a
+    CPU: another thread, a spent CFS quota) and the hand-back; docs/time-model.md, "Where a computation's
+    wall time goes"."""
 
     cpu_s: float
     work: tuple[Work, ...]
+    times: tuple[float, ...] = NO_TIMES
+
+
+CALL_TIMES = ("requested_s", "acquired_s", "began_s", "returned_s", "resumed_s")
+"""The instants of :attr:`Call.times`, in order (the columns of ``operations.csv`` that hold them)."""
 
 
 class Processor:
@@ -124,14 +143,16 @@ class Processor:
     ) -> T:
         """Run ``fn`` on this processor once it is free; re-raise what it raises. ``work`` names the
         operations the simulator charges for it, from its result (kept in :attr:`calls`)."""
+        requested = time.monotonic()
         await self._acquire(priority)
         start = time.monotonic()
         try:
             loop = asyncio.get_running_loop()
-            result, error, cpu = await loop.run_in_executor(self.executor, _timed, fn, self.slowdown)
+            result, error, cpu, (began, returned) = await loop.run_in_executor(self.executor, _timed, fn, self.slowdown)
+            resumed = time.monotonic()
             self.cpu_s += cpu
             done = tuple(work(result)) if work is not None and error is None else ()  # type: ignore[arg-type]
-            self.calls.append(Call(cpu, done))
+            self.calls.append(Call(cpu, done, (requested, start, began, returned, resumed)))
         finally:
             self.busy_s += time.monotonic() - start
             self._release()

@@ -180,14 +180,19 @@ WORK = list_of(tuple_of(BYTES, FEATURES), limit=4096)
 class Operations(Message):
     """A worker's computations in round ``round``, for ``dropsim calibrate``: one entry per computation of
     its compute thread, and one for its event loop (thread ``loop``: its process's other CPU seconds, with
-    the frames it sent and received), each ``(thread, cpu_s, work)``, ``work`` the operations the simulator
-    charges for it as ``(op, ((feature, value), ...))``. Sent just before its :class:`ClientReport`."""
+    the frames it sent and received), each ``(thread, cpu_s, times, work)``: ``times`` the computation's
+    five instants on the worker's clock (:data:`sim.deploy.compute.CALL_TIMES`; NaN for the loop), ``work``
+    the operations the simulator charges for it as ``(op, ((feature, value), ...))``. Sent just before its
+    :class:`ClientReport`."""
 
     TYPE: ClassVar[int] = 48
     ITEMS: ClassVar[Items] = Items.OWN
-    FIELDS: ClassVar = (("round", U32), ("calls", list_of(tuple_of(BYTES, F64, WORK), limit=4096)))
+    FIELDS: ClassVar = (
+        ("round", U32),
+        ("calls", list_of(tuple_of(BYTES, F64, list_of(F64, limit=8), WORK), limit=4096)),
+    )
     round: int
-    calls: tuple[tuple[bytes, float, tuple[tuple[bytes, tuple[tuple[bytes, float], ...]], ...]], ...]
+    calls: tuple[tuple[bytes, float, tuple[float, ...], tuple[tuple[bytes, tuple[tuple[bytes, float], ...]], ...]], ...]
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,10 @@ operations the simulator charges for those (``deploy.send`` and ``deploy.receive
 
 Workers send theirs to the server (:class:`sim.deploy.control.Operations`, checked here as hostile
 input); the deployment appends every party's to ``operations.csv`` in the run's folder, one write per
-round: ``round, party, thread, call, cpu_s, work`` with ``work`` a JSON list of ``[op, {feature: value}]``.
+round: ``round, party, thread, call, cpu_s, work`` with ``work`` a JSON list of ``[op, {feature: value}]``,
+then a computation's instants (:data:`~sim.deploy.compute.CALL_TIMES`: asked for the processor, held it,
+began in the compute thread, returned, back on the event loop), in seconds since the deployment began on
+the server's clock (empty for a loop's row; files written before these columns have none).
 """
 
 from __future__ import annotations
@@ -22,14 +25,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.deploy.compute import Call
+from sim.deploy.compute import CALL_TIMES, NO_TIMES, Call
 from sim.deploy.control import Operations
 from sim.protocol.machine import Work
 from sim.results.writer import csv_bytes, write_atomic
 from sim.world import CALL_OP, TRANSPORT_OPS
 
 FILE = "operations.csv"
-COLUMNS = ("round", "party", "thread", "call", "cpu_s", "work")
+BASE_COLUMNS = ("round", "party", "thread", "call", "cpu_s", "work")
+"""The columns of files written before a computation's instants were kept (read as well)."""
+COLUMNS = (*BASE_COLUMNS, *CALL_TIMES)
 COMPUTE, LOOP = "compute", "loop"
 THREADS = (COMPUTE, LOOP)
 MAX_NAME = 64
@@ -38,11 +43,21 @@ MAX_NAME = 64
 
 @dataclass(frozen=True)
 class Entry:
-    """One computation of a party (``thread`` :data:`COMPUTE`), or its event loop's round (:data:`LOOP`)."""
+    """One computation of a party (``thread`` :data:`COMPUTE`), or its event loop's round (:data:`LOOP`);
+    ``times`` are the computation's instants (:attr:`sim.deploy.compute.Call.times`), NaN for a loop."""
 
     thread: str
     cpu_s: float
     work: tuple[Work, ...]
+    times: tuple[float, ...] = NO_TIMES
+
+    def shifted(self, by: float) -> Entry:
+        """This entry with its instants moved by ``by`` seconds (from a party's clock to the run's)."""
+        return Entry(self.thread, self.cpu_s, self.work, _shift(self.times, by))
+
+
+def _shift(times: tuple[float, ...], by: float) -> tuple[float, ...]:
+    return times if times is NO_TIMES else tuple(t + by for t in times)
 
 
 def loop_work(sent: Iterable[int], received: Iterable[int]) -> tuple[Work, ...]:
@@ -57,7 +72,7 @@ def entries(calls: Sequence[Call], process_cpu_s: float, sent: Iterable[int], re
     process's CPU seconds in the round, less the calls')."""
     compute = sum(c.cpu_s for c in calls)
     loop = Entry(LOOP, max(0.0, process_cpu_s - compute), loop_work(sent, received))
-    return [*(Entry(COMPUTE, c.cpu_s, (*c.work, Work(CALL_OP, {}))) for c in calls), loop]
+    return [*(Entry(COMPUTE, c.cpu_s, (*c.work, Work(CALL_OP, {})), c.times) for c in calls), loop]
 
 
 def to_message(round: int, party: list[Entry]) -> Operations:
@@ -68,6 +83,7 @@ def to_message(round: int, party: list[Entry]) -> Operations:
             (
                 e.thread.encode(),
                 e.cpu_s,
+                e.times,
                 tuple((w.op.encode(), tuple((k.encode(), float(v)) for k, v in w.size.items())) for w in e.work),
             )
             for e in party
@@ -82,15 +98,31 @@ def _name(raw: bytes, what: str) -> str:
     return text
 
 
-def from_message(message: Operations) -> list[Entry]:
-    """A worker's round from its control message; :class:`ValueError` saying what is wrong with it."""
+def _times(times: tuple[float, ...], thread: str) -> tuple[float, ...]:
+    """A computation's instants as a worker sent them: five non-decreasing finite seconds for a computation,
+    five NaNs for a loop (or a computation whose instants were not kept)."""
+    if len(times) != len(CALL_TIMES):
+        raise ValueError(f"{len(times)} instants: {len(CALL_TIMES)} expected ({', '.join(CALL_TIMES)})")
+    if all(math.isnan(t) for t in times):
+        return NO_TIMES
+    if thread == LOOP:
+        raise ValueError("a loop's entry has no instants (NaN expected)")
+    if not all(math.isfinite(t) and abs(t) < 1e12 for t in times) or list(times) != sorted(times):
+        raise ValueError(f"instants {times!r}: finite and non-decreasing expected")
+    return tuple(times)
+
+
+def from_message(message: Operations, shift: float = 0.0) -> list[Entry]:
+    """A worker's round from its control message, its instants moved by ``shift`` seconds (from the worker's
+    clock to the run's); :class:`ValueError` saying what is wrong with it."""
     out = []
-    for thread, cpu, work in message.calls:
+    for thread, cpu, times, work in message.calls:
         name = _name(thread, "thread")
         if name not in THREADS:
             raise ValueError(f"thread {name!r}: {' or '.join(THREADS)} expected")
         if not (math.isfinite(cpu) and 0 <= cpu < 1e6):
             raise ValueError(f"CPU seconds {cpu!r}: a finite number >= 0 expected")
+        instants = _shift(_times(times, name), shift)
         items = []
         for op, features in work:
             size = {}
@@ -99,7 +131,7 @@ def from_message(message: Operations) -> list[Entry]:
                     raise ValueError(f"{op[:MAX_NAME]!r} feature value {value!r}: a finite number >= 0 expected")
                 size[_name(key, "feature")] = value
             items.append(Work(_name(op, "operation"), size))
-        out.append(Entry(name, cpu, tuple(items)))
+        out.append(Entry(name, cpu, tuple(items), instants))
     return out
 
 
@@ -135,7 +167,15 @@ class OperationsLog:
 
     def append(self, round: int, parties: dict[str, list[Entry]]) -> None:
         rows = [
-            {"round": round, "party": party, "thread": e.thread, "call": i, "cpu_s": e.cpu_s, "work": work_json(e.work)}
+            {
+                "round": round,
+                "party": party,
+                "thread": e.thread,
+                "call": i,
+                "cpu_s": e.cpu_s,
+                "work": work_json(e.work),
+                **{name: ("" if math.isnan(t) else t) for name, t in zip(CALL_TIMES, e.times, strict=True)},
+            }
             for party, party_entries in parties.items()
             for i, e in enumerate(party_entries)
         ]

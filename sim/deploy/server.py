@@ -264,7 +264,7 @@ class DeployServer:
             elif isinstance(message, control.Operations):
                 if st is not None and peer.round == st.number == message.round:
                     try:
-                        st.operations[str(peer.client)] = from_message(message)
+                        st.operations[str(peer.client)] = from_message(message, peer.offset - self.t0)
                     except ValueError as exc:
                         self._refuse(f"worker {peer.index}: its operations of round {message.round}: {exc}")
             elif isinstance(message, control.ClientReport):
@@ -404,7 +404,8 @@ class DeployServer:
         lanes = (server_cpu,) if side is server_cpu else (server_cpu, side)
         rec.server_cpu_s = sum(lane.cpu_s for lane in lanes)
         calls = [call for lane in lanes for call in lane.calls]
-        st.operations["server"] = entries(calls, time.process_time() - process_cpu, st.frames_out, st.frames_in)
+        done = entries(calls, time.process_time() - process_cpu, st.frames_out, st.frames_in)
+        st.operations["server"] = [e.shifted(-self.t0) for e in done]
         self._close_record(st, rec, survivors, len(plan.drops), sum(lane.busy_s for lane in lanes))
         return rec
 

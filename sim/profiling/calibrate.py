@@ -77,7 +77,7 @@ from sim.costs.model import (
     read_profile,
     resolve_profile,
 )
-from sim.deploy.operations import COLUMNS, FILE, work_from_json
+from sim.deploy.operations import BASE_COLUMNS, COLUMNS, FILE, work_from_json
 from sim.errors import InputError
 from sim.protocol.machine import Work
 from sim.results.integrity import check_table
@@ -212,7 +212,7 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
     check_table(path, data, read_manifest(folder))  # a complete run's table as its run wrote it
     with io.StringIO(data.decode("utf-8", errors="replace"), newline="") as f:
         reader = csv.DictReader(f)
-        if tuple(reader.fieldnames or ()) != COLUMNS:
+        if tuple(reader.fieldnames or ()) not in (COLUMNS, BASE_COLUMNS):
             raise CalibrationError(f"{path}: columns {reader.fieldnames}; expected {', '.join(COLUMNS)}")
         for line, row in enumerate(reader, start=2):
             try:
