@@ -12,6 +12,11 @@ says whether and how the simulator models it:
   the simulator's model before 2026-11-28 (a token bucket refilled continuously: w if w <= b / (1 - q),
   else w / q - b / q with b = q P), and the periodic refill with the kernel's per-CPU slack (1 ms) on
   top of the first period's quota.
+- ``restart``: a fixed piece of work (a Python integer loop and a fixed-point encoding of 16,384 values, as
+  a client's masking does) repeated in a cgroup of q = 1/9 to 1/2 core per 10 ms, and without a quota: the
+  CPU seconds each piece took, and how many times the quota throttled it (``cpu.stat``). A piece that a
+  spent quota interrupts takes more CPU than one that runs through: its thread comes back to cold caches.
+  The simulator charges an operation the same CPU whatever its quota.
 - ``threads``: a few SGD steps of a torch Linear model (1e4 to 1e6 parameters) in a cgroup of 0.5 core
   with 1 and 2 intra-op threads: wall, process CPU and throttled time. The simulator charges training
   as one job whatever the threads.
@@ -94,7 +99,7 @@ from sim.testbed import (
 HERE = Path(__file__).resolve()
 LOCAL_SLACK_S = 0.001
 """Runtime a CPU's run queue keeps when its group goes idle (the kernel's min_cfs_rq_runtime, 1 ms)."""
-SECTIONS = ("cfs", "threads", "slices", "loop", "htb", "cores", "gc")
+SECTIONS = ("cfs", "restart", "threads", "slices", "loop", "htb", "cores", "gc")
 
 
 # -- plumbing ----------------------------------------------------------------------------------------------
@@ -456,6 +461,96 @@ def verdict_cfs(df: pd.DataFrame) -> str:
         "is left is the kernel's per-CPU slices and tick, which throttle some bursts under one period's quota."
     )
     return intro + " ".join(parts)
+
+
+# -- restart ----------------------------------------------------------------------------------------------
+def piece(iterations: int, values: np.ndarray) -> None:
+    """The restart section's fixed piece of work: ``iterations`` Python integer products, then a fixed-point
+    encoding of ``values`` (clip, scale, round, to integers) twice."""
+    total = 0
+    for i in range(iterations):
+        total += i * i
+    for _ in range(2):
+        np.round(np.clip(values, -1.0, 1.0) * (1 << 19)).astype(np.int64)
+
+
+def child_restart(config: dict[str, Any]) -> None:
+    """Child: for each command, sleep ``idle_s``, then run ``n`` pieces (:func:`piece`) ``gap_s`` apart; the
+    CPU seconds of each."""
+    values = np.random.default_rng(0).standard_normal(16_384)
+    say({"ready": os.getpid()})
+    while (cmd := listen()) is not None:
+        time.sleep(cmd["idle_s"])
+        cpu = []
+        for _ in range(cmd["n"]):
+            before = time.thread_time()
+            piece(cmd["iterations"], values)
+            cpu.append(time.thread_time() - before)
+            time.sleep(cmd["gap_s"])
+        say({"cpu_s": cpu})
+
+
+def section_restart(quick: bool, rng: random.Random) -> pd.DataFrame:
+    """CPU seconds of a fixed piece of work at each quota, against the same piece without one, per throttle."""
+    quotas = [1 / 9, 1 / 3, math.inf] if quick else [1 / 9, 1 / 6, 1 / 4, 1 / 3, 1 / 2, math.inf]
+    sizes = [60_000] if quick else [15_000, 60_000]  # about 0.8 and 2.8 ms of CPU on this project's machine
+    reps = 4 if quick else 10
+    plan = [(q, size) for q in quotas for size in sizes for _ in range(reps)]
+    rng.shuffle(plan)
+    samples: dict[tuple[float, int], list[tuple[list[float], int]]] = collections.defaultdict(list)
+    with Groups() as groups, children() as kids:
+        groups.add("party", 1.0)
+        child = Child.of("restart")
+        kids.append(child)
+        child.recv(60)
+        groups.attach("party", child.pid)
+        current = None
+        for q, size in plan:
+            if current != q:
+                groups.set_quota_us("party", round(q * PERIOD_US) if q < math.inf else None, PERIOD_US)
+                current = q
+            n0, _ = groups.stat("party")
+            child.send({"idle_s": 0.03 + rng.random() * 0.01, "n": 15, "iterations": size, "gap_s": 0.003})
+            reply = child.recv(120)
+            n1, _ = groups.stat("party")
+            samples[(q, size)].append((reply["cpu_s"], n1 - n0))
+    rows = []
+    for (q, size), got in sorted(samples.items()):
+        cpu = np.array([c for pieces, _ in got for c in pieces])
+        rows.append(
+            {
+                "section": "restart",
+                "q_cores": q,
+                "iterations": size,
+                "pieces": len(cpu),
+                "cpu_ms": cpu.mean() * 1e3,
+                "cpu_p50_ms": np.median(cpu) * 1e3,
+                "throttles_per_piece": sum(n for _, n in got) / len(cpu),
+            }
+        )
+    df = pd.DataFrame(rows)
+    free = df[df.q_cores == math.inf].set_index("iterations")["cpu_ms"]
+    df["extra_ms"] = df["cpu_ms"] - df["iterations"].map(free)
+    df["extra_frac"] = df["extra_ms"] / df["iterations"].map(free)
+    throttled = df["throttles_per_piece"] > 0.1
+    df["ms_per_throttle"] = np.where(throttled, df["extra_ms"] / df["throttles_per_piece"], np.nan)
+    df["q_cores"] = df["q_cores"].replace(math.inf, math.nan)  # NaN: the no-quota control
+    return df
+
+
+def verdict_restart(df: pd.DataFrame) -> str:
+    """One paragraph on the restart table."""
+    quota = df[df.q_cores.notna()]
+    if quota.empty:
+        return "restart: nothing measured."
+    by_q = quota.groupby("q_cores").agg(frac=("extra_frac", "mean"), per=("ms_per_throttle", "median"))
+    each = "; ".join(f"q {q:.3f}: {r.frac:+.1%}, {r.per:.3f} ms a throttle" for q, r in by_q.iterrows())
+    return (
+        "A fixed piece of work takes more CPU the more often a spent quota interrupts it (its CPU over the same "
+        f"piece without a quota, and per throttle: {each}). The simulator charges each operation its CPU "
+        "whatever the quota; a calibration that fits the CPU per operation over all parties charges a party "
+        "on a small quota too little."
+    )
 
 
 # -- threads -----------------------------------------------------------------------------------------------
@@ -1147,6 +1242,7 @@ def verdict_gc(df: pd.DataFrame) -> str:
 # -- main --------------------------------------------------------------------------------------------------
 CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {
     "cfs": child_cfs,
+    "restart": child_restart,
     "threads": child_threads,
     "slices": child_slices,
     "loop-server": child_loop_server,
@@ -1158,6 +1254,7 @@ CHILDREN: dict[str, Callable[[dict[str, Any]], None]] = {
 
 RUNNERS: dict[str, tuple[Callable[[bool, random.Random], pd.DataFrame], Callable[[pd.DataFrame], str]]] = {
     "cfs": (section_cfs, verdict_cfs),
+    "restart": (section_restart, verdict_restart),
     "threads": (section_threads, verdict_threads),
     "slices": (section_slices, verdict_slices),
     "loop": (section_loop, verdict_loop),
@@ -1166,7 +1263,7 @@ RUNNERS: dict[str, tuple[Callable[[bool, random.Random], pd.DataFrame], Callable
     "gc": (section_gc, verdict_gc),
 }
 
-NEEDS_ROOT = {"cfs", "threads", "slices", "loop", "htb", "cores"}
+NEEDS_ROOT = {"cfs", "restart", "threads", "slices", "loop", "htb", "cores"}
 
 
 def _terminate(signum: int, _frame: object) -> None:

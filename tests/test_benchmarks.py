@@ -181,6 +181,59 @@ def test_host_speed_samples_each_core_it_is_given() -> None:
     assert [t for _, t, _ in rows] == sorted(t for _, t, _ in rows)
 
 
+def test_host_speed_multiplies_matrices_on_one_thread(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With every core sampled at once, BLAS helper threads would spin against each other's processes."""
+    from threadpoolctl import threadpool_info
+
+    seen: list[int] = []
+    real = host_speed.work
+
+    def counted(*args: object) -> None:
+        seen.append(max((pool["num_threads"] for pool in threadpool_info()), default=1))
+        real(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(host_speed, "work", counted)
+    before = [pool["num_threads"] for pool in threadpool_info()]
+    host_speed.sample_core(0, seconds=0.05, interval=0.0)
+    assert seen and set(seen) == {1}
+    assert [pool["num_threads"] for pool in threadpool_info()] == before  # given back after
+
+
+def test_deployed_calls_splits_each_computations_wall_time(tmp_path: Path) -> None:
+    import deployed_calls
+
+    from sim.deploy.compute import Call
+    from sim.deploy.operations import OperationsLog, entries
+    from sim.protocol.machine import Work
+
+    run = tmp_path / "point" / "deployed"
+    log = OperationsLog(run)
+    decode = (Work("wire.decode", {"bytes": 100.0}),)
+    server = [
+        Call(0.001, decode, (0.0, 0.0, 0.0, 0.001, 0.001)),  # first: idle unknown
+        Call(0.002, decode, (0.0015, 0.0015, 0.0016, 0.0036, 0.0036)),  # idle 0.6 ms, warm
+        Call(0.001, decode, (0.0036, 0.0036, 0.0036, 0.0046, 0.0046)),  # idle 0, warm
+    ]
+    client = [
+        Call(0.001, decode, (0.010, 0.011, 0.012, 0.014, 0.015)),  # queue 1, hand 1, stall 1, back 1 ms
+        Call(0.003, decode, (0.040, 0.040, 0.040, 0.043, 0.043)),  # 26 ms idle: 2 ms over the warm median
+    ]
+    log.append(1, {"server": entries(server, 0.01, [], []), "2": entries(client, 0.01, [], [])})
+    pd.DataFrame({"client": [2], "slowdown": [3.0]}).to_csv(run / "clients.csv", index=False)
+    assert deployed_calls.runs([tmp_path]) == [run]
+    calls = deployed_calls.computations(run)
+    first = calls[calls["party"] == "2"].iloc[0]
+    assert first["kind"] == "client s=3.00" and first["ops"] == "wire.decode"
+    assert [first[p] * 1e3 for p in ("queue", "hand", "cpu", "stall", "back")] == pytest.approx([1, 1, 1, 1, 1])
+    assert calls[calls["party"] == "2"]["idle"].iloc[1] == pytest.approx(0.026)  # since the first returned
+    split = deployed_calls.split_table(calls).set_index("kind")
+    assert split.loc["client s=3.00", "wall"] == pytest.approx(5.0 + 3.0)  # its two computations, ms
+    idle = deployed_calls.idle_table(calls).set_index(["who", "idle_ms"])
+    # the warm median of wire.decode: the server's computation right after another (1 ms; 0.6 ms idle is not warm)
+    assert idle.loc[("clients", "[20.0, 50.0)"), "extra_median_ms"] == pytest.approx(2.0)
+    assert idle.loc[("server", "[0.5, 1.0)"), "extra_median_ms"] == pytest.approx(1.0)
+
+
 def test_repeatability_pairs_the_points_the_simulator_charges_alike() -> None:
     row = {"clients": 5, "params": 1e4, "xnoise": False, "stage": "before_upload", "chunks": 1}
     table = pd.DataFrame(
