@@ -16,7 +16,10 @@ tells how a computation's CPU grows with the time its party was idle before it (
 party's previous computation of the round returned): each computation's CPU less the median of the same
 operations' warm computations (idle under 0.5 ms, never stalled), by bins of idle time. With
 ``--profile`` (a calibrated profile), it also prints each party's CPU per round against what the profile
-charges for the same operations (``sim.profiling.calibrate.predicted``), by round.
+charges for the same operations (``sim.profiling.calibrate.predicted``), by round; and where the runs
+kept ``throttles.csv`` (a kernel testbed's: how many CFS periods each party's quota held it back in a
+round), the CPU a party spent over its charge against its throttles, fitted by least squares (``cpu -
+charged = a + b * throttles`` over the party-rounds): ``b`` is the CPU a throttle cost.
 
     python benchmarks/deployed_calls.py results/validate-kernel                # a --keep folder
     python benchmarks/deployed_calls.py RUN [RUN ...] --csv calls.csv --profile results/validate-kernel/calibrated.json
@@ -36,7 +39,7 @@ import pandas as pd
 
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel
 from sim.deploy.compute import CALL_TIMES
-from sim.deploy.operations import COMPUTE, FILE, work_from_json
+from sim.deploy.operations import COMPUTE, FILE, THROTTLES_FILE, work_from_json
 from sim.profiling.calibrate import predicted
 
 PARTS = ("queue", "hand", "cpu", "stall", "back")
@@ -113,8 +116,9 @@ def idle_table(calls: pd.DataFrame) -> pd.DataFrame:
     return table.reset_index().assign(idle_ms=lambda t: t["idle_ms"].astype(str))
 
 
-def profile_table(paths: Sequence[Path], costs: CostModel) -> pd.DataFrame:
-    """Per round and party, its CPU (compute thread and event loop) over what ``costs`` charges for it."""
+def charged_rounds(paths: Sequence[Path], costs: CostModel) -> pd.DataFrame:
+    """Per run, round and party: its CPU seconds (compute thread and event loop), what ``costs`` charges for
+    the same operations, and its throttled CFS periods where the run kept them (else NaN)."""
     rows = []
     for run in paths:
         ops = pd.read_csv(run / FILE, dtype={"party": str})
@@ -122,8 +126,34 @@ def profile_table(paths: Sequence[Path], costs: CostModel) -> pd.DataFrame:
             role = SERVER_ROLE if row.party == "server" else CLIENT_ROLE
             charged = sum(predicted(costs, work_from_json(str(row.work)), role).values())
             rows.append({"run": str(run), "round": row.round, "party": row.party, "cpu": row.cpu_s, "charged": charged})
-    per = pd.DataFrame(rows).groupby(["round", "party"])[["cpu", "charged"]].sum()
-    return (per["cpu"] / per["charged"]).unstack("party").round(3).reset_index()
+    per = pd.DataFrame(rows).groupby(["run", "round", "party"], as_index=False)[["cpu", "charged"]].sum()
+    throttles = [
+        pd.read_csv(run / THROTTLES_FILE, dtype={"party": str}).assign(run=str(run))
+        for run in paths
+        if (run / THROTTLES_FILE).is_file()
+    ]
+    if throttles:
+        per = per.merge(pd.concat(throttles)[["run", "round", "party", "throttled_periods"]], how="left")
+    else:
+        per["throttled_periods"] = np.nan
+    return per
+
+
+def profile_table(per: pd.DataFrame) -> pd.DataFrame:
+    """Per round (over the runs) and party, its CPU over its charge."""
+    summed = per.groupby(["round", "party"])[["cpu", "charged"]].sum()
+    return (summed["cpu"] / summed["charged"]).unstack("party").round(3).reset_index()
+
+
+def throttle_fit(per: pd.DataFrame) -> tuple[float, float, float, int] | None:
+    """``(a, b, r, n)``: the least-squares line ``cpu - charged = a + b * throttled_periods`` (seconds) over
+    the ``n`` party-rounds with throttle counts, and its correlation ``r``; None without two distinct counts."""
+    known = per.dropna(subset=["throttled_periods"])
+    x, y = known["throttled_periods"].to_numpy(float), (known["cpu"] - known["charged"]).to_numpy(float)
+    if len(known) < 2 or np.ptp(x) == 0:
+        return None
+    b, a = np.polyfit(x, y, 1)
+    return float(a), float(b), float(np.corrcoef(x, y)[0, 1]), len(known)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -145,9 +175,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"\nCPU over the warm median of the same operations (idle < {WARM_IDLE_MS} ms, not stalled), by idle time:")
     print(idle_table(calls).to_string(index=False, float_format=lambda x: f"{x:.3f}"))
     if args.profile is not None:
-        costs = CostModel.load(args.profile)
+        per = charged_rounds(found, CostModel.load(args.profile))
         print(f"\nCPU per round over what {args.profile.name} charges, by party:")
-        print(profile_table(found, costs).to_string(index=False))
+        print(profile_table(per).to_string(index=False))
+        fit = throttle_fit(per)
+        if fit is not None:
+            a, b, r, n = fit
+            print(
+                f"\nCPU over the charge against the throttles, over {n} party-rounds: {a * 1e3:+.3f} ms "
+                f"{b * 1e3:+.3f} ms a throttled period (correlation {r:.2f})"
+            )
     if args.csv:
         columns = ["run", "round", "party", "kind", "ops", *PARTS, "idle"]
         calls[columns].to_csv(args.csv, index=False)

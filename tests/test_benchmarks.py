@@ -232,6 +232,24 @@ def test_deployed_calls_splits_each_computations_wall_time(tmp_path: Path) -> No
     # the warm median of wire.decode: the server's computation right after another (1 ms; 0.6 ms idle is not warm)
     assert idle.loc[("clients", "[20.0, 50.0)"), "extra_median_ms"] == pytest.approx(2.0)
     assert idle.loc[("server", "[0.5, 1.0)"), "extra_median_ms"] == pytest.approx(1.0)
+    # a kernel testbed's throttles, per party and round, beside the CPU over the profile's charge
+    from sim.costs.model import CostModel
+    from sim.deploy.operations import ThrottleLog
+
+    ThrottleLog(run).append(1, {"server": (0, 0.0), "2": (3, 0.02)})
+    per = deployed_calls.charged_rounds([run], CostModel.load()).set_index("party")
+    assert per.loc["2", "throttled_periods"] == 3 and per.loc["server", "throttled_periods"] == 0
+    assert per.loc["2", "cpu"] == pytest.approx(0.004 + 0.006)  # its computations and its loop (the process less them)
+
+
+def test_deployed_calls_fits_the_cpu_a_throttle_costs() -> None:
+    import deployed_calls
+
+    periods = [0, 1, 4, 10, 2]
+    per = pd.DataFrame({"throttled_periods": periods, "charged": 0.01, "cpu": [0.011 + 3e-4 * k for k in periods]})
+    a, b, r, n = deployed_calls.throttle_fit(per)  # type: ignore[misc]
+    assert (a, b, r, n) == pytest.approx((0.001, 3e-4, 1.0, 5))
+    assert deployed_calls.throttle_fit(per.assign(throttled_periods=float("nan"))) is None
 
 
 def test_repeatability_pairs_the_points_the_simulator_charges_alike() -> None:

@@ -353,13 +353,19 @@ def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_p
     entry = manifest["testbed"]
     assert entry["emulation"] == "kernel" and 0 < entry["time_dilation"] <= 1
     assert entry["cgroup"] in ("v1", "v2")
-    for table in ("rounds", "clients", "stages", "operations"):
+    for table in ("rounds", "clients", "stages", "operations", "throttles"):
         assert (run / f"{table}.csv").is_file()
     operations = (run / "operations.csv").read_text().splitlines()
     assert operations[0] == "round,party,thread,call,cpu_s,work,requested_s,acquired_s,began_s,returned_s,resumed_s"
     for r in ("1", "2"):  # the server and the round's 3 clients, every round
         parties = {line.split(",")[1] for line in operations[1:] if line.split(",")[0] == r}
         assert "server" in parties and len(parties) == 4, (r, parties)
+    # how often each party's quota held it back, per round: the server and the round's 3 clients
+    throttles = list(csv.DictReader((run / "throttles.csv").open()))
+    for r in ("1", "2"):
+        rows = [row for row in throttles if row["round"] == r]
+        assert {row["party"] for row in rows} >= {"server"} and len(rows) == 4, rows
+        assert all(int(row["throttled_periods"]) >= 0 and float(row["throttled_s"]) >= 0 for row in rows)
     # each computation's instants, on the run's clock, lie in its round (a worker's placed by its clock's offset)
     rounds = {row["round"]: row for row in csv.DictReader((run / "rounds.csv").open())}
     for row in csv.DictReader((run / "operations.csv").open()):

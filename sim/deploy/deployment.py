@@ -32,7 +32,7 @@ from sim.deploy.identity import (
     worker_directory,
 )
 from sim.deploy.kernel import KernelEmulation
-from sim.deploy.operations import OperationsLog
+from sim.deploy.operations import OperationsLog, ThrottleLog
 from sim.deploy.policy import scenario_policy
 from sim.deploy.server import DeployServer
 from sim.deploy.worker import config_message
@@ -149,6 +149,8 @@ class Deployment:
         """``operations.csv``: what each party computed, round by round (``dropsim calibrate``)."""
         self.kernel: KernelEmulation | None = None
         """The kernel testbed's cgroups and shaped links (``testbed.emulation: kernel``), or None."""
+        self.throttles: ThrottleLog | None = None
+        """``throttles.csv`` on a kernel testbed: how often each party's quota held it back, round by round."""
         self.loop = asyncio.new_event_loop()
         self.server = DeployServer(
             scenario,
@@ -166,6 +168,8 @@ class Deployment:
             if is_kernel(scenario):
                 self.kernel = self._kernel()
                 self.server.on_assign = self.kernel.assign
+                if opts.log_dir is not None:
+                    self.throttles = ThrottleLog(opts.log_dir)
             self.loop.run_until_complete(self.server.start())
             if opts.spawn:
                 self._spawn()
@@ -357,16 +361,22 @@ class Deployment:
         private = plan.private
         if private is not None and not self.options.seeded_secrets:
             private = replace(private, server_seed=os.urandom(32))  # central noise: the server's own secret
+        throttled: dict[str, tuple[int, float]] = {}
         try:
             record = self.loop.run_until_complete(
                 self.server.play(plan, private, records, self.live_workers, self.options.connect_timeout_s)
             )
         finally:
             if self.kernel is not None:
-                self.kernel.release()
+                try:
+                    throttled = self.kernel.throttles()
+                finally:
+                    self.kernel.release()
         played = self.server.last
         if self.operations is not None and played is not None and played.number == plan.number:
             self.operations.append(plan.number, played.operations)
+        if self.throttles is not None and throttled:
+            self.throttles.append(plan.number, throttled)
         return record
 
     def _finish_tasks(self) -> None:

@@ -474,6 +474,10 @@ class KernelEmulation:
                 "starts itself again under unshare --net (it was not, here)"
             )
         self.groups = CpuGroups()
+        self._playing: dict[str, str] = {}
+        """cgroup -> the party it holds this round (``server``, or a client's number)."""
+        self._before: dict[str, tuple[int, float]] = {}
+        """cgroup -> its throttling (:meth:`CpuGroups.throttling`) when the round's quotas were set."""
         try:
             self.groups.add("server", SETUP_CORES)
             for j in range(self.workers):
@@ -502,10 +506,23 @@ class KernelEmulation:
         self.groups.set("server", server_cores(self.f, self.server_speed))
         for worker, client in playing.items():
             self.groups.set(f"worker-{worker}", client_cores(self.f, float(self.slowdown[client])))
+        self._playing = {"server": "server", **{f"worker-{w}": str(c) for w, c in playing.items()}}
+        self._before = {group: self.groups.throttling(group) for group in self._playing}
         self.shaper.retune_all({worker: float(self.bandwidth_bps[client]) for worker, client in playing.items()})
+
+    def throttles(self) -> dict[str, tuple[int, float]]:
+        """Per party of the round assigned last (``server``, and each client by its number): the CFS periods in
+        which its quota held it back since :meth:`assign`, and the seconds it was held back."""
+        out = {}
+        for group, party in self._playing.items():
+            periods, seconds = self.groups.throttling(group)
+            before_periods, before_seconds = self._before[group]
+            out[party] = (periods - before_periods, max(0.0, seconds - before_seconds))
+        return out
 
     def release(self) -> None:
         """Every party's quota back to the whole host (the round is over)."""
+        self._playing, self._before = {}, {}  # a round refused before its quotas were set has no throttles
         for party in self.groups.parties:
             self.groups.set(party, SETUP_CORES)
 

@@ -181,3 +181,27 @@ class OperationsLog:
         ]
         with self.path.open("ab", buffering=0) as f:
             f.write(csv_bytes(rows, COLUMNS))
+
+
+THROTTLES_FILE = "throttles.csv"
+THROTTLES_COLUMNS = ("round", "party", "throttled_periods", "throttled_s")
+
+
+class ThrottleLog:
+    """``throttles.csv`` in ``folder``, on a kernel testbed: per round and party (``server``, or a client's
+    number), the CFS periods in which its cgroup's quota held it back, and the seconds it was held back
+    (its ``cpu.stat``: :meth:`sim.deploy.kernel.KernelEmulation.throttles`). A round's rows appended at
+    once."""
+
+    def __init__(self, folder: Path) -> None:
+        self.path = folder / THROTTLES_FILE
+        folder.mkdir(parents=True, exist_ok=True)
+        write_atomic(self.path, csv_bytes([], THROTTLES_COLUMNS, header=True))
+
+    def append(self, round: int, parties: dict[str, tuple[int, float]]) -> None:
+        rows = [
+            {"round": round, "party": party, "throttled_periods": periods, "throttled_s": seconds}
+            for party, (periods, seconds) in parties.items()
+        ]
+        with self.path.open("ab", buffering=0) as f:
+            f.write(csv_bytes(rows, THROTTLES_COLUMNS))
