@@ -544,7 +544,10 @@ def verdict_restart(df: pd.DataFrame) -> str:
     if quota.empty:
         return "restart: nothing measured."
     by_q = quota.groupby("q_cores").agg(frac=("extra_frac", "mean"), per=("ms_per_throttle", "median"))
-    each = "; ".join(f"q {q:.3f}: {r.frac:+.1%}, {r.per:.3f} ms a throttle" for q, r in by_q.iterrows())
+    each = "; ".join(
+        f"q {q:.3f}: {r.frac:+.1%}" + ("" if math.isnan(r.per) else f", {r.per:.3f} ms a throttle")
+        for q, r in by_q.iterrows()
+    )
     return (
         "A fixed piece of work takes more CPU the more often a spent quota interrupts it (its CPU over the same "
         f"piece without a quota, and per throttle: {each}). The simulator charges each operation its CPU "

@@ -97,9 +97,13 @@ def test_operations_go_to_the_server_and_back_as_they_were() -> None:
     assert isinstance(message, Operations) and message.round == 7
     assert from_message(message) == party
     # on the server, the worker's instants move to the run's clock; those not kept stay unknown
-    moved = from_message(message, shift=-10.0)
+    moved = from_message(message, shift=-10.0, bounds=(0.0, 2.0))
     assert moved[0].times == (0.0, 0.5, 0.75, 1.0, 1.25)
     assert moved[1].times is NO_TIMES and moved[2].times is NO_TIMES
+    # a worker's clock that puts them before the run or after now (or nowhere) is refused
+    for shift in (-10.5, -8.5, -math.inf, 1e300):
+        with pytest.raises(ValueError, match="on the run's clock"):
+            from_message(message, shift=shift, bounds=(0.0, 2.0))
 
 
 def test_a_deployment_keeps_each_computations_instants_in_its_operations_table(tmp_path: Path) -> None:

@@ -108,10 +108,10 @@ class Call:
     ``times`` are five instants of the party's monotonic clock (seconds), :data:`CALL_TIMES`: when the
     event loop asked for the processor, when it held it, when the compute thread began the computation,
     when the computation returned, and when the event loop had the result back (after the slow-down's
-    sleep, where there is one). Their differences split a computation's wall time into the wait for the
-    processor, the hand-over to the thread, the computation (its CPU seconds, and whatever kept it from a
-    CPU: another thread, a spent CFS quota) and the hand-back; docs/time-model.md, "Where a computation's
-    wall time goes"."""
+    sleep on a process testbed; on a kernel testbed the slow-down is in the quota and nothing sleeps).
+    Their differences split a computation's wall time into the wait for the processor, the hand-over to
+    the thread, the computation (its CPU seconds, and whatever kept it from a CPU: another thread, a spent
+    CFS quota) and the hand-back; docs/time-model.md, "Where a deployed computation's time goes"."""
 
     cpu_s: float
     work: tuple[Work, ...]

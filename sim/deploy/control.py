@@ -1,6 +1,6 @@
 """The deployment's own messages, beside the protocol's: configuration, round start and end, reports.
 
-They use the protocol's versioned binary encoding (:mod:`sim.protocol.wire`, types 40-47) and travel in
+They use the protocol's versioned binary encoding (:mod:`sim.protocol.wire`, types 40-49) and travel in
 the same authenticated frames (:mod:`sim.deploy.framing`) on channel :data:`CONTROL`. A worker is a client
 process that plays one sampled client per round: the server tells it which (:class:`RoundStart`), what the
 testbed asks of it (leave before a step: a planned dropout), and when the round is over

@@ -112,9 +112,11 @@ def _times(times: tuple[float, ...], thread: str) -> tuple[float, ...]:
     return tuple(times)
 
 
-def from_message(message: Operations, shift: float = 0.0) -> list[Entry]:
+def from_message(
+    message: Operations, shift: float = 0.0, bounds: tuple[float, float] = (-math.inf, math.inf)
+) -> list[Entry]:
     """A worker's round from its control message, its instants moved by ``shift`` seconds (from the worker's
-    clock to the run's); :class:`ValueError` saying what is wrong with it."""
+    clock to the run's), each then within ``bounds``; :class:`ValueError` saying what is wrong with it."""
     out = []
     for thread, cpu, times, work in message.calls:
         name = _name(thread, "thread")
@@ -123,6 +125,9 @@ def from_message(message: Operations, shift: float = 0.0) -> list[Entry]:
         if not (math.isfinite(cpu) and 0 <= cpu < 1e6):
             raise ValueError(f"CPU seconds {cpu!r}: a finite number >= 0 expected")
         instants = _shift(_times(times, name), shift)
+        if instants is not NO_TIMES and not all(bounds[0] <= t <= bounds[1] for t in instants):
+            lo, hi = bounds
+            raise ValueError(f"instants {instants!r} on the run's clock: between {lo:g} and {hi:g} s expected")
         items = []
         for op, features in work:
             size = {}
@@ -174,7 +179,7 @@ class OperationsLog:
                 "call": i,
                 "cpu_s": e.cpu_s,
                 "work": work_json(e.work),
-                **{name: ("" if math.isnan(t) else t) for name, t in zip(CALL_TIMES, e.times, strict=True)},
+                **dict(zip(CALL_TIMES, e.times, strict=True)),  # NaN (a loop's) written empty
             }
             for party, party_entries in parties.items()
             for i, e in enumerate(party_entries)

@@ -73,6 +73,9 @@ from sim.testbed import is_kernel
 
 log = logging.getLogger("sim.deploy.server")
 
+CLOCK_SLACK_S = 1.0
+"""Seconds a worker's instants, on the server's clock, may lie after the server's now (a clock offset is
+measured through one message's delay)."""
 REPORT_WAIT_S = 5.0
 """How long the server waits after a round for its workers' timelines (a stalled worker sends none)."""
 
@@ -238,6 +241,9 @@ class DeployServer:
                 peer.conn.close(f"malformed control message: {exc}")  # logged as the connection closes
                 return
             if isinstance(message, control.Clock):
+                if not math.isfinite(message.now):
+                    peer.conn.close(f"malformed clock: {message.now!r}")
+                    return
                 peer.offset = arrived - message.now
                 self.changed.set()
             elif isinstance(message, control.Accepts):
@@ -264,7 +270,8 @@ class DeployServer:
             elif isinstance(message, control.Operations):
                 if st is not None and peer.round == st.number == message.round:
                     try:
-                        st.operations[str(peer.client)] = from_message(message, peer.offset - self.t0)
+                        bounds = (0.0, self.now() + CLOCK_SLACK_S)  # in the run, and not after now
+                        st.operations[str(peer.client)] = from_message(message, peer.offset - self.t0, bounds)
                     except ValueError as exc:
                         self._refuse(f"worker {peer.index}: its operations of round {message.round}: {exc}")
             elif isinstance(message, control.ClientReport):

@@ -213,7 +213,10 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
     with io.StringIO(data.decode("utf-8", errors="replace"), newline="") as f:
         reader = csv.DictReader(f)
         if tuple(reader.fieldnames or ()) not in (COLUMNS, BASE_COLUMNS):
-            raise CalibrationError(f"{path}: columns {reader.fieldnames}; expected {', '.join(COLUMNS)}")
+            raise CalibrationError(
+                f"{path}: columns {reader.fieldnames}; expected {', '.join(COLUMNS)} (or the first "
+                f"{len(BASE_COLUMNS)} alone, as written before the instants were kept)"
+            )
         for line, row in enumerate(reader, start=2):
             try:
                 cpu = float(row["cpu_s"])
