@@ -30,6 +30,11 @@ framing and writing, the receiver's reading and checking, each a job on the host
 flow."""
 CALL_OP = "deploy.call"
 """Cost-model operation of handing one computation to a party's compute thread on the testbed."""
+RESTART_OP = "deploy.restart"
+"""Cost-model operation of the CPU a party's computations take more, together, after each CFS period in
+which its quota held them back, on the kernel testbed (feature ``count``: throttled periods;
+:class:`sim.engine.host.Pool`). A profile without it charges none; ``dropsim calibrate`` fits it on the
+throttles a deployment counted (``throttles.csv``)."""
 
 
 @dataclass
@@ -95,7 +100,7 @@ def build(scenario: Scenario) -> World:
         costs = estimate.applied(costs)
     costs.seconds(op, {})  # fail now, not mid-run, if the profile lacks this model
     if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
-        costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP))
+        costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP, RESTART_OP))
     if is_engine(sc) and costs.engine is not None:  # the parties' work inside the engine's processes
         costs = costs.scaled(costs.engine.client_scale, role=CLIENT_ROLE).scaled(
             costs.engine.server_scale, role=SERVER_ROLE

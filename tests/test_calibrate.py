@@ -21,12 +21,23 @@ from sim.deploy.operations import (
     COLUMNS,
     Entry,
     OperationsLog,
+    ThrottleLog,
     entries,
     from_message,
     to_message,
     work_json,
 )
-from sim.profiling.calibrate import CalibrationError, calibrate, feature_class, fit_scales, kind, predicted, role_kind
+from sim.profiling.calibrate import (
+    RESTART_UNIT_S,
+    CalibrationError,
+    calibrate,
+    feature_class,
+    fit_scales,
+    kind,
+    predicted,
+    restart_shares,
+    role_kind,
+)
 from sim.protocol.machine import Work
 
 BASE = CostModel.load()
@@ -60,19 +71,35 @@ def _framing_truth(op: str, size: float) -> float:
     return sum(FRAMING[op][k] * v for k, v in BASE.cost(op).terms({"bytes": size}).items())
 
 
-def _run(folder: Path, rounds: int = 6, noise: float = 0.0, framing: bool = False) -> Path:
+RESTART = 3e-4
+"""A made-up host's CPU per throttled period (seconds)."""
+
+
+def _run(folder: Path, rounds: int = 6, noise: float = 0.0, framing: bool = False, throttled: bool = False) -> Path:
     """A deployment folder with a manifest and an operations.csv of made-up, consistent parties (whose
-    frames cost :data:`FRAMING` with ``framing``, else the framing kind's scale in TRUE)."""
+    frames cost :data:`FRAMING` with ``framing``, else the framing kind's scale in TRUE; with ``throttled``,
+    a kernel testbed's: each party-round throttled some periods, which cost its computations :data:`RESTART`
+    each, in proportion to their stalls, kept in throttles.csv)."""
     folder.mkdir(parents=True)
     (folder / "manifest.json").write_text(json.dumps({"scenario": {"costs": {"profile": None}}, "status": "complete"}))
     log = OperationsLog(folder)
+    throttles = ThrottleLog(folder) if throttled else None
     for r in range(1, rounds + 1):
         parties = {}
+        periods = {str(c): (r * c) % 5 for c in range(4)}
         for c in range(4):
             calls = [
                 Call(_truth((*w, Work("deploy.call", {}))) * (1 + noise * ((r + c + i) % 3 - 1)), w)
                 for i, w in enumerate(CALLS)
             ]
+            if throttled:  # stalls of 0, 1, 2, 3 and 4 ms in turn, starting somewhere by round and client
+                stalls = [((r + c + i) % 5) * 1e-3 for i in range(len(CALLS))]
+                calls, t = [], 10.0 * r
+                for i, w in enumerate(CALLS):
+                    share = periods[str(c)] * stalls[i] / sum(stalls)
+                    cpu = _truth((*w, Work("deploy.call", {}))) + RESTART * share
+                    calls.append(Call(cpu, w, (t, t, t, t + cpu + stalls[i], t + cpu + stalls[i])))
+                    t += cpu + stalls[i] + 1e-3
             # frames in counts and sizes that vary, so that each framing feature's scale can be told apart
             sent, received = [1000 * (c + 1)] * (1 + c % 2) + [200_000 * r], [400_000 * (1 + r % 2), 300]
             if framing:
@@ -83,6 +110,8 @@ def _run(folder: Path, rounds: int = 6, noise: float = 0.0, framing: bool = Fals
                 loop += _truth(tuple(Work("deploy.receive", {"bytes": float(n)}) for n in received))
             parties[str(c)] = entries(calls, sum(call.cpu_s for call in calls) + loop, sent, received)
         log.append(r, parties)
+        if throttles is not None:
+            throttles.append(r, {party: (k, k * 0.005) for party, k in periods.items()})
     return folder
 
 
@@ -173,6 +202,31 @@ def test_calibration_recovers_the_scales_of_consistent_runs(tmp_path: Path) -> N
         assert model.seconds(op, size, "client") == pytest.approx(expected * cost.seconds(size), rel=1e-9), op
         assert model.seconds(op, size, "server") == pytest.approx(cost.seconds(size), rel=1e-9), op
         assert model.seconds(op, size) == cost.seconds(size)  # no role: the profile's own
+
+
+def test_a_partys_throttles_in_a_round_are_shared_by_its_computations_as_their_stalls() -> None:
+    rows = [
+        ("1", "3", 0.002),
+        ("1", "3", None),  # its loop: no share
+        ("1", "3", 0.006),
+        ("1", "server", 0.0),  # no stall at all: shared evenly
+        ("1", "server", 0.0),
+        ("2", "3", 0.004),  # a round without a count: none
+    ]
+    counts = {("1", "3"): 4.0, ("1", "server"): 1.0}
+    assert restart_shares(rows, counts) == {0: 1.0, 2: 3.0, 3: 0.5, 4: 0.5}
+
+
+def test_calibration_fits_a_throttles_cpu_where_the_runs_counted_them(tmp_path: Path) -> None:
+    doc = calibrate([_run(tmp_path / "a", throttled=True)])
+    ops = doc["operations"]
+    assert ops["deploy.restart"]["coef"] == {"count": RESTART_UNIT_S}  # the base has none: a unit, scaled
+    assert ops["deploy.restart@client"]["coef"]["count"] == pytest.approx(RESTART, rel=1e-6)
+    # these runs have no server: its restarts take the clients' scale
+    assert ops["deploy.restart@server"]["coef"]["count"] == pytest.approx(RESTART, rel=1e-6)
+    assert doc["calibration"]["scales"]["x25519.agree@client"] == pytest.approx(TRUE["crypto"], rel=1e-6)
+    # runs without throttles.csv fit none, and the profile charges none
+    assert "deploy.restart" not in calibrate([_run(tmp_path / "b")])["operations"]
 
 
 def test_a_table_written_before_the_instants_were_kept_calibrates_the_same(tmp_path: Path) -> None:

@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from sim import testbed
 from sim.engine.host import PartyQuotas, Pool, QuotaCores, QuotaScheduler
 from sim.protocol.machine import SERVER
-from sim.runner import run_scenario
+from sim.runner import Simulation, run_scenario
 from sim.scenario import ScenarioError, load
 from sim.world import CALL_OP, build
 
@@ -66,6 +66,38 @@ def test_two_jobs_spend_the_quota_together_then_wait_together() -> None:
     _job(env, pool, log, "b", 0.5)  # 0.1875 each by 0.1875, and by 0.9375; the last 0.125 each by 1.625
     env.run()
     assert log == [("a", 1.625), ("b", 1.625)]
+
+
+def _scheduled(env: simpy.Environment, scheduler: QuotaScheduler, pool: Pool, log: Log, name: str, work: float) -> None:
+    def proc() -> Generator[simpy.Event, Any, None]:
+        yield from scheduler.run(pool, work)
+        log.append((name, env.now))
+
+    env.process(proc())
+
+
+def test_each_refill_that_ends_a_throttle_costs_the_restart() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5, restart=0.0625)
+    # 0-0.25 (0.25 left), throttled; at 0.5 0.0625 more: 0.5-0.75 (0.0625 left), throttled; at 1.0 0.0625 more
+    _scheduled(env, scheduler, pool, log, "a", 0.5)
+    env.run()
+    assert log == [("a", 1.125)]  # without the restart: 0.75
+
+
+def test_jobs_throttled_together_share_the_restart() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.375, 0.75, restart=0.125)
+    # 0.1875 each by 0.1875; at 0.75 0.0625 more each (0.375 left each), 0.1875 each by 0.9375; at 1.5 0.0625
+    # more each (0.25), 0.1875 each by 1.6875; at 2.25 0.0625 more each (0.125): both end at 2.375
+    _scheduled(env, scheduler, pool, log, "a", 0.5)
+    _scheduled(env, scheduler, pool, log, "b", 0.5)
+    env.run()
+    assert log == [("a", 2.375), ("b", 2.375)]  # without the restart: 1.625
+    with pytest.raises(ValueError, match="restart"):
+        scheduler.pool(0.25, 0.5, restart=0.25)  # as long as the quota: a job would never end
 
 
 def test_an_idle_pool_gets_its_quota_back_at_the_next_period_not_before() -> None:
@@ -264,6 +296,23 @@ def test_a_runs_dilation_fits_its_fastest_possible_sample() -> None:
     assert world.dilation == testbed.dilation(2, 1.0, fastest)
     assert 0 < world.dilation < 1
     assert build(load(ROOT / "scenarios" / "deploy.yaml").base()).dilation == 1.0
+
+
+def test_a_kernel_simulation_charges_the_profiles_restarts_by_role(tmp_path: Path) -> None:
+    doc = json.loads(testbed.KERNEL_PROFILE.read_text())
+    doc["operations"]["deploy.restart@client"] = {"coef": {"count": 2e-4}}
+    doc["operations"]["deploy.restart@server"] = {"coef": {"count": 1e-4}}
+    doc["operations"]["deploy.restart"] = {"coef": {"count": 1e-4}}
+    profile = tmp_path / "restart.json"
+    profile.write_text(json.dumps(doc))
+    sets = ["testbed.emulation=kernel", "fidelity=timing", f"costs.profile={profile}"]
+    sim = Simulation(load(ROOT / "scenarios" / "deploy.yaml", sets).base())
+    host = sim.setup.host
+    assert isinstance(host, PartyQuotas) and host.restart == {"client": 2e-4, "server": 1e-4}
+    assert host.pool(0).restart == 2e-4 and host.pool(SERVER).restart == 1e-4
+    # the shipped kernel profile has none: nothing changes
+    plain = Simulation(load(ROOT / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel", "fidelity=timing"]).base())
+    assert isinstance(plain.setup.host, PartyQuotas) and plain.setup.host.restart == {}
 
 
 def test_party_quotas_give_each_party_its_share() -> None:

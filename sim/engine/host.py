@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Generator
+from collections.abc import Callable, Generator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import simpy
 
+from sim.costs.model import CLIENT_ROLE, SERVER_ROLE
 from sim.protocol.machine import SERVER
 from sim.seeds import Stream, generator
 from sim.testbed import client_cores, quota_us, server_cores
@@ -177,15 +178,25 @@ class Pool:
     boundary of its period (``phase + k * period`` seconds) the kernel hands it ``runtime`` CPU seconds (its
     quota per period; ``quota`` = runtime / period cores) and carries none over. Its jobs run at up to a core
     each while any of that is left (``credit``), and not at all once it is spent, until the next boundary
-    (docs/time-model.md, "The kernel testbed")."""
+    (docs/time-model.md, "The kernel testbed"). Each period its spent quota held jobs back costs ``restart``
+    CPU seconds more when the refill lets them run again, shared by them: their threads come back to caches
+    that others used meanwhile (``deploy.restart``, fitted by ``dropsim calibrate`` on the throttles the
+    deployment counted; docs/time-model.md, "Where a deployed computation's time goes")."""
 
-    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "runtime")
+    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "restart", "runtime")
 
-    def __init__(self, runtime: float, period: float, phase: float = 0.0, now: float = 0.0) -> None:
+    def __init__(
+        self, runtime: float, period: float, phase: float = 0.0, now: float = 0.0, restart: float = 0.0
+    ) -> None:
         if not all(math.isfinite(x) and x > 0 for x in (runtime, period)):
             raise ValueError(f"a quota of {runtime!r} s of CPU per period of {period!r} s")
         if not (math.isfinite(phase) and math.isfinite(now)):
             raise ValueError(f"a CFS period's phase {phase!r} s at {now!r} s")
+        if not (math.isfinite(restart) and 0 <= restart < runtime):
+            raise ValueError(
+                f"a restart of {restart!r} s of CPU after a throttle, with a quota of {runtime!r} s per period: it "
+                "must be >= 0 and less than the quota (a job would never end)"
+            )
         self.runtime = runtime
         """CPU seconds per period (the cgroup's quota)."""
         self.period = period
@@ -196,6 +207,8 @@ class Pool:
         """Seconds from time 0 to the first refill (the period timer's phase)."""
         self.credit = runtime
         """CPU seconds it may still run in this period (a cgroup idle for a period holds all of its quota)."""
+        self.restart = restart
+        """Reference seconds its throttled jobs take more, together, when a refill lets them run again."""
         self.jobs: dict[int, Job] = {}
         self.next_boundary = self.boundary_after(now)
 
@@ -240,11 +253,12 @@ class QuotaScheduler:
         self._last = env.now
         self._version = 0
 
-    def pool(self, runtime: float, period: float, phase: float = 0.0) -> Pool:
+    def pool(self, runtime: float, period: float, phase: float = 0.0, restart: float = 0.0) -> Pool:
         """A cgroup handed ``runtime`` CPU seconds every ``period`` seconds, its periods starting at ``phase``
-        seconds (modulo the period); idle until now, so it holds all of this period's quota."""
+        seconds (modulo the period); idle until now, so it holds all of this period's quota. Every refill that
+        ends a throttle of it adds ``restart`` reference seconds to its jobs, shared."""
         self._advance()
-        pool = Pool(runtime, period, phase, float(self.env.now))
+        pool = Pool(runtime, period, phase, float(self.env.now), restart)
         self.pools.append(pool)
         return pool
 
@@ -321,6 +335,11 @@ class QuotaScheduler:
                     used += rate
                 pool.credit = max(0.0, pool.credit - used * dt)
             if now >= pool.next_boundary - _EPS_S:  # a refill: a busy pool's is an event, an idle pool's passes
+                if pool.credit <= _EPS_S and pool.jobs:  # throttled: its jobs run again from cold, sharing the cost
+                    extra = pool.restart / len(pool.jobs)
+                    for job in pool.jobs.values():
+                        job.work += extra
+                        job.remaining += extra
                 pool.credit = pool.runtime
                 pool.next_boundary = pool.boundary_after(max(now, pool.next_boundary))
                 refilled.append(pool)
@@ -400,7 +419,9 @@ class PartyQuotas:
     """The kernel testbed's CPUs: a CPU cgroup per party (:class:`Pool`) on the host's ``cores``, of f / s
     cores for client ``c`` (``s`` its slow-down) and f times ``server_speed`` for the server
     (:mod:`sim.testbed`). A party's slow-down is in its quota, so no sleep follows its computations; the
-    quotas fit in the cores, so parties wait for each other only when they burst at once."""
+    quotas fit in the cores, so parties wait for each other only when they burst at once. A computation a
+    spent quota stops takes ``restart`` reference seconds more each time it runs again (by role, ``client``
+    and ``server``; :class:`Pool`)."""
 
     def __init__(
         self,
@@ -410,12 +431,14 @@ class PartyQuotas:
         slowdown: Profile | np.ndarray,
         cores: float = math.inf,
         seed: int = 0,
+        restart: Mapping[str, float] | None = None,
     ) -> None:
         self.env = env
         self.f = f
         self.server_speed = server_speed
         self.slowdown = slowdown
         self.seed = seed
+        self.restart = dict(restart or {})
         self.scheduler = QuotaScheduler(env, cores)
         self.pools: dict[int, Pool] = {}
 
@@ -433,7 +456,8 @@ class PartyQuotas:
             runtime_us, period_us = quota_us(cores)
             period = period_us / 1e6
             phase = float(generator(self.seed, Stream.CFS_PHASE, party + 1).random()) * period
-            pool = self.pools[party] = self.scheduler.pool(runtime_us / 1e6, period, phase)
+            restart = self.restart.get(SERVER_ROLE if party == SERVER else CLIENT_ROLE, 0.0)
+            pool = self.pools[party] = self.scheduler.pool(runtime_us / 1e6, period, phase, restart)
         return pool
 
     def start(self, work: float, party: int = SERVER) -> Job:

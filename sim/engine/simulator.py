@@ -26,7 +26,7 @@ from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
 from sim.round.stages import DUPLEX
 from sim.testbed import ENGINE, PAYLOAD_FRACTION, is_kernel
-from sim.world import CALL_OP, TRANSPORT_OPS, World
+from sim.world import CALL_OP, RESTART_OP, TRANSPORT_OPS, World
 
 
 @contextmanager
@@ -114,7 +114,10 @@ class Simulator:
         if is_kernel(world.scenario):
             sc = world.scenario
             slowdown = world.population.slowdown
-            return PartyQuotas(self.env, world.dilation, sc.server.speed, slowdown, testbed.cores, sc.seed)
+            restart = {}  # a calibrated profile's CPU of a computation running again after a throttle
+            if world.costs.has(RESTART_OP):
+                restart = {r: world.costs.seconds(RESTART_OP, {"count": 1.0}, r) for r in (CLIENT_ROLE, SERVER_ROLE)}
+            return PartyQuotas(self.env, world.dilation, sc.server.speed, slowdown, testbed.cores, sc.seed, restart)
         return SharedCores(self.env, testbed.cores)
 
     @property

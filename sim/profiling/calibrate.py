@@ -20,7 +20,7 @@ class per feature of their cost (``deploy.send:const``, ``deploy.send:bytes``, `
 on a deployed party a frame's fixed cost and its cost per byte differ from the profile's by different
 factors (fitted on the kernel grid: a send about 11 times the profile's fixed cost and 1.2 times its cost
 per byte at a client, so that one scale for both charged a large frame several times its CPU and a small
-one a fraction). Classes are reported in five kinds (:data:`KINDS`):
+one a fraction). Classes are reported in six kinds (:data:`KINDS`):
 
 - ``crypto``: key agreement, signatures, authenticated encryption, mask expansion, Shamir, DP noise;
 - ``encoding``: fixed-point and DSkellam encodings, the wire codec, vector sums, FedAvg's arithmetic;
@@ -30,6 +30,11 @@ one a fraction). Classes are reported in five kinds (:data:`KINDS`):
 - ``handover``: handing a computation to a party's compute thread (``deploy.call``), which the simulator
   charges once per computation and a deployed party pays partly in its event loop (a kind of its own:
   nothing in it scales as the sockets do);
+- ``restart``: on a kernel testbed whose runs counted their throttles (``throttles.csv``), the CPU a
+  party's computations take more after each CFS period its quota held them back (``deploy.restart``,
+  feature ``count``; each party-round's throttled periods shared among its computations as their stalls,
+  :func:`restart_shares`). A base profile without it starts from :data:`RESTART_UNIT_S` a period; runs
+  without the counts fit none, and the profile written then has none;
 - ``training``: local training.
 
 The fit is in two stages, each minimising ``sum_i ((y_i - sum_k s_k p_ik) / sqrt(max(p_i, floor)))^2 +
@@ -45,8 +50,9 @@ together in one computation (a client's key agreement and its mask expansion) ca
 entries alone; the ridge (:data:`RIDGE`: a class moves away from its kind's scale only as far as several
 entries' errors ask) keeps such classes near their kind's scale instead of trading one's cost for
 another's. It leaves alone the classes of the kinds in :data:`UNPULLED`, which the entries tell apart: a
-training is a computation of its own, and the frames a loop moves in a round vary in number and size from
-round to round and run to run. Scales are non-negative (:func:`sim.profiling.fit.fit_nonnegative`). The
+training is a computation of its own, the frames a loop moves in a round vary in number and size from
+round to round and run to run, and throttles come to some computations and not to others. Scales are
+non-negative (:func:`sim.profiling.fit.fit_nonnegative`). The
 new profile keeps the old one's operations and adds each at each role (``op@server``, ``op@client``) with
 its coefficients times its class's scale there (each feature's own, for a kind in :data:`BY_FEATURE`); a
 class the runs never charged (a model they did not train) takes its kind's scale at that role, or 1.
@@ -74,18 +80,20 @@ from sim.costs.model import (
     SERVER_ROLE,
     CostModel,
     CostModelError,
+    LinearCost,
     read_profile,
     resolve_profile,
 )
-from sim.deploy.operations import BASE_COLUMNS, COLUMNS, FILE, work_from_json
+from sim.deploy.operations import BASE_COLUMNS, COLUMNS, COMPUTE, FILE, THROTTLES_FILE, work_from_json
 from sim.errors import InputError
 from sim.protocol.machine import Work
 from sim.results.integrity import check_table
 from sim.results.manifest import host
 from sim.results.read import read_manifest
 from sim.results.writer import write_json
+from sim.world import RESTART_OP
 
-KINDS = ("crypto", "encoding", "framing", "handover", "training")
+KINDS = ("crypto", "encoding", "framing", "handover", "restart", "training")
 ROLES = (SERVER_ROLE, CLIENT_ROLE)
 
 _PREFIXES = {
@@ -93,6 +101,7 @@ _PREFIXES = {
     "encoding": ("encode.", "decode.", "wire.", "vector.", "fedavg."),
     "framing": ("deploy.send", "deploy.receive"),
     "handover": ("deploy.call",),
+    "restart": (RESTART_OP,),
     "training": ("train.",),
 }
 
@@ -105,6 +114,10 @@ FLOOR_S = 1e-3
 WEIGHT_POWER = 0.5
 """Each entry's residual is divided by its predicted seconds to this power (1: relative errors, 0:
 absolute; see the module's docstring)."""
+
+RESTART_UNIT_S = 1e-4
+"""Reference seconds per restart that the fit starts from when its base profile has no ``deploy.restart``
+(its fitted scale times this is the coefficient it writes)."""
 
 RIDGE = 4.0
 """Weight of a scale's distance from its prior, in entries: moving a class's scale by 100% of its prior
@@ -119,9 +132,9 @@ FEATURE_SEP = ":"
 BY_FEATURE = ("framing",)
 """Kinds whose operations are a class per feature of their cost (``deploy.send:const``, ``deploy.send:bytes``;
 see the module's docstring)."""
-UNPULLED = (*BY_FEATURE, "training")
-"""Kinds whose classes the ridge leaves alone: the entries tell them apart (a loop's frames; a training,
-which is a computation of its own)."""
+UNPULLED = (*BY_FEATURE, "restart", "training")
+"""Kinds whose classes the ridge leaves alone: the entries tell them apart (a loop's frames; a restart,
+which comes to some computations only; a training, which is a computation of its own)."""
 INTERFERENCE_KIND = f"framing@{CLIENT_ROLE}"
 """The kind whose scale the pipeline's interference (a client's network work slowing its compute) takes."""
 
@@ -204,12 +217,15 @@ def predicted(costs: CostModel, work: Sequence[Work], role: str = CLIENT_ROLE) -
 
 
 def observations(folder: Path, costs: CostModel) -> list[Observation]:
-    """Every entry of a run's ``operations.csv`` that the profile predicts some cost for."""
+    """Every entry of a run's ``operations.csv`` that the profile predicts some cost for. Where the run kept
+    its throttles (a kernel testbed's ``throttles.csv``) and its computations' instants, each computation
+    also charges its share of its party's restarts in the round (:func:`restart_shares`)."""
     path = folder / FILE
-    out = []
     csv.field_size_limit(MAX_CELL)  # a loop's row lists every frame it moved
     data = path.read_bytes()
-    check_table(path, data, read_manifest(folder))  # a complete run's table as its run wrote it
+    manifest = read_manifest(folder)
+    check_table(path, data, manifest)  # a complete run's table as its run wrote it
+    parsed = []
     with io.StringIO(data.decode("utf-8", errors="replace"), newline="") as f:
         reader = csv.DictReader(f)
         if tuple(reader.fieldnames or ()) not in (COLUMNS, BASE_COLUMNS):
@@ -223,14 +239,73 @@ def observations(folder: Path, costs: CostModel) -> list[Observation]:
                 work = work_from_json(row["work"])
                 if not (math.isfinite(cpu) and cpu >= 0):
                     raise ValueError(f"cpu_s {row['cpu_s']!r}: a finite number >= 0 expected")
-                by_class = predicted(costs, work, SERVER_ROLE if row["party"] == "server" else CLIENT_ROLE)
+                stall = _stall(row, cpu)
             except (ValueError, TypeError, csv.Error) as exc:
                 raise CalibrationError(f"{path}, line {line}: {exc}") from None
-            except CostModelError as exc:
-                raise CalibrationError(f"{path}, line {line}: {exc}") from None
-            if sum(by_class.values()) > 0:
-                out.append(Observation(str(folder), row["thread"], cpu, by_class))
+            parsed.append((line, row, cpu, work, stall))
+    shares = restart_shares(
+        [(row["round"], row["party"], stall) for _, row, _, _, stall in parsed], throttles(folder, manifest)
+    )
+    out = []
+    for i, (line, row, cpu, charged, _) in enumerate(parsed):
+        work = (*charged, Work(RESTART_OP, {"count": shares[i]})) if i in shares else charged
+        try:
+            by_class = predicted(costs, work, SERVER_ROLE if row["party"] == "server" else CLIENT_ROLE)
+        except CostModelError as exc:
+            raise CalibrationError(f"{path}, line {line}: {exc}") from None
+        if sum(by_class.values()) > 0:
+            out.append(Observation(str(folder), row["thread"], cpu, by_class))
     return out
+
+
+def _stall(row: dict[str, str], cpu: float) -> float | None:
+    """A computation's wall time beyond its CPU seconds (seconds), where its row kept its instants."""
+    if row["thread"] != COMPUTE or not row.get("began_s"):
+        return None
+    began, returned = float(row["began_s"]), float(row["returned_s"])
+    if not (math.isfinite(began) and math.isfinite(returned) and began <= returned):
+        raise ValueError(f"began_s {row['began_s']!r}, returned_s {row['returned_s']!r}: finite, in order expected")
+    return max(0.0, returned - began - cpu)
+
+
+def throttles(folder: Path, manifest: dict[str, Any]) -> dict[tuple[str, str], float]:
+    """``(round, party) -> throttled CFS periods`` from a run's ``throttles.csv`` (a kernel testbed's), empty
+    where it has none."""
+    path = folder / THROTTLES_FILE
+    if not path.is_file():
+        return {}
+    data = path.read_bytes()
+    check_table(path, data, manifest)
+    out = {}
+    with io.StringIO(data.decode("utf-8", errors="replace"), newline="") as f:
+        for line, row in enumerate(csv.DictReader(f), start=2):
+            try:
+                periods = float(row["throttled_periods"])
+                if not (math.isfinite(periods) and periods >= 0):
+                    raise ValueError(f"throttled_periods {row['throttled_periods']!r}: a count >= 0 expected")
+                out[row["round"], row["party"]] = periods
+            except (ValueError, TypeError, KeyError) as exc:
+                raise CalibrationError(f"{path}, line {line}: {exc}") from None
+    return out
+
+
+def restart_shares(
+    rows: Sequence[tuple[str, str, float | None]], throttled: dict[tuple[str, str], float]
+) -> dict[int, float]:
+    """Each computation's share of its party's throttled periods in its round (``rows``: ``(round, party,
+    stall)``, stall None for an entry without instants; ``throttled``: :func:`throttles`), by index: the
+    periods split in proportion to the computations' stalls (their wall time beyond their CPU, which the
+    throttles make), evenly where none stalled. A computation whose party-round has no count has none."""
+    by_round: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    for i, (number, party, stall) in enumerate(rows):
+        if stall is not None and (number, party) in throttled:
+            by_round.setdefault((number, party), []).append((i, stall))
+    shares = {}
+    for key, calls in by_round.items():
+        total = sum(stall for _, stall in calls)
+        for i, stall in calls:
+            shares[i] = throttled[key] * (stall / total if total > 0 else 1 / len(calls))
+    return shares
 
 
 def _fit(
@@ -317,10 +392,15 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
             )
         base = profiles.pop()
     costs = CostModel.load(base)
+    doc = read_profile(Path(base))
+    restart = {"coef": {"count": RESTART_UNIT_S}}  # a base without restarts: a unit to scale
+    if not costs.has(RESTART_OP):
+        costs = costs.with_operations({RESTART_OP: LinearCost(restart["coef"])})
     rows = [row for f in folders for row in observations(f, costs)]
     scales, kinds = fit_scales(rows)
-    doc = read_profile(Path(base))
     operations = {op: entry for op, entry in doc["operations"].items() if "@" not in op}
+    if RESTART_OP not in operations and any(kind(k) == "restart" for k in scales):
+        operations[RESTART_OP] = restart  # fitted on a kernel testbed's throttles; other runs charge none
     for op in list(operations):
         for role in ROLES:
             source = doc["operations"].get(with_role(op, role), operations[op])
@@ -328,7 +408,10 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
             used = {}  # by feature: a class the runs never charged takes its kind's scale at that role, or 1
             for feature in source["coef"]:
                 cls = with_role(feature_class(op, feature), role)
-                used[feature] = scales.get(cls, kinds.get(role_kind(cls), 1.0))
+                fallback = 1.0
+                if kind(cls) == "restart":  # a role whose computations no quota stopped: the other role's
+                    fallback = next((v for k, v in kinds.items() if k.startswith("restart@")), 1.0)
+                used[feature] = scales.get(cls, kinds.get(role_kind(cls), fallback))
             entry["coef"] = {k: float(v) * used[k] for k, v in source["coef"].items()}
             entry["calibration_scales"] = used
             operations[with_role(op, role)] = entry
