@@ -225,8 +225,28 @@ def test_calibration_fits_a_throttles_cpu_where_the_runs_counted_them(tmp_path: 
     # these runs have no server: its restarts take the clients' scale
     assert ops["deploy.restart@server"]["coef"]["count"] == pytest.approx(RESTART, rel=1e-6)
     assert doc["calibration"]["scales"]["x25519.agree@client"] == pytest.approx(TRUE["crypto"], rel=1e-6)
-    # runs without throttles.csv fit none, and the profile charges none
+    # runs without throttles.csv fit none, and the profile charges none, even when its base had some
     assert "deploy.restart" not in calibrate([_run(tmp_path / "b")])["operations"]
+    base = tmp_path / "fitted.json"
+    base.write_text(json.dumps(doc))
+    again = calibrate([_run(tmp_path / "c")], base=base)["operations"]
+    assert not any(op.startswith("deploy.restart") for op in again)
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("round,party,periods\n", "columns"),
+        ("round,party,throttled_periods,throttled_s\n1,3,2,0.01\n1,3,1,0.01\n", "listed twice"),
+        ("round,party,throttled_periods,throttled_s\n1,3,-1,0.0\n", "a count >= 0"),
+        ("round,party,throttled_periods,throttled_s\n1,3,1.5,0.0\n", "line 2"),
+    ],
+)
+def test_a_throttles_table_is_checked_as_anyones_file(tmp_path: Path, text: str, says: str) -> None:
+    run = _run(tmp_path / "a")
+    (run / "throttles.csv").write_text(text)
+    with pytest.raises(CalibrationError, match=f"throttles.csv.*{says}"):
+        calibrate([run])
 
 
 def test_a_table_written_before_the_instants_were_kept_calibrates_the_same(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import testbed
+from sim.costs.model import CostModelError
 from sim.engine.host import PartyQuotas, Pool, QuotaCores, QuotaScheduler
 from sim.protocol.machine import SERVER
 from sim.runner import Simulation, run_scenario
@@ -84,6 +85,31 @@ def test_each_refill_that_ends_a_throttle_costs_the_restart() -> None:
     _scheduled(env, scheduler, pool, log, "a", 0.5)
     env.run()
     assert log == [("a", 1.125)]  # without the restart: 0.75
+
+
+def test_a_refill_that_ends_no_throttle_costs_nothing() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env)
+    whole = scheduler.pool(0.5, 0.5, restart=0.125)  # a whole core: its quota runs out at each refill, no sooner
+    _scheduled(env, scheduler, whole, log, "core", 1.5)
+    env.run()
+    assert log == [("core", 1.5)]
+
+
+def test_a_job_put_in_a_spent_pool_waits_and_pays_the_restart() -> None:
+    env, log = simpy.Environment(), []
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5, restart=0.0625)
+    _scheduled(env, scheduler, pool, log, "a", 0.25)  # spends the quota as it ends, at 0.25: nothing held back
+
+    def late() -> Generator[simpy.Event, Any, None]:
+        yield env.timeout(0.375)
+        yield from scheduler.run(pool, 0.125)  # held back until 0.5, then 0.125 + 0.0625
+        log.append(("b", env.now))
+
+    env.process(late())
+    env.run()
+    assert log == [("a", 0.25), ("b", 0.6875)]
 
 
 def test_jobs_throttled_together_share_the_restart() -> None:
@@ -310,9 +336,29 @@ def test_a_kernel_simulation_charges_the_profiles_restarts_by_role(tmp_path: Pat
     host = sim.setup.host
     assert isinstance(host, PartyQuotas) and host.restart == {"client": 2e-4, "server": 1e-4}
     assert host.pool(0).restart == 2e-4 and host.pool(SERVER).restart == 1e-4
+    # a round takes longer with them: its clients' quotas throttle their trainings, each period at a cost
+    slow = [
+        "model={params: 1000000, train_seconds_per_sample: 0.05}",
+        "data={dataset: synthetic, samples_per_client: 20}",
+    ]
+    scenario = ROOT / "scenarios" / "deploy.yaml"
+    kernel = ["testbed.emulation=kernel", "fidelity=timing"]
+    plain_round = Simulation(load(scenario, [*kernel, *slow]).base()).step().record
+    costly_round = Simulation(load(scenario, [*sets, *slow]).base()).step().record
+    trained = [
+        (c.train_end - c.train_start, p.train_end - p.train_start)
+        for c, p in zip(costly_round.clients, plain_round.clients, strict=True)
+        if p.train_end > p.train_start
+    ]
+    assert trained and all(costly > plain for costly, plain in trained)
     # the shipped kernel profile has none: nothing changes
     plain = Simulation(load(ROOT / "scenarios" / "deploy.yaml", ["testbed.emulation=kernel", "fidelity=timing"]).base())
     assert isinstance(plain.setup.host, PartyQuotas) and plain.setup.host.restart == {}
+    # a restart as long as a period's least quota would never let a job end: refused up front, naming the profile
+    doc["operations"]["deploy.restart@client"] = {"coef": {"count": 1e-3}}
+    profile.write_text(json.dumps(doc))
+    with pytest.raises(CostModelError, match="restart.json.*deploy.restart at the client"):
+        Simulation(load(ROOT / "scenarios" / "deploy.yaml", sets).base())
 
 
 def test_party_quotas_give_each_party_its_share() -> None:

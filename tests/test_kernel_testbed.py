@@ -364,7 +364,8 @@ def test_deploy_on_the_kernel_testbed_writes_its_tables_and_leaves_nothing(tmp_p
     throttles = list(csv.DictReader((run / "throttles.csv").open()))
     for r in ("1", "2"):
         rows = [row for row in throttles if row["round"] == r]
-        assert {row["party"] for row in rows} >= {"server"} and len(rows) == 4, rows
+        parties = {line.split(",")[1] for line in operations[1:] if line.split(",")[0] == r}
+        assert {row["party"] for row in rows} == parties and len(rows) == 4, rows  # the same names as there
         assert all(int(row["throttled_periods"]) >= 0 and float(row["throttled_s"]) >= 0 for row in rows)
     # each computation's instants, on the run's clock, lie in its round (a worker's placed by its clock's offset)
     rounds = {row["round"]: row for row in csv.DictReader((run / "rounds.csv").open())}

@@ -370,6 +370,8 @@ class Deployment:
             if self.kernel is not None:
                 try:
                     throttled = self.kernel.throttles()
+                except (OSError, ValueError) as exc:  # a diagnostic: the round stands without it
+                    log.warning("round %d: its throttles could not be read: %s", plan.number, exc)
                 finally:
                     self.kernel.release()
         played = self.server.last

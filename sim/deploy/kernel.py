@@ -506,8 +506,9 @@ class KernelEmulation:
         self.groups.set("server", server_cores(self.f, self.server_speed))
         for worker, client in playing.items():
             self.groups.set(f"worker-{worker}", client_cores(self.f, float(self.slowdown[client])))
-        self._playing = {"server": "server", **{f"worker-{w}": str(c) for w, c in playing.items()}}
-        self._before = {group: self.groups.throttling(group) for group in self._playing}
+        parties = {"server": "server", **{f"worker-{w}": str(c) for w, c in playing.items()}}
+        before = {group: self.groups.throttling(group) for group in parties}
+        self._playing, self._before = parties, before
         self.shaper.retune_all({worker: float(self.bandwidth_bps[client]) for worker, client in playing.items()})
 
     def throttles(self) -> dict[str, tuple[int, float]]:
@@ -517,7 +518,7 @@ class KernelEmulation:
         for group, party in self._playing.items():
             periods, seconds = self.groups.throttling(group)
             before_periods, before_seconds = self._before[group]
-            out[party] = (periods - before_periods, max(0.0, seconds - before_seconds))
+            out[party] = (max(0, periods - before_periods), max(0.0, seconds - before_seconds))
         return out
 
     def release(self) -> None:

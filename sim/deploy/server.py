@@ -73,9 +73,9 @@ from sim.testbed import is_kernel
 
 log = logging.getLogger("sim.deploy.server")
 
-CLOCK_SLACK_S = 1.0
-"""Seconds a worker's instants, on the server's clock, may lie after the server's now (a clock offset is
-measured through one message's delay)."""
+CLOCK_SLACK_S = 60.0
+"""Seconds a worker's instants, on the server's clock, may lie after the server's now: its clock's offset is
+measured through one message, which a busy link may delay (the bound refuses nonsense, not a late clock)."""
 REPORT_WAIT_S = 5.0
 """How long the server waits after a round for its workers' timelines (a stalled worker sends none)."""
 

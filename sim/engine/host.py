@@ -183,7 +183,7 @@ class Pool:
     that others used meanwhile (``deploy.restart``, fitted by ``dropsim calibrate`` on the throttles the
     deployment counted; docs/time-model.md, "Where a deployed computation's time goes")."""
 
-    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "restart", "runtime")
+    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "restart", "runtime", "throttled")
 
     def __init__(
         self, runtime: float, period: float, phase: float = 0.0, now: float = 0.0, restart: float = 0.0
@@ -209,6 +209,8 @@ class Pool:
         """CPU seconds it may still run in this period (a cgroup idle for a period holds all of its quota)."""
         self.restart = restart
         """Reference seconds its throttled jobs take more, together, when a refill lets them run again."""
+        self.throttled = False
+        """Whether its quota held jobs back in this period (spent before the period's end, jobs waiting)."""
         self.jobs: dict[int, Job] = {}
         self.next_boundary = self.boundary_after(now)
 
@@ -273,6 +275,8 @@ class QuotaScheduler:
             job.done.succeed(job)
             return job
         pool.jobs[job.id] = job
+        if pool.credit <= _EPS_S:
+            pool.throttled = True  # it waits for the refill
         self._reschedule()
         return job
 
@@ -334,12 +338,17 @@ class QuotaScheduler:
                     job.remaining -= rate * dt
                     used += rate
                 pool.credit = max(0.0, pool.credit - used * dt)
-            if now >= pool.next_boundary - _EPS_S:  # a refill: a busy pool's is an event, an idle pool's passes
-                if pool.credit <= _EPS_S and pool.jobs:  # throttled: its jobs run again from cold, sharing the cost
-                    extra = pool.restart / len(pool.jobs)
-                    for job in pool.jobs.values():
+            refill = now >= pool.next_boundary - _EPS_S
+            if not refill and pool.jobs and pool.credit <= _EPS_S:
+                pool.throttled = True  # spent before the period's end, with jobs waiting
+            if refill:  # a busy pool's is an event, an idle pool's passes
+                waiting = [job for job in pool.jobs.values() if job.remaining > _EPS_S + 1e-12 * job.work]
+                if pool.throttled and waiting:  # its jobs run again from cold, sharing the cost
+                    extra = pool.restart / len(waiting)
+                    for job in waiting:
                         job.work += extra
                         job.remaining += extra
+                pool.throttled = False
                 pool.credit = pool.runtime
                 pool.next_boundary = pool.boundary_after(max(now, pool.next_boundary))
                 refilled.append(pool)
@@ -376,6 +385,7 @@ class QuotaScheduler:
         refilled = self._advance()  # a refill due now is done here
         if isinstance(target, Pool) and not refill and target not in refilled:
             target.credit = 0.0  # its quota ran out (to round-off), not at a refill
+            target.throttled = target.throttled or bool(target.jobs)
         # the job the timer was set for ends, with any that are level with it (to round-off)
         finished = [target] if isinstance(target, Job) else []
         for job in self._running():
@@ -419,9 +429,9 @@ class PartyQuotas:
     """The kernel testbed's CPUs: a CPU cgroup per party (:class:`Pool`) on the host's ``cores``, of f / s
     cores for client ``c`` (``s`` its slow-down) and f times ``server_speed`` for the server
     (:mod:`sim.testbed`). A party's slow-down is in its quota, so no sleep follows its computations; the
-    quotas fit in the cores, so parties wait for each other only when they burst at once. A computation a
-    spent quota stops takes ``restart`` reference seconds more each time it runs again (by role, ``client``
-    and ``server``; :class:`Pool`)."""
+    quotas fit in the cores, so parties wait for each other only when they burst at once. Each period in
+    which a party's spent quota held its computations back costs them ``restart`` reference seconds more,
+    shared (by role, ``client`` and ``server``; :class:`Pool`)."""
 
     def __init__(
         self,

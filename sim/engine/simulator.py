@@ -25,7 +25,7 @@ from sim.engine.round import PipelineParams, Round, RoundSetup
 from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
 from sim.round.stages import DUPLEX
-from sim.testbed import ENGINE, PAYLOAD_FRACTION, is_kernel
+from sim.testbed import ENGINE, MIN_QUOTA_US, PAYLOAD_FRACTION, is_kernel
 from sim.world import CALL_OP, RESTART_OP, TRANSPORT_OPS, World
 
 
@@ -114,9 +114,16 @@ class Simulator:
         if is_kernel(world.scenario):
             sc = world.scenario
             slowdown = world.population.slowdown
-            restart = {}  # a calibrated profile's CPU of a computation running again after a throttle
-            if world.costs.has(RESTART_OP):
-                restart = {r: world.costs.seconds(RESTART_OP, {"count": 1.0}, r) for r in (CLIENT_ROLE, SERVER_ROLE)}
+            costs, restart = world.costs, {}  # a calibrated profile's CPU of a throttled period (deploy.restart)
+            for r in (CLIENT_ROLE, SERVER_ROLE):
+                if costs.has(RESTART_OP) or costs.has(f"{RESTART_OP}@{r}"):
+                    restart[r] = costs.seconds(RESTART_OP, {"count": 1.0}, r)
+                    if restart[r] >= MIN_QUOTA_US / 1e6:  # a period's least quota would never see a job end
+                        raise CostModelError(
+                            f"cost profile {costs.source}: {RESTART_OP} at the {r} charges {restart[r]:g} s of "
+                            f"CPU a throttled period, not less than the least quota a period holds "
+                            f"({MIN_QUOTA_US / 1e6:g} s): calibrate again, or leave it out"
+                        )
             return PartyQuotas(self.env, world.dilation, sc.server.speed, slowdown, testbed.cores, sc.seed, restart)
         return SharedCores(self.env, testbed.cores)
 

@@ -84,7 +84,15 @@ from sim.costs.model import (
     read_profile,
     resolve_profile,
 )
-from sim.deploy.operations import BASE_COLUMNS, COLUMNS, COMPUTE, FILE, THROTTLES_FILE, work_from_json
+from sim.deploy.operations import (
+    BASE_COLUMNS,
+    COLUMNS,
+    COMPUTE,
+    FILE,
+    THROTTLES_COLUMNS,
+    THROTTLES_FILE,
+    work_from_json,
+)
 from sim.errors import InputError
 from sim.protocol.machine import Work
 from sim.results.integrity import check_table
@@ -270,22 +278,31 @@ def _stall(row: dict[str, str], cpu: float) -> float | None:
 
 def throttles(folder: Path, manifest: dict[str, Any]) -> dict[tuple[str, str], float]:
     """``(round, party) -> throttled CFS periods`` from a run's ``throttles.csv`` (a kernel testbed's), empty
-    where it has none."""
+    where it has none; a file anyone may have written, checked."""
     path = folder / THROTTLES_FILE
     if not path.is_file():
         return {}
     data = path.read_bytes()
     check_table(path, data, manifest)
-    out = {}
+    out: dict[tuple[str, str], float] = {}
     with io.StringIO(data.decode("utf-8", errors="replace"), newline="") as f:
-        for line, row in enumerate(csv.DictReader(f), start=2):
-            try:
-                periods = float(row["throttled_periods"])
-                if not (math.isfinite(periods) and periods >= 0):
-                    raise ValueError(f"throttled_periods {row['throttled_periods']!r}: a count >= 0 expected")
-                out[row["round"], row["party"]] = periods
-            except (ValueError, TypeError, KeyError) as exc:
-                raise CalibrationError(f"{path}, line {line}: {exc}") from None
+        try:
+            reader = csv.DictReader(f)
+            if tuple(reader.fieldnames or ()) != THROTTLES_COLUMNS:
+                raise CalibrationError(f"{path}: columns {reader.fieldnames}; expected {', '.join(THROTTLES_COLUMNS)}")
+            for line, row in enumerate(reader, start=2):
+                try:
+                    periods = int(row["throttled_periods"])
+                    if periods < 0:
+                        raise ValueError(f"throttled_periods {periods}: a count >= 0 expected")
+                    key = (row["round"], row["party"])
+                    if key in out:
+                        raise ValueError(f"round {key[0]}, party {key[1]} listed twice")
+                    out[key] = float(periods)
+                except (ValueError, TypeError) as exc:
+                    raise CalibrationError(f"{path}, line {line}: {exc}") from None
+        except csv.Error as exc:
+            raise CalibrationError(f"{path}: {exc}") from None
     return out
 
 
@@ -399,8 +416,10 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
     rows = [row for f in folders for row in observations(f, costs)]
     scales, kinds = fit_scales(rows)
     operations = {op: entry for op, entry in doc["operations"].items() if "@" not in op}
-    if RESTART_OP not in operations and any(kind(k) == "restart" for k in scales):
-        operations[RESTART_OP] = restart  # fitted on a kernel testbed's throttles; other runs charge none
+    if any(kind(k) == "restart" for k in scales):
+        operations.setdefault(RESTART_OP, restart)  # fitted on a kernel testbed's throttles
+    else:  # no run counted its throttles: the operations' scales take their CPU in, and no restart is charged
+        operations.pop(RESTART_OP, None)
     for op in list(operations):
         for role in ROLES:
             source = doc["operations"].get(with_role(op, role), operations[op])
@@ -410,7 +429,7 @@ def calibrate(runs: Sequence[Path], base: Path | None = None) -> dict[str, Any]:
                 cls = with_role(feature_class(op, feature), role)
                 fallback = 1.0
                 if kind(cls) == "restart":  # a role whose computations no quota stopped: the other role's
-                    fallback = next((v for k, v in kinds.items() if k.startswith("restart@")), 1.0)
+                    fallback = next((v for k, v in scales.items() if kind(k) == "restart"), 1.0)
                 used[feature] = scales.get(cls, kinds.get(role_kind(cls), fallback))
             entry["coef"] = {k: float(v) * used[k] for k, v in source["coef"].items()}
             entry["calibration_scales"] = used
