@@ -94,6 +94,13 @@ def test_a_refill_that_ends_no_throttle_costs_nothing() -> None:
     _scheduled(env, scheduler, whole, log, "core", 1.5)
     env.run()
     assert log == [("core", 1.5)]
+    # the same on 10 ms periods late in a run, where the virtual clock's round-off is larger than _EPS_S
+    env, log = simpy.Environment(initial_time=1000.0), []
+    scheduler = QuotaScheduler(env)
+    server = scheduler.pool(0.01, 0.01, phase=0.003, restart=1e-4)
+    _scheduled(env, scheduler, server, log, "server", 5.0)
+    env.run()
+    assert log == [("server", pytest.approx(1005.0, abs=1e-9))]  # 500 restarts would have added 0.05 s
 
 
 def test_a_job_put_in_a_spent_pool_waits_and_pays_the_restart() -> None:

@@ -45,6 +45,9 @@ if TYPE_CHECKING:
 
 _EPS_S = 1e-15
 """Remaining reference seconds below which a job counts as done (float round-off of rate * time)."""
+_HELD_S = 1e-9
+"""Seconds a pool's jobs must wait for a refill to count as throttled (a quota that runs out at the refill
+itself, to round-off of the virtual clock, holds nothing back)."""
 
 
 class Job:
@@ -183,7 +186,7 @@ class Pool:
     that others used meanwhile (``deploy.restart``, fitted by ``dropsim calibrate`` on the throttles the
     deployment counted; docs/time-model.md, "Where a deployed computation's time goes")."""
 
-    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "restart", "runtime", "throttled")
+    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "restart", "runtime", "spent_at")
 
     def __init__(
         self, runtime: float, period: float, phase: float = 0.0, now: float = 0.0, restart: float = 0.0
@@ -209,8 +212,8 @@ class Pool:
         """CPU seconds it may still run in this period (a cgroup idle for a period holds all of its quota)."""
         self.restart = restart
         """Reference seconds its throttled jobs take more, together, when a refill lets them run again."""
-        self.throttled = False
-        """Whether its quota held jobs back in this period (spent before the period's end, jobs waiting)."""
+        self.spent_at: float | None = None
+        """When this period's quota ran out with jobs waiting (seconds), or None: held back since then."""
         self.jobs: dict[int, Job] = {}
         self.next_boundary = self.boundary_after(now)
 
@@ -275,8 +278,8 @@ class QuotaScheduler:
             job.done.succeed(job)
             return job
         pool.jobs[job.id] = job
-        if pool.credit <= _EPS_S:
-            pool.throttled = True  # it waits for the refill
+        if pool.credit <= _EPS_S and pool.spent_at is None:
+            pool.spent_at = float(self.env.now)  # it waits for the refill
         self._reschedule()
         return job
 
@@ -339,16 +342,17 @@ class QuotaScheduler:
                     used += rate
                 pool.credit = max(0.0, pool.credit - used * dt)
             refill = now >= pool.next_boundary - _EPS_S
-            if not refill and pool.jobs and pool.credit <= _EPS_S:
-                pool.throttled = True  # spent before the period's end, with jobs waiting
+            if not refill and pool.jobs and pool.credit <= _EPS_S and pool.spent_at is None:
+                pool.spent_at = now  # spent before the period's end, with jobs waiting
             if refill:  # a busy pool's is an event, an idle pool's passes
                 waiting = [job for job in pool.jobs.values() if job.remaining > _EPS_S + 1e-12 * job.work]
-                if pool.throttled and waiting:  # its jobs run again from cold, sharing the cost
+                held = pool.spent_at is not None and now - pool.spent_at > _HELD_S
+                if held and waiting:  # its jobs run again from cold, sharing the cost
                     extra = pool.restart / len(waiting)
                     for job in waiting:
                         job.work += extra
                         job.remaining += extra
-                pool.throttled = False
+                pool.spent_at = None
                 pool.credit = pool.runtime
                 pool.next_boundary = pool.boundary_after(max(now, pool.next_boundary))
                 refilled.append(pool)
@@ -385,7 +389,8 @@ class QuotaScheduler:
         refilled = self._advance()  # a refill due now is done here
         if isinstance(target, Pool) and not refill and target not in refilled:
             target.credit = 0.0  # its quota ran out (to round-off), not at a refill
-            target.throttled = target.throttled or bool(target.jobs)
+            if target.jobs and target.spent_at is None:
+                target.spent_at = float(self.env.now)
         # the job the timer was set for ends, with any that are level with it (to round-off)
         finished = [target] if isinstance(target, Job) else []
         for job in self._running():
