@@ -208,6 +208,17 @@ class Groups(kernel.CpuGroups):
     def __enter__(self) -> Groups:
         return self
 
+    def with_child(
+        self, kids: list[Child], party: str, kind: str, config: dict[str, Any] | None = None, ready_s: float = 30
+    ) -> Child:
+        """A child of ``kind`` (reaped with ``kids``) in a new cgroup ``party`` of a whole core, once it is ready."""
+        self.add(party, 1.0)
+        child = Child.of(kind, config)
+        kids.append(child)
+        child.recv(ready_s)
+        self.attach(party, child.pid)
+        return child
+
     def stat(self, party: str) -> tuple[int, float]:
         """(periods throttled, microseconds throttled) of ``party`` so far."""
         periods, seconds = self.throttling(party)
@@ -348,11 +359,7 @@ def section_cfs(quick: bool, rng: random.Random) -> pd.DataFrame:
     samples: dict[tuple[float, int, float], list[tuple[float, float, int, float]]] = collections.defaultdict(list)
     deadline = time.monotonic() + (90 if quick else 420)
     with Groups() as groups, children() as kids:
-        groups.add("burst", 1.0)
-        child = Child.of("cfs", {"core": core})
-        kids.append(child)
-        child.recv(30)
-        groups.attach("burst", child.pid)
+        child = groups.with_child(kids, "burst", "cfs", {"core": core})
         current = None
         for q, p_ms, w in plan:
             if time.monotonic() > deadline:
@@ -499,11 +506,7 @@ def section_restart(quick: bool, rng: random.Random) -> pd.DataFrame:
     rng.shuffle(plan)
     samples: dict[tuple[float, int], list[tuple[list[float], int]]] = collections.defaultdict(list)
     with Groups() as groups, children() as kids:
-        groups.add("party", 1.0)
-        child = Child.of("restart")
-        kids.append(child)
-        child.recv(60)
-        groups.attach("party", child.pid)
+        child = groups.with_child(kids, "party", "restart", ready_s=60)
         current = None
         for q, size in plan:
             if current != q:
@@ -1102,11 +1105,7 @@ def section_slices(quick: bool, rng: random.Random) -> pd.DataFrame:
     rng.shuffle(plan)
     samples: dict[tuple[float, str, float, float], list[float]] = collections.defaultdict(list)
     with Groups() as groups, children() as kids:
-        groups.add("party", 1.0)
-        child = Child.of("slices")
-        kids.append(child)
-        child.recv(30)
-        groups.attach("party", child.pid)
+        child = groups.with_child(kids, "party", "slices")
         current = None
         for q, where, a, b in plan:
             if current != q:
