@@ -16,7 +16,7 @@ from sim.clients.availability import Availability
 from sim.clients.dropout import DropoutModel
 from sim.clients.population import Population
 from sim.costs.estimate import TrainingEstimate, estimate_training
-from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, LinearCost
+from sim.costs.model import CostModel, LinearCost
 from sim.learning.federated import FederatedData, load_federated
 from sim.learning.flops import multiply_adds
 from sim.learning.models import model_train_op, trains_at_rate, update_dimension
@@ -102,8 +102,6 @@ def build(scenario: Scenario) -> World:
     if sc.testbed is not None and sc.testbed.cpu_scale != 1.0:  # the profile's costs as a deployed party's
         costs = costs.scaled(sc.testbed.cpu_scale, keep=(*TRANSPORT_OPS, CALL_OP, RESTART_OP))
     if is_engine(sc) and costs.engine is not None:  # the parties' work inside the engine's processes
-        costs = costs.scaled(costs.engine.client_scale, role=CLIENT_ROLE).scaled(
-            costs.engine.server_scale, role=SERVER_ROLE
-        )
+        costs = costs.inside_engine()
     f = run_dilation(sc, population.slowdown.smallest(clients_per_round(sc))) if is_kernel(sc) else 1.0
     return World(sc, population, availability, dropout, costs, data, learner, dim, op, f, estimate)

@@ -12,7 +12,7 @@ import pandas as pd
 import pytest
 import simpy
 
-from sim.costs.engine import EngineCosts, EngineCostsError
+from sim.costs.engine import VECTOR_OPERATIONS, EngineCosts, EngineCostsError
 from sim.costs.model import DEFAULT_PROFILE, PROFILES, CostModel, CostModelError
 from sim.deploy.deployment import DeployError, check_deployable
 from sim.engine.actors import ActorEngine
@@ -107,6 +107,79 @@ def test_a_client_scale_scales_what_clients_pay_and_not_the_server():
     assert scaled.seconds("prg.expand", size, "client") == pytest.approx(2 * costs.seconds("prg.expand", size))
     assert scaled.seconds("prg.expand", size, "server") == pytest.approx(costs.seconds("prg.expand", size))
     assert scaled.engine is costs.engine and scaled.wire is costs.wire
+
+
+def test_the_work_on_the_models_values_takes_its_own_scale_inside_the_engine():
+    """With vector scales, each role's operations on the model's values take that role's vector scale and
+    every other operation its plain scale; without them, every operation takes the plain scale."""
+    flower = json.loads(PROFILES["flower"].read_text())
+    doc = {**flower, "engine": {**flower["engine"], "client_scale": 1.25, "server_scale": 0.75}}
+    doc["engine"].update(client_vector_scale=2.0, server_vector_scale=3.0)
+    base = CostModel.from_dict(doc, "x.json")
+    engine = base.inside_engine()
+    values, agree = ({"elements": 1e6}, "prg.expand"), ({"count": 3}, "x25519.agree")
+    for (size, op), client, server in ((values, 2.0, 3.0), (agree, 1.25, 0.75)):
+        alone = base.seconds(op, size)
+        assert engine.seconds(op, size, "client") == pytest.approx(client * alone, rel=1e-12)
+        assert engine.seconds(op, size, "server") == pytest.approx(server * alone, rel=1e-12)
+    plain = CostModel.from_dict({**doc, "engine": {**doc["engine"], "client_vector_scale": 1.25}}, "y.json")
+    assert plain.engine is not None and plain.engine.scales("client") == (1.25, 1.25)
+    assert plain.engine.scales("server") == (3.0, 0.75)
+    single = CostModel.load("flower")
+    assert single.engine is not None and single.engine.client_vector_scale is None
+    old = single.scaled(single.engine.client_scale, role="client").scaled(single.engine.server_scale, role="server")
+    new = single.inside_engine()
+    for op in single.operations:
+        for role in ("client", "server"):
+            assert new.cost(op, role).coef == old.cost(op, role).coef  # the same floats: tables unchanged
+    assert CostModel.load("dropsim").inside_engine().operations == CostModel.load("dropsim").operations
+
+
+@pytest.mark.parametrize(
+    ("change", "names"),
+    [({"client_vector_scale": 0}, "client_vector_scale"), ({"vector_operations": "prg.expand"}, "vector_operations")],
+)
+def test_bad_vector_scales_are_refused_naming_the_key(change, names):
+    with pytest.raises(EngineCostsError, match=names):
+        engine_costs(**change)
+
+
+def test_two_scales_are_told_apart_only_where_the_rounds_can():
+    from sim.profiling.flower_rounds import _scales
+
+    rest, on_values = [0.3, 0.28, 0.3], [0.03, 0.24, 1.7]
+    measured = [1.2 * r + 2.0 * v for r, v in zip(rest, on_values, strict=True)]
+    fitted = _scales(measured, on_values, rest)
+    assert fitted[0] == pytest.approx(1.2, rel=1e-9) and fitted[1] == pytest.approx(2.0, rel=1e-9)
+    assert _scales(measured[:1], on_values[:1], rest[:1]) == (pytest.approx(measured[0] / 0.33), None)
+    assert _scales(measured, [0.0] * 3, rest) == (pytest.approx(sum(measured) / sum(rest)), None)
+    # measured seconds that the rest alone explains best: one scale, not a negative one
+    assert _scales([0.3, 0.28, 0.3], on_values, rest)[1] is None
+
+
+def test_the_work_scales_are_fitted_on_what_the_simulator_charges(tmp_path):
+    """Rounds measured as 1.1 times the charged rest and 2.4 times the charged work on values give those
+    scales back, the charged seconds being the simulator's own for those rounds."""
+    from sim.profiling.flower_rounds import fit_work_scales
+
+    doc = json.loads(PROFILES["flower"].read_text())
+    points = [(6, 2_000, 0.0), (6, 50_000, 0.0), (6, 200_000, 0.0)]
+    rows = [
+        {"clients": n, "dim": d, "dropout": p, "client_measured_s": 1.0, "server_measured_s": 1.0} for n, d, p in points
+    ]
+    charged = fit_work_scales(doc, rows)["scale_rounds"]
+    assert all(0 < r["client_values_charged_s"] < r["client_charged_s"] for r in charged)
+    for row in charged:
+        for role, rest, values in (("client", 1.1, 2.4), ("server", 0.9, 2.6)):
+            on_values = row[f"{role}_values_charged_s"]
+            row[f"{role}_measured_s"] = rest * (row[f"{role}_charged_s"] - on_values) + values * on_values
+    fitted = fit_work_scales(doc, charged)
+    assert fitted["client_scale"] == pytest.approx(1.1, rel=1e-6)
+    assert fitted["client_vector_scale"] == pytest.approx(2.4, rel=1e-6)
+    assert fitted["server_scale"] == pytest.approx(0.9, rel=1e-6)
+    assert fitted["server_vector_scale"] == pytest.approx(2.6, rel=1e-6)
+    assert fitted["vector_operations"] == sorted(doc["engine"].get("vector_operations", VECTOR_OPERATIONS))
+    CostModel.from_dict({**doc, "engine": {**doc["engine"], **fitted}}, "fitted.json")  # a profile that reads
 
 
 # -- the actor pool and the polls, in virtual time ------------------------------------------------------------

@@ -29,13 +29,20 @@ declares them here; the simulator charges them under ``testbed: {emulation: engi
   request only sets a client up, and the model's bytes and decoding, the training and the update's
   encoding are charged to the client's handling of the upload request;
 - ``server_scale``: the same for the server's work (the ServerApp shares its process with the engine's
-  threads: its stages' own seconds against what the simulator charges).
+  threads: its stages' own seconds against what the simulator charges);
+- ``client_vector_scale``, ``server_vector_scale``: the same for the work on the model's values, the
+  operations named in ``vector_operations`` (masks, quantisation, vector sums, the vectors' encoding),
+  which the engine slows more than the per-message cryptography: fresh arrays the size of the model in
+  every message, where the profile times each primitive warm. With them, ``client_scale`` and
+  ``server_scale`` scale every other operation. A section without them scales every operation by
+  ``client_scale`` and ``server_scale`` (docs/profiles.md, "Flower's simulation engine").
 
 The profile's section:
 
     "engine": {"name": ..., "description": ..., "measured_by": ..., "cpus_per_client": 1,
                "delivery_interval_s": 0.1, "pull_interval_s": 0.1, "inline_limit_bytes": 102400,
-               "client_scale": 1.5, "server_scale": 1.4, "model_with_upload": true,
+               "client_scale": 1.2, "server_scale": 1.0, "client_vector_scale": 1.9,
+               "server_vector_scale": 2.5, "vector_operations": ["prg.expand", ...], "model_with_upload": true,
                "message": {"coef": {"const": s, "bytes": s_per_byte, "stored": s_per_object},
                            "r2": ..., "points": ...}}
 """
@@ -61,6 +68,9 @@ KEYS = frozenset(
         "model_with_upload",
         "client_scale",
         "server_scale",
+        "client_vector_scale",
+        "server_vector_scale",
+        "vector_operations",
         "message",
         # what the measurement saw, kept for the record
         "delivery_wait_measured_s",
@@ -69,6 +79,18 @@ KEYS = frozenset(
     }
 )
 """The keys an ``engine`` section may have (any other is a misspelling: an error, not a default)."""
+
+VECTOR_OPERATIONS = (
+    "prg.expand",
+    "vector.add",
+    "encode.fixed_point",
+    "decode.fixed_point",
+    "wire.encode",
+    "wire.decode",
+)
+"""The operations of a SecAgg+ round on the model's values (a mask, a sum, the quantisation, a vector's
+encoding): what ``client_vector_scale`` and ``server_vector_scale`` scale when a section does not name
+its own ``vector_operations``."""
 
 
 class EngineCostsError(InputError):
@@ -99,6 +121,22 @@ class EngineCosts:
     """Seconds of the server's work beside the engine per second the profile charges for it."""
     model_with_upload: bool = False
     """Whether the model travels with the upload request (and clients train and encode then)."""
+    client_vector_scale: float | None = None
+    """Seconds of a client's work on the model's values (:attr:`vector_operations`) inside the engine per
+    second the profile charges for it; None: :attr:`client_scale`."""
+    server_vector_scale: float | None = None
+    """The same for the server's work on the model's values; None: :attr:`server_scale`."""
+    vector_operations: tuple[str, ...] = VECTOR_OPERATIONS
+    """The operations the vector scales apply to (the others take :attr:`client_scale`, :attr:`server_scale`)."""
+
+    def scales(self, role: str) -> tuple[float, float]:
+        """(the scale of the work on the model's values, the scale of the rest) for a party of ``role``
+        (``client`` or ``server``)."""
+        if role == "client":
+            rest, vector = self.client_scale, self.client_vector_scale
+        else:
+            rest, vector = self.server_scale, self.server_vector_scale
+        return (rest if vector is None else vector), rest
 
     def workers(self, cores: int) -> int:
         """Actors on a host of ``cores`` cores: one per ``cpus_per_client`` (at least one)."""
@@ -151,6 +189,15 @@ class EngineCosts:
                 raise EngineCostsError(f"{where(key)} is {value!r}; it must be true or false")
             return value
 
+        def scale(key: str) -> float | None:
+            return number(doc[key], key, True) if key in doc else None
+
+        operations = doc.get("vector_operations", list(VECTOR_OPERATIONS))
+        if not isinstance(operations, list) or not all(isinstance(op, str) and op for op in operations):
+            raise EngineCostsError(
+                f"{where('vector_operations')} is {operations!r}; it must be a list of operation names"
+            )
+
         message = doc.get("message")
         coef = message.get("coef") if isinstance(message, dict) else None
         if not isinstance(coef, Mapping) or set(coef) - {"const", "bytes", "stored"} or "const" not in coef:
@@ -176,4 +223,7 @@ class EngineCosts:
             client_scale=number(doc.get("client_scale", 1.0), "client_scale", True),
             server_scale=number(doc.get("server_scale", 1.0), "server_scale", True),
             model_with_upload=flag("model_with_upload"),
+            client_vector_scale=scale("client_vector_scale"),
+            server_vector_scale=scale("server_vector_scale"),
+            vector_operations=tuple(operations),
         )

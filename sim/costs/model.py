@@ -220,6 +220,21 @@ class CostModel:
             ops, self.machine, self.source, self.interference_s * factor, self.implementation, self.wire, self.engine
         )
 
+    def inside_engine(self) -> CostModel:
+        """This profile as the parties pay it inside its simulation engine (``testbed: {emulation:
+        engine}``): for each role, the work on the model's values times that role's vector scale and every
+        other operation times its scale (:meth:`EngineCosts.scales`); unchanged without an engine."""
+        engine = self.engine
+        if engine is None:
+            return self
+        vector = engine.vector_operations
+        rest = tuple(sorted({op.split("@", 1)[0] for op in self.operations} - set(vector)))
+        costs = self
+        for party in (CLIENT_ROLE, SERVER_ROLE):
+            on_values, other = engine.scales(party)
+            costs = costs.scaled(other, keep=vector, role=party).scaled(on_values, keep=rest, role=party)
+        return costs
+
     def seconds(self, op: str, size: Mapping[str, float], role: str | None = None) -> float:
         """Reference-device seconds of ``op`` at ``size``; for a party of ``role`` (``server`` or
         ``client``), the profile's ``op@role`` where it has one (a profile calibrated on deployed parties:

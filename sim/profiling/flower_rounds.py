@@ -193,7 +193,8 @@ def make_timed_workflow(params: dict[str, int | float], out: dict[str, Any]) -> 
 
     class TimedSecAggPlus(SecAggPlusWorkflow):
         def __init__(self) -> None:
-            super().__init__(**params)
+            arguments: dict[str, Any] = dict(params)  # flwr types each argument; ours are of those types
+            super().__init__(**arguments)
             self._grid: _TimedGrid | None = None
             for name in STAGES:
                 setattr(self, name, self._timed(name, getattr(self, name)))
@@ -213,7 +214,8 @@ def make_timed_workflow(params: dict[str, int | float], out: dict[str, Any]) -> 
         def __call__(self, grid: Any, context: Any) -> None:
             timed = _TimedGrid(grid)
             start = time.perf_counter()
-            super().__call__(timed, context)
+            grid_like: Any = timed  # a Grid by delegation (every other attribute is the wrapped grid's)
+            super().__call__(grid_like, context)
             out["round_s"] = time.perf_counter() - start
             out["round_span"] = [start, start + out["round_s"]]
             out["server_s"] = out["round_s"] - timed.blocked_s
@@ -378,9 +380,9 @@ class EngineProbe:
 
             return run
 
-        raybackend.RayBackend.process_message = process_message
-        InMemoryGrid.push_messages = timed(push, self.pushes)
-        InMemoryGrid.pull_messages = timed(pull, self.pulls)
+        setattr(raybackend.RayBackend, "process_message", process_message)  # noqa: B010 (typed methods, replaced)
+        setattr(InMemoryGrid, "push_messages", timed(push, self.pushes))  # noqa: B010
+        setattr(InMemoryGrid, "pull_messages", timed(pull, self.pulls))  # noqa: B010
 
     @staticmethod
     def _describe(message: Any, out: Any, context: Any, start: float, end: float) -> dict[str, Any]:
@@ -519,14 +521,55 @@ def engine_scenario(n: int, d: int, dropout: float, profile: str, cores: int) ->
     }
 
 
+def _scales(measured: list[float], on_values: list[float], rest: list[float]) -> tuple[float, float | None]:
+    """(scale of the rest, scale of the work on the model's values) that best turn the charged seconds of
+    each round into its measured seconds, in relative terms (each round's error over its measured seconds:
+    rounds 100 times apart in size count alike), each scale at least 0; the second None where the rounds
+    cannot tell the two apart (fewer than two rounds, or no work on values charged), the first then the
+    ratio of the totals."""
+    total = sum(on_values) + sum(rest)
+    if len(measured) < 2 or sum(on_values) <= 1e-9 * total or sum(rest) <= 1e-9 * total:
+        return sum(measured) / total, None
+    weight = np.array([1.0 / m for m in measured])
+    coef, _ = _nonnegative_fit(
+        {"rest": np.array(rest) * weight, "values": np.array(on_values) * weight}, np.ones(len(measured))
+    )
+    if coef["rest"] <= 0 or coef["values"] <= 0:  # one kind of work alone explains the rounds: no split
+        return sum(measured) / total, None
+    return coef["rest"], coef["values"]
+
+
 def work_scales(doc: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    """The engine's ``client_scale`` and ``server_scale`` (:class:`sim.costs.engine.EngineCosts`): the
-    ClientApp seconds the probed ``rounds`` measured (every message's, the engine's own costs aside) over
-    the client seconds the simulator charges for the same rounds with profile ``doc`` (its engine's own
-    costs set to 0), and the ServerApp's own seconds (``server_s``: the round less the time it waited in
-    ``send_and_receive``) over the server seconds it charges."""
+    """The engine's work scales (:class:`sim.costs.engine.EngineCosts`) from the probed ``rounds``
+    (:func:`flower_round` results): per role, the seconds measured against what the simulator charges for
+    the same rounds (:func:`fit_work_scales`). Measured: the clients' ClientApp seconds (every message's,
+    the engine's own costs aside) and the ServerApp's own seconds (``server_s``: the round less its waits
+    in ``send_and_receive``)."""
+    measured = [
+        {
+            "clients": r["clients"],
+            "dim": r["dim"],
+            "dropout": r["dropout"],
+            "client_measured_s": sum(m["app_s"] for m in r["engine"]["messages"] if math.isfinite(m["app_s"])),
+            "server_measured_s": r["server_s"],
+        }
+        for r in rounds
+    ]
+    return fit_work_scales(doc, measured)
+
+
+def fit_work_scales(doc: dict[str, Any], measured: list[dict[str, Any]]) -> dict[str, Any]:
+    """The engine's work scales for profile ``doc`` from rounds measured inside the engine (``clients``,
+    ``dim``, ``dropout``, ``client_measured_s``, ``server_measured_s``: the rows of an engine section's
+    ``scale_rounds``). The simulator plays each round with ``doc`` (its engine's own costs set to 0), and
+    each role's charged seconds are split into the work on the model's values (the section's
+    ``vector_operations``) and the rest; the two scales are fitted over the rounds (:func:`_scales`).
+    Returns ``client_scale``, ``server_scale``, where the rounds tell them apart ``client_vector_scale``
+    and ``server_vector_scale``, ``vector_operations`` and ``scale_rounds`` (the rows, with what was
+    charged)."""
     import yaml
 
+    from sim.costs.engine import VECTOR_OPERATIONS
     from sim.results.read import read_run_table
     from sim.runner import run_scenario
     from sim.scenario import load
@@ -537,33 +580,49 @@ def work_scales(doc: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, 
         "server_scale": 1.0,
         "message": {"coef": {"const": 0.0, "bytes": 0.0}},
     }
-    measured, charged, server, server_charged, ratios = 0.0, 0.0, 0.0, 0.0, []
+    for key in ("client_vector_scale", "server_vector_scale"):
+        engine.pop(key, None)
+    vector = sorted(engine.get("vector_operations", VECTOR_OPERATIONS))
+    engine["vector_operations"] = vector
+    without_values = {
+        op: {**entry, "coef": {}} if op.split("@", 1)[0] in vector else entry for op, entry in doc["operations"].items()
+    }
+    rows = []
     with tempfile.TemporaryDirectory(prefix="flower-scale-") as folder:
-        profile = Path(folder) / "profile.json"
-        profile.write_text(json.dumps({**doc, "engine": engine}))
-        for k, result in enumerate(rounds):
-            n, d, dropout = result["clients"], result["dim"], result["dropout"]
-            path = Path(folder) / f"round{k}.yaml"
-            path.write_text(yaml.safe_dump(engine_scenario(n, d, dropout, str(profile), os.cpu_count() or 1)))
-            run = Path(folder) / f"run{k}"
-            run_scenario(load(path, output=str(run)).base(), run, progress=False)
-            cpu = float(read_run_table(run, "clients")["cpu_s"].sum())
-            server_cpu = float(read_run_table(run, "rounds")["server_cpu_s"].sum())
-            app = sum(m["app_s"] for m in result["engine"]["messages"] if math.isfinite(m["app_s"]))
-            measured, charged = measured + app, charged + cpu
-            server, server_charged = server + result["server_s"], server_charged + server_cpu
-            ratios.append(
+        profiles = {"all": Path(folder) / "all.json", "rest": Path(folder) / "rest.json"}
+        profiles["all"].write_text(json.dumps({**doc, "engine": engine}))
+        profiles["rest"].write_text(json.dumps({**doc, "operations": without_values, "engine": engine}))
+        for k, point in enumerate(measured):
+            n, d, dropout = point["clients"], point["dim"], point["dropout"]
+            charged = {}
+            for name, profile in profiles.items():
+                path = Path(folder) / f"round{k}-{name}.yaml"
+                path.write_text(yaml.safe_dump(engine_scenario(n, d, dropout, str(profile), os.cpu_count() or 1)))
+                run = Path(folder) / f"run{k}-{name}"
+                run_scenario(load(path, output=str(run)).base(), run, progress=False)
+                clients, rounds = read_run_table(run, "clients"), read_run_table(run, "rounds")
+                charged[name] = (float(clients["cpu_s"].sum()), float(rounds["server_cpu_s"].sum()))
+            rows.append(
                 {
                     "clients": n,
                     "dim": d,
                     "dropout": dropout,
-                    "client_measured_s": app,
-                    "client_charged_s": cpu,
-                    "server_measured_s": result["server_s"],
-                    "server_charged_s": server_cpu,
+                    "client_measured_s": point["client_measured_s"],
+                    "client_charged_s": charged["all"][0],
+                    "client_values_charged_s": charged["all"][0] - charged["rest"][0],
+                    "server_measured_s": point["server_measured_s"],
+                    "server_charged_s": charged["all"][1],
+                    "server_values_charged_s": charged["all"][1] - charged["rest"][1],
                 }
             )
-    return {"client_scale": measured / charged, "server_scale": server / server_charged, "scale_rounds": ratios}
+    out: dict[str, Any] = {"vector_operations": vector}
+    for role in ("client", "server"):
+        on_values = [r[f"{role}_values_charged_s"] for r in rows]
+        rest = [r[f"{role}_charged_s"] - r[f"{role}_values_charged_s"] for r in rows]
+        out[f"{role}_scale"], values_scale = _scales([r[f"{role}_measured_s"] for r in rows], on_values, rest)
+        if values_scale is not None:
+            out[f"{role}_vector_scale"] = values_scale
+    return {**out, "scale_rounds": rows}
 
 
 def measure_engine(
