@@ -61,7 +61,6 @@ def simulate(tmp_path: Path, profile: Path, *overrides: str) -> pd.Series:
 def test_an_engine_section_reads_its_costs():
     e = engine_costs(message={"coef": {"const": 0.005, "bytes": 2e-9, "stored": 0.004}}, client_scale=1.5)
     assert (e.workers(2), e.workers(3), engine_costs(cpus_per_client=2).workers(2)) == (2, 3, 1)
-    assert e.delivery_wait_s == pytest.approx(0.05)
     assert e.payload_seconds(500) == pytest.approx(1e-6)  # inline
     assert e.payload_seconds(2000) == pytest.approx(4e-6 + 0.004)  # through the object store
     assert e.message_seconds(2000) == pytest.approx(0.005 + 4e-6 + 0.004)
@@ -125,7 +124,10 @@ def test_the_work_on_the_models_values_takes_its_own_scale_inside_the_engine():
     plain = CostModel.from_dict({**doc, "engine": {**doc["engine"], "client_vector_scale": 1.25}}, "y.json")
     assert plain.engine is not None and plain.engine.scales("client") == (1.25, 1.25)
     assert plain.engine.scales("server") == (3.0, 0.75)
-    single = CostModel.load("flower")
+    plain_engine = {
+        k: v for k, v in flower["engine"].items() if k not in ("client_vector_scale", "server_vector_scale")
+    }
+    single = CostModel.from_dict({**flower, "engine": plain_engine}, "single.json")
     assert single.engine is not None and single.engine.client_vector_scale is None
     old = single.scaled(single.engine.client_scale, role="client").scaled(single.engine.server_scale, role="server")
     new = single.inside_engine()
@@ -198,45 +200,74 @@ def test_the_server_polls_every_interval_from_its_last_send():
     assert ActorEngine(env, engine_costs(pull_interval_s=0), 2).next_poll(1.234) == 1.234
 
 
+def test_the_sweeps_run_every_interval_from_the_runs_start_and_one_at_a_send_has_passed():
+    engine = ActorEngine(simpy.Environment(), engine_costs(), cores=2)
+    assert engine.next_sweep(0.0) == pytest.approx(0.1)  # the first round's first send waits a whole interval
+    assert engine.next_sweep(0.03) == pytest.approx(0.1)
+    assert engine.next_sweep(0.1) == pytest.approx(0.2)
+    assert engine.next_sweep(0.3 - 1e-15) == pytest.approx(0.4)  # round-off below a sweep is on it
+    assert engine.next_sweep(0.3 + 1e-15) == pytest.approx(0.4)
+    assert engine.next_sweep(1.234) == pytest.approx(1.3)
+    assert ActorEngine(simpy.Environment(), engine_costs(delivery_interval_s=0), 2).next_sweep(1.234) == 1.234
+
+
 def test_every_step_waits_for_the_sweep_the_workers_and_the_poll(tmp_path):
-    """4 clients, 2 workers, 10 ms a message, nothing else charged: each step's messages reach the actors
-    0.05 s after the server sends them (half a sweep), two clients at a time take 10 ms, and the server
-    sees the replies at its first poll after 0.07 s: every step lasts exactly 0.1 s."""
+    """4 clients, 2 workers, 10 ms a message, nothing else charged: the server sends each step's messages
+    on a poll, where a sweep has just passed, so they reach the actors a whole interval later; two clients
+    at a time take 10 ms, and the server sees the replies at its second poll: every step lasts 0.2 s."""
     row = simulate(tmp_path, free_profile(tmp_path))
     steps = ("advertise_keys", "share_keys", "masked_input", "unmasking")
-    assert [row[f"time_{s}"] for s in steps] == pytest.approx([0.1] * 4, abs=1e-9)
-    assert row["round_time"] == pytest.approx(0.4, abs=1e-9)
+    assert [row[f"time_{s}"] for s in steps] == pytest.approx([0.2] * 4, abs=1e-9)
+    assert row["round_time"] == pytest.approx(0.8, abs=1e-9)
+
+
+def test_the_wait_for_the_sweep_is_the_interval_less_the_servers_time_since_its_poll(tmp_path):
+    """The server's work between two steps brings the next sweep closer. With adding a masked vector
+    charged 0.03 s at the server, the masked-input step ends 0.2 s (its replies at the second poll) plus
+    4 x 0.03 s after its send, at 0.72 s; the unmasking requests sent then reach the actors at the sweep
+    of 0.8 s, 0.08 s later, not 0.1 s, and their replies (two pairs of 10 ms) are stored at 0.82 s, on the
+    server's first poll: the step lasts 0.1 s, not 0.2 s. Then the aggregation adds the four again."""
+    path = free_profile(tmp_path)
+    doc = json.loads(path.read_text())
+    doc["operations"]["vector.add@server"] = {"coef": {"const": 0.03}}
+    path.write_text(json.dumps(doc))
+    row = simulate(tmp_path, path)
+    steps = ("advertise_keys", "share_keys", "masked_input", "unmasking")
+    assert [row[f"time_{s}"] for s in steps] == pytest.approx([0.2, 0.2, 0.2 + 4 * 0.03, 0.1], abs=1e-9)
+    assert row["aggregate_s"] == pytest.approx(4 * 0.03, abs=1e-9)
+    assert row["round_time"] == pytest.approx(0.82 + 4 * 0.03, abs=1e-9)
 
 
 def test_a_reply_stored_on_a_poll_counts_at_that_poll_and_workers_are_free_for_the_next_round(tmp_path):
-    """25 ms a message: the second pair of clients ends 0.1 s after the send, on a poll (in floating point,
-    a hair after it). Two rounds: the actors outlive the first, free again for the second."""
+    """50 ms a message: the second pair of clients ends 0.2 s after the send (the sweep's 0.1 s and two
+    messages), on a poll (in floating point, a hair after it). Two rounds: the actors outlive the first,
+    free again for the second."""
     run = tmp_path / "run"
-    sets = [f"costs.profile={free_profile(tmp_path, message={'coef': {'const': 0.025}})}", "population=4"]
+    sets = [f"costs.profile={free_profile(tmp_path, message={'coef': {'const': 0.05}})}", "population=4"]
     sets += ["sampling.clients_per_round=4", "dropout.rate=0", "rounds=2"]
     run_scenario(load(FLOWER_SCENARIO, sets, output=str(run)).base(), run, progress=False)
     rounds = read_run_table(run, "rounds")
-    assert list(rounds["round_time"]) == pytest.approx([0.4, 0.4], abs=1e-9)
-    assert list(rounds["t_start"]) == pytest.approx([0.0, 0.4], abs=1e-9)
+    assert list(rounds["round_time"]) == pytest.approx([0.8, 0.8], abs=1e-9)
+    assert list(rounds["t_start"]) == pytest.approx([0.0, 0.8], abs=1e-9)
 
 
 def test_clients_queue_for_the_workers(tmp_path):
-    """60 ms a message: the second pair of clients waits for the first, its replies are stored at 0.17 s
-    after the send, seen at the poll of 0.2 s."""
+    """60 ms a message: the second pair of clients waits for the first, its replies are stored at 0.22 s
+    after the send, seen at the poll of 0.3 s."""
     row = simulate(tmp_path, free_profile(tmp_path, message={"coef": {"const": 0.06}}))
-    assert row["time_advertise_keys"] == pytest.approx(0.2, abs=1e-9)
-    assert row["round_time"] == pytest.approx(0.8, abs=1e-9)
+    assert row["time_advertise_keys"] == pytest.approx(0.3, abs=1e-9)
+    assert row["round_time"] == pytest.approx(1.2, abs=1e-9)
     one_worker = simulate(tmp_path, free_profile(tmp_path, message={"coef": {"const": 0.06}}, cpus_per_client=2))
-    assert one_worker["time_advertise_keys"] == pytest.approx(0.3, abs=1e-9)  # 0.05 + 4 x 0.06 = 0.29
+    assert one_worker["time_advertise_keys"] == pytest.approx(0.4, abs=1e-9)  # 0.1 + 4 x 0.06 = 0.34
 
 
 def test_a_dropping_client_answers_with_an_error_at_the_next_poll(tmp_path):
     """One of 4 leaves before uploading: its worker still takes the request (10 ms), and the server hears
-    of it at the poll that brings the others' masked inputs; the three survivors unmask in 0.1 s."""
+    of it at the poll that brings the others' masked inputs; the three survivors unmask in 0.2 s."""
     row = simulate(tmp_path, free_profile(tmp_path), "dropout.rate=0.25")
     assert (row["dropped"], row["survivors"]) == (1, 3)
-    assert row["time_masked_input"] == pytest.approx(0.1, abs=1e-9)
-    assert row["round_time"] == pytest.approx(0.4, abs=1e-9)
+    assert row["time_masked_input"] == pytest.approx(0.2, abs=1e-9)
+    assert row["round_time"] == pytest.approx(0.8, abs=1e-9)
 
 
 def test_the_flower_scenario_simulates_and_its_bytes_are_flowers(tmp_path):
@@ -344,14 +375,14 @@ def test_the_engine_fit_recovers_a_known_cost_per_message_byte_and_stored_object
 
 def test_the_model_can_travel_with_the_upload_request(tmp_path):
     """Only the model (400 kB) exceeds the inline limit and costs 50 ms through the object store: with the
-    model sent first, the first step takes it (two pairs of 60 ms jobs: seen at the poll of 0.2 s); sent
-    with the upload request, as Flower's workflow does, the masked-input step does."""
+    model sent first, the first step takes it (after the sweep's 0.1 s, two pairs of 60 ms jobs: seen at
+    the poll of 0.3 s); sent with the upload request, as Flower's workflow does, the masked-input step does."""
     engine = {"message": {"coef": {"const": 0.01, "stored": 0.05}}, "inline_limit_bytes": 300_000}
     steps = ("advertise_keys", "share_keys", "masked_input", "unmasking")
     first = simulate(tmp_path, free_profile(tmp_path, **engine), "model.params=100000")
-    assert [first[f"time_{s}"] for s in steps] == pytest.approx([0.2, 0.1, 0.1, 0.1], abs=1e-9)
+    assert [first[f"time_{s}"] for s in steps] == pytest.approx([0.3, 0.2, 0.2, 0.2], abs=1e-9)
     late = simulate(tmp_path, free_profile(tmp_path, **engine, model_with_upload=True), "model.params=100000")
-    assert [late[f"time_{s}"] for s in steps] == pytest.approx([0.1, 0.1, 0.2, 0.1], abs=1e-9)
+    assert [late[f"time_{s}"] for s in steps] == pytest.approx([0.2, 0.2, 0.3, 0.2], abs=1e-9)
     assert late["client_bytes_down_mean"] == first["client_bytes_down_mean"]
     with pytest.raises(EngineCostsError, match="model_with_upload"):
         engine_costs(model_with_upload="yes")

@@ -9,8 +9,8 @@ declares them here; the simulator charges them under ``testbed: {emulation: engi
 - ``workers``: the engine keeps one actor per ``cpus_per_client`` of the host's cores, and each actor runs
   one client's message at a time (flwr's ``BasicActorPool``, one worker thread per actor);
 - ``delivery_interval_s``: messages the server pushes reach the actors' queue on a sweep of the engine's
-  state every this many seconds (flwr's ``add_messages_to_queue``); the sweep's phase is not the
-  server's, so a message waits half an interval on average;
+  state every this many seconds (flwr's ``add_messages_to_queue``); the sweeps are in step with the
+  server's polls when a run starts (:meth:`sim.engine.actors.ActorEngine.next_sweep`);
 - ``pull_interval_s``: the server polls for its replies every this many seconds from the moment it pushed
   (flwr's ``InMemoryGrid.send_and_receive``): a reply counts at the first poll after it is stored;
 - ``message``: reference seconds an actor's worker spends on one message besides the ClientApp's own
@@ -141,11 +141,6 @@ class EngineCosts:
     def workers(self, cores: int) -> int:
         """Actors on a host of ``cores`` cores: one per ``cpus_per_client`` (at least one)."""
         return max(1, math.floor(cores / self.cpus_per_client + 1e-9))
-
-    @property
-    def delivery_wait_s(self) -> float:
-        """Mean wait of a pushed message for the engine's next sweep: half an interval."""
-        return self.delivery_interval_s / 2
 
     def message_seconds(self, nbytes: float) -> float:
         """Reference seconds of a worker for taking a message of ``nbytes`` bytes to the ClientApp."""

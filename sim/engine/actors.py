@@ -4,8 +4,12 @@ Flower's ``run_simulation`` plays every client of a round on one host through a 
 (docs/profiles.md, "Flower's simulation engine"); the cost profile declares what that engine costs
 (:class:`sim.costs.engine.EngineCosts`). The round (:mod:`sim.engine.round`) charges it here:
 
-- a message the server sends waits for the engine's next sweep, :attr:`ActorEngine.delivery_wait_s` (half
-  the sweep interval: the sweep's phase is not the server's), and needs no link: every party is on the host;
+- a message the server sends waits for the engine's next sweep (:meth:`ActorEngine.next_sweep`) and needs
+  no link: every party is on the host. The sweeps run every ``delivery_interval_s`` for the whole run,
+  in step with the server's polls when the run starts: a sweep has just passed when the server sends the
+  first round's first messages, which wait a whole interval. Each later step waits the interval less
+  the time the server spent since its last poll, modulo the interval, as measured in Flower's rounds
+  (docs/profiles.md, "Flower's simulation engine");
 - a client handles each message it receives, whole, on one of :attr:`ActorEngine.workers` workers (first
   come, first served): decoding it, its protocol work and encoding its replies, plus the engine's own
   cost of the message and of its replies (:class:`~sim.costs.engine.EngineCosts`), as jobs on the
@@ -34,10 +38,14 @@ class ActorEngine:
         self.poll_origin = 0.0
         """Virtual time the server last sent a step's messages: its polls for the replies count from there."""
 
-    @property
-    def delivery_wait_s(self) -> float:
-        """Seconds between the server sending a message and the engine queueing it for an actor."""
-        return self.costs.delivery_wait_s
+    def next_sweep(self, at: float) -> float:
+        """The engine's first sweep after ``at`` (virtual seconds), when a message the server sends then
+        reaches the actors' queue: sweeps are at ``j * interval`` from the run's start, and one at ``at``
+        itself (to round-off) has passed; ``at`` itself with no sweep interval."""
+        interval = self.costs.delivery_interval_s
+        if interval <= 0:
+            return at
+        return (math.floor(at / interval + 1e-9) + 1) * interval
 
     def sent(self) -> None:
         """The server sent messages now: its polling for their replies starts over."""

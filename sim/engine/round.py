@@ -789,7 +789,7 @@ class Round:
         engine = self.s.engine
         if engine is not None:  # one host, no links: the engine's sweep, or the server's next poll
             now = self.env.now
-            yield self.env.timeout(engine.delivery_wait_s if sender == SERVER else engine.next_poll(now) - now)
+            yield self.env.timeout((engine.next_sweep(now) if sender == SERVER else engine.next_poll(now)) - now)
             if sent is not None:
                 sent()
             return wire.decode(data) if self.full and decode else message
