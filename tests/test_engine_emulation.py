@@ -110,24 +110,31 @@ def test_a_client_scale_scales_what_clients_pay_and_not_the_server():
 
 def test_the_work_on_the_models_values_takes_its_own_scale_inside_the_engine():
     """With vector scales, each role's operations on the model's values take that role's vector scale and
-    every other operation its plain scale; without them, every operation takes the plain scale."""
+    every other operation its plain scale, its own ``op@role`` entries included; without them, every
+    operation takes the plain scale, to the same floats as before."""
     flower = json.loads(PROFILES["flower"].read_text())
     doc = {**flower, "engine": {**flower["engine"], "client_scale": 1.25, "server_scale": 0.75}}
     doc["engine"].update(client_vector_scale=2.0, server_vector_scale=3.0)
+    doc["operations"] = {
+        **flower["operations"],
+        "prg.expand@client": {"coef": {"elements": 7e-9}},  # as a profile calibrated on deployed parties has
+        "x25519.agree@server": {"coef": {"count": 5e-4}},
+    }
     base = CostModel.from_dict(doc, "x.json")
     engine = base.inside_engine()
     values, agree = ({"elements": 1e6}, "prg.expand"), ({"count": 3}, "x25519.agree")
     for (size, op), client, server in ((values, 2.0, 3.0), (agree, 1.25, 0.75)):
-        alone = base.seconds(op, size)
-        assert engine.seconds(op, size, "client") == pytest.approx(client * alone, rel=1e-12)
-        assert engine.seconds(op, size, "server") == pytest.approx(server * alone, rel=1e-12)
-    plain = CostModel.from_dict({**doc, "engine": {**doc["engine"], "client_vector_scale": 1.25}}, "y.json")
-    assert plain.engine is not None and plain.engine.scales("client") == (1.25, 1.25)
-    assert plain.engine.scales("server") == (3.0, 0.75)
-    plain_engine = {
+        for role, scale in (("client", client), ("server", server)):
+            alone = base.seconds(op, size, role)
+            assert engine.seconds(op, size, role) == pytest.approx(scale * alone, rel=1e-12)
+    assert base.seconds("prg.expand", values[0], "client") == pytest.approx(7e-3)  # its own entry, scaled above
+    one_client_scale = {**doc["engine"], "client_vector_scale": 1.25}
+    one = CostModel.from_dict({**doc, "engine": one_client_scale}, "y.json").engine
+    assert one is not None and one.scales("client") == (1.25, 1.25) and one.scales("server") == (0.75, 3.0)
+    no_vector_scales = {
         k: v for k, v in flower["engine"].items() if k not in ("client_vector_scale", "server_vector_scale")
     }
-    single = CostModel.from_dict({**flower, "engine": plain_engine}, "single.json")
+    single = CostModel.from_dict({**flower, "engine": no_vector_scales}, "single.json")
     assert single.engine is not None and single.engine.client_vector_scale is None
     old = single.scaled(single.engine.client_scale, role="client").scaled(single.engine.server_scale, role="server")
     new = single.inside_engine()
@@ -139,11 +146,22 @@ def test_the_work_on_the_models_values_takes_its_own_scale_inside_the_engine():
 
 @pytest.mark.parametrize(
     ("change", "names"),
-    [({"client_vector_scale": 0}, "client_vector_scale"), ({"vector_operations": "prg.expand"}, "vector_operations")],
+    [
+        ({"client_vector_scale": 0}, "client_vector_scale"),
+        ({"vector_operations": "prg.expand"}, "vector_operations"),
+        ({"vector_operations": ["prg.expand@client"]}, "vector_operations"),
+    ],
 )
 def test_bad_vector_scales_are_refused_naming_the_key(change, names):
     with pytest.raises(EngineCostsError, match=names):
         engine_costs(**change)
+
+
+def test_vector_operations_must_be_the_profiles_own():
+    flower = json.loads(PROFILES["flower"].read_text())
+    misspelt = {**flower, "engine": {**flower["engine"], "vector_operations": ["prg.expnad"]}}
+    with pytest.raises(CostModelError, match=r"engine\.vector_operations.*'prg\.expnad'"):
+        CostModel.from_dict(misspelt, "x.json")
 
 
 def test_two_scales_are_told_apart_only_where_the_rounds_can():
@@ -153,15 +171,26 @@ def test_two_scales_are_told_apart_only_where_the_rounds_can():
     measured = [1.2 * r + 2.0 * v for r, v in zip(rest, on_values, strict=True)]
     fitted = _scales(measured, on_values, rest)
     assert fitted[0] == pytest.approx(1.2, rel=1e-9) and fitted[1] == pytest.approx(2.0, rel=1e-9)
+    # one round, or rounds with the same share of work on values: one scale, and exact where one fits
     assert _scales(measured[:1], on_values[:1], rest[:1]) == (pytest.approx(measured[0] / 0.33), None)
-    assert _scales(measured, [0.0] * 3, rest) == (pytest.approx(sum(measured) / sum(rest)), None)
-    # measured seconds that the rest alone explains best: one scale, not a negative one
-    assert _scales([0.3, 0.28, 0.3], on_values, rest)[1] is None
+    alike = [0.3, 0.6, 0.9]
+    assert _scales([1.5 * 1.1 * r for r in alike], [0.1 * r for r in alike], alike) == (pytest.approx(1.5), None)
+
+    def single(measured: list[float], charged: list[float]) -> float:  # the least squares of (s c / m - 1)
+        ratios = [c / m for c, m in zip(charged, measured, strict=True)]
+        return sum(ratios) / sum(x * x for x in ratios)
+
+    assert _scales(measured, [0.0] * 3, rest) == (pytest.approx(single(measured, rest)), None)
+    # measured seconds that the rest alone explains best: one scale for all the work, the relative fit
+    charged = [r + v for r, v in zip(rest, on_values, strict=True)]
+    assert _scales(rest, on_values, rest) == (pytest.approx(single(rest, charged)), None)
+    assert _scales([0.0, 1.0], [0.1, 0.2], [0.1, 0.1]) == (pytest.approx(1 / 0.5), None)  # a round measured nothing
 
 
 def test_the_work_scales_are_fitted_on_what_the_simulator_charges(tmp_path):
     """Rounds measured as 1.1 times the charged rest and 2.4 times the charged work on values give those
-    scales back, the charged seconds being the simulator's own for those rounds."""
+    scales back, the charged seconds being the simulator's own for those rounds; the split between the
+    two is the vector operations' (a profile with only those charges all of it to them)."""
     from sim.profiling.flower_rounds import fit_work_scales
 
     doc = json.loads(PROFILES["flower"].read_text())
@@ -170,7 +199,13 @@ def test_the_work_scales_are_fitted_on_what_the_simulator_charges(tmp_path):
         {"clients": n, "dim": d, "dropout": p, "client_measured_s": 1.0, "server_measured_s": 1.0} for n, d, p in points
     ]
     charged = fit_work_scales(doc, rows)["scale_rounds"]
-    assert all(0 < r["client_values_charged_s"] < r["client_charged_s"] for r in charged)
+    for role in ("client", "server"):
+        assert all(0 < r[f"{role}_values_charged_s"] < r[f"{role}_charged_s"] for r in charged)
+    vector = set(doc["engine"]["vector_operations"])
+    only = {op: e if op.split("@")[0] in vector else {**e, "coef": {}} for op, e in doc["operations"].items()}
+    for row in fit_work_scales({**doc, "operations": only}, rows)["scale_rounds"]:
+        for role in ("client", "server"):
+            assert row[f"{role}_values_charged_s"] == pytest.approx(row[f"{role}_charged_s"], rel=1e-12)
     for row in charged:
         for role, rest, values in (("client", 1.1, 2.4), ("server", 0.9, 2.6)):
             on_values = row[f"{role}_values_charged_s"]
@@ -180,7 +215,7 @@ def test_the_work_scales_are_fitted_on_what_the_simulator_charges(tmp_path):
     assert fitted["client_vector_scale"] == pytest.approx(2.4, rel=1e-6)
     assert fitted["server_scale"] == pytest.approx(0.9, rel=1e-6)
     assert fitted["server_vector_scale"] == pytest.approx(2.6, rel=1e-6)
-    assert fitted["vector_operations"] == sorted(doc["engine"].get("vector_operations", VECTOR_OPERATIONS))
+    assert fitted["vector_operations"] == sorted(VECTOR_OPERATIONS) == doc["engine"]["vector_operations"]
     CostModel.from_dict({**doc, "engine": {**doc["engine"], **fitted}}, "fitted.json")  # a profile that reads
 
 
@@ -240,7 +275,7 @@ def test_the_wait_for_the_sweep_is_the_interval_less_the_servers_time_since_its_
 
 def test_a_reply_stored_on_a_poll_counts_at_that_poll_and_workers_are_free_for_the_next_round(tmp_path):
     """50 ms a message: the second pair of clients ends 0.2 s after the send (the sweep's 0.1 s and two
-    messages), on a poll (in floating point, a hair after it). Two rounds: the actors outlive the first,
+    messages), on a poll. Two rounds: the actors outlive the first,
     free again for the second."""
     run = tmp_path / "run"
     sets = [f"costs.profile={free_profile(tmp_path, message={'coef': {'const': 0.05}})}", "population=4"]

@@ -32,8 +32,8 @@ declares them here; the simulator charges them under ``testbed: {emulation: engi
   threads: its stages' own seconds against what the simulator charges);
 - ``client_vector_scale``, ``server_vector_scale``: the same for the work on the model's values, the
   operations named in ``vector_operations`` (masks, quantisation, vector sums, the vectors' encoding),
-  which the engine slows more than the per-message cryptography: fresh arrays the size of the model in
-  every message, where the profile times each primitive warm. With them, ``client_scale`` and
+  which the engine slows by another factor than the per-message cryptography (fresh arrays the size of
+  the model in every message, where the profile times each primitive warm). With them, ``client_scale`` and
   ``server_scale`` scale every other operation. A section without them scales every operation by
   ``client_scale`` and ``server_scale`` (docs/profiles.md, "Flower's simulation engine").
 
@@ -87,10 +87,18 @@ VECTOR_OPERATIONS = (
     "decode.fixed_point",
     "wire.encode",
     "wire.decode",
+    "fedavg.accumulate",
+    "fedavg.finalize",
+    "encode.dskellam",
+    "decode.dskellam",
+    "noise.skellam",
+    "noise.gaussian",
+    "noise.dgaussian",
 )
-"""The operations of a SecAgg+ round on the model's values (a mask, a sum, the quantisation, a vector's
-encoding): what ``client_vector_scale`` and ``server_vector_scale`` scale when a section does not name
-its own ``vector_operations``."""
+"""The operations on the model's values, each over arrays the size of the model: a mask, a sum, the
+quantisation, the encoding of a message (whose bytes are mostly a vector's, where there is one), the
+noise and its encoding. What ``client_vector_scale`` and ``server_vector_scale`` scale when a section
+does not name its own ``vector_operations``."""
 
 
 class EngineCostsError(InputError):
@@ -130,13 +138,13 @@ class EngineCosts:
     """The operations the vector scales apply to (the others take :attr:`client_scale`, :attr:`server_scale`)."""
 
     def scales(self, role: str) -> tuple[float, float]:
-        """(the scale of the work on the model's values, the scale of the rest) for a party of ``role``
-        (``client`` or ``server``)."""
+        """(the scale of every other operation, the scale of the work on the model's values) for a party of
+        ``role`` (``client`` or ``server``)."""
         if role == "client":
             rest, vector = self.client_scale, self.client_vector_scale
         else:
             rest, vector = self.server_scale, self.server_vector_scale
-        return (rest if vector is None else vector), rest
+        return rest, (rest if vector is None else vector)
 
     def workers(self, cores: int) -> int:
         """Actors on a host of ``cores`` cores: one per ``cpus_per_client`` (at least one)."""
@@ -188,9 +196,12 @@ class EngineCosts:
             return number(doc[key], key, True) if key in doc else None
 
         operations = doc.get("vector_operations", list(VECTOR_OPERATIONS))
-        if not isinstance(operations, list) or not all(isinstance(op, str) and op for op in operations):
+        if not isinstance(operations, list) or not all(
+            isinstance(op, str) and op and "@" not in op for op in operations
+        ):
             raise EngineCostsError(
-                f"{where('vector_operations')} is {operations!r}; it must be a list of operation names"
+                f"{where('vector_operations')} is {operations!r}; it must be a list of operation names (without "
+                "@role: each role's vector scale applies to its own)"
             )
 
         message = doc.get("message")

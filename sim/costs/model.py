@@ -173,6 +173,13 @@ class CostModel:
             engine = EngineCosts.from_dict(doc["engine"], source) if doc.get("engine") is not None else None
         except EngineCostsError as exc:
             raise CostModelError(str(exc)) from None
+        named = engine.vector_operations if engine and "vector_operations" in doc["engine"] else ()
+        unknown = sorted(set(named) - {op.split("@", 1)[0] for op in operations})
+        if unknown:
+            raise CostModelError(
+                f"cost profile {source}: 'engine.vector_operations' names {unknown[0]!r}, which is not an operation "
+                "of the profile"
+            )
         return cls(
             operations,
             doc.get("machine", {}),
@@ -231,7 +238,7 @@ class CostModel:
         rest = tuple(sorted({op.split("@", 1)[0] for op in self.operations} - set(vector)))
         costs = self
         for party in (CLIENT_ROLE, SERVER_ROLE):
-            on_values, other = engine.scales(party)
+            other, on_values = engine.scales(party)
             costs = costs.scaled(other, keep=vector, role=party).scaled(on_values, keep=rest, role=party)
         return costs
 

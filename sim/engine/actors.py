@@ -6,9 +6,10 @@ Flower's ``run_simulation`` plays every client of a round on one host through a 
 
 - a message the server sends waits for the engine's next sweep (:meth:`ActorEngine.next_sweep`) and needs
   no link: every party is on the host. The sweeps run every ``delivery_interval_s`` for the whole run,
-  in step with the server's polls when the run starts: a sweep has just passed when the server sends the
-  first round's first messages, which wait a whole interval. Each later step waits the interval less
-  the time the server spent since its last poll, modulo the interval, as measured in Flower's rounds
+  in step with the server's polls when the run starts: a sweep passes at the instant of the run's
+  start, so the first round's first messages wait the interval less the server's work before it sends
+  them. As the server polls every ``pull_interval_s`` from each send, each later send waits the last
+  wait less the server's time in between (modulo the interval), as measured in Flower's rounds
   (docs/profiles.md, "Flower's simulation engine");
 - a client handles each message it receives, whole, on one of :attr:`ActorEngine.workers` workers (first
   come, first served): decoding it, its protocol work and encoding its replies, plus the engine's own
@@ -45,7 +46,8 @@ class ActorEngine:
         interval = self.costs.delivery_interval_s
         if interval <= 0:
             return at
-        return (math.floor(at / interval + 1e-9) + 1) * interval
+        sweeps = at / interval  # one less than a whole number by round-off is on that sweep
+        return (math.floor(sweeps + 1e-9 * max(1.0, sweeps)) + 1) * interval
 
     def sent(self) -> None:
         """The server sent messages now: its polling for their replies starts over."""

@@ -446,7 +446,8 @@ def engine_costs(rounds: list[dict[str, Any]], pull_interval_s: float | None = N
     fitted by least squares (each coefficient at least 0) on a constant, the bytes of the message and its
     reply, and how many of the two exceed Ray's inline limit of :data:`INLINE_LIMIT_BYTES`; with the sweep
     and poll intervals of flwr's code, and the delivery waits measured (each stage's first message taken
-    by a worker, after the server's push) to compare with half a sweep. ``pull_interval_s``: the server's
+    by a worker, after the server's push: for the record, the simulator derives them from the sweeps'
+    and the polls' intervals, :class:`sim.engine.actors.ActorEngine`). ``pull_interval_s``: the server's
     polling interval (None: flwr's ``InMemoryGrid`` default)."""
     sizes, seconds, waits = [], [], []
     for result in rounds:
@@ -521,21 +522,35 @@ def engine_scenario(n: int, d: int, dropout: float, profile: str, cores: int) ->
     }
 
 
+SPLIT_SPREAD = 0.05
+"""The least spread (largest minus smallest) of the rounds' shares of work on values in what the
+simulator charges a role, below which the rounds cannot tell its two scales apart: one scale is fitted."""
+
+
 def _scales(measured: list[float], on_values: list[float], rest: list[float]) -> tuple[float, float | None]:
-    """(scale of the rest, scale of the work on the model's values) that best turn the charged seconds of
-    each round into its measured seconds, in relative terms (each round's error over its measured seconds:
-    rounds 100 times apart in size count alike), each scale at least 0; the second None where the rounds
-    cannot tell the two apart (fewer than two rounds, or no work on values charged), the first then the
-    ratio of the totals."""
-    total = sum(on_values) + sum(rest)
-    if len(measured) < 2 or sum(on_values) <= 1e-9 * total or sum(rest) <= 1e-9 * total:
-        return sum(measured) / total, None
+    """(scale of the rest, scale of the work on the model's values) that best turn the seconds charged for
+    each round (``rest`` and ``on_values``) into its ``measured`` seconds, in relative terms: each round's
+    error over its measured seconds, so that rounds 100 times apart in size count alike; each scale at
+    least 0. The second is None, and the first one scale for all the work fitted the same way, where the
+    rounds cannot tell the two apart: fewer than two rounds, a round measured or charged nothing, shares
+    of work on values that differ by less than :data:`SPLIT_SPREAD` between rounds, or a fit whose best
+    nonnegative scales zero one kind of work."""
+    charged = [v + r for v, r in zip(on_values, rest, strict=True)]
+    if min(measured, default=0.0) <= 0 or min(charged, default=0.0) <= 0:
+        return sum(measured) / max(sum(charged), 1e-300), None
+    # one scale s for all the work: the least squares of sum((s c / m - 1)^2)
+    single = sum(c / m for c, m in zip(charged, measured, strict=True)) / sum(
+        (c / m) ** 2 for c, m in zip(charged, measured, strict=True)
+    )
+    shares = [v / c for v, c in zip(on_values, charged, strict=True)]
+    if len(measured) < 2 or max(shares) - min(shares) < SPLIT_SPREAD:
+        return single, None
     weight = np.array([1.0 / m for m in measured])
     coef, _ = _nonnegative_fit(
         {"rest": np.array(rest) * weight, "values": np.array(on_values) * weight}, np.ones(len(measured))
     )
-    if coef["rest"] <= 0 or coef["values"] <= 0:  # one kind of work alone explains the rounds: no split
-        return sum(measured) / total, None
+    if min(coef.values()) <= 1e-6 * max(coef.values()):  # one kind of work alone explains the rounds best
+        return single, None
     return coef["rest"], coef["values"]
 
 
