@@ -219,6 +219,21 @@ def test_the_work_scales_are_fitted_on_what_the_simulator_charges(tmp_path):
     CostModel.from_dict({**doc, "engine": {**doc["engine"], **fitted}}, "fitted.json")  # a profile that reads
 
 
+def test_the_work_scales_take_each_points_median_over_its_rounds():
+    """Three rounds of one point measured 1, 5 and 2 s of ClientApp time (and 0.3, 0.1, 0.2 s of the
+    server's): the fit sees 2 s and 0.2 s, one row for the point."""
+    from sim.profiling.flower_rounds import work_scales
+
+    def probed(app_s: float, server_s: float) -> dict:
+        messages = [{"app_s": app_s / 2}, {"app_s": app_s / 2}, {"app_s": math.nan}]  # an error reply: no time
+        return {"clients": 4, "dim": 1000, "dropout": 0.0, "server_s": server_s, "engine": {"messages": messages}}
+
+    doc = json.loads(PROFILES["flower"].read_text())
+    rows = work_scales(doc, [probed(1.0, 0.3), probed(5.0, 0.1), probed(2.0, 0.2)])["scale_rounds"]
+    assert len(rows) == 1 and rows[0]["rounds"] == 3
+    assert (rows[0]["client_measured_s"], rows[0]["server_measured_s"]) == (pytest.approx(2.0), pytest.approx(0.2))
+
+
 # -- the actor pool and the polls, in virtual time ------------------------------------------------------------
 def test_the_server_polls_every_interval_from_its_last_send():
     env = simpy.Environment()

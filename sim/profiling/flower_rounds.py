@@ -60,6 +60,7 @@ import math
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -556,19 +557,26 @@ def _scales(measured: list[float], on_values: list[float], rest: list[float]) ->
 
 def work_scales(doc: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, Any]:
     """The engine's work scales (:class:`sim.costs.engine.EngineCosts`) from the probed ``rounds``
-    (:func:`flower_round` results): per role, the seconds measured against what the simulator charges for
-    the same rounds (:func:`fit_work_scales`). Measured: the clients' ClientApp seconds (every message's,
-    the engine's own costs aside) and the ServerApp's own seconds (``server_s``: the round less its waits
-    in ``send_and_receive``)."""
+    (:func:`flower_round` results, some of one point maybe): per role, the seconds measured against what
+    the simulator charges for the same rounds (:func:`fit_work_scales`), each point's measured seconds
+    the median over its rounds (as ``benchmarks/flower_validate.py`` counts Flower's). Measured: the
+    clients' ClientApp seconds (every message's, the engine's own costs aside) and the ServerApp's own
+    seconds (``server_s``: the round less its waits in ``send_and_receive``)."""
+    points: dict[tuple[int, int, float], list[dict[str, Any]]] = {}
+    for r in rounds:
+        points.setdefault((r["clients"], r["dim"], r["dropout"]), []).append(r)
     measured = [
         {
-            "clients": r["clients"],
-            "dim": r["dim"],
-            "dropout": r["dropout"],
-            "client_measured_s": sum(m["app_s"] for m in r["engine"]["messages"] if math.isfinite(m["app_s"])),
-            "server_measured_s": r["server_s"],
+            "clients": n,
+            "dim": d,
+            "dropout": dropout,
+            "rounds": len(group),
+            "client_measured_s": statistics.median(
+                sum(m["app_s"] for m in r["engine"]["messages"] if math.isfinite(m["app_s"])) for r in group
+            ),
+            "server_measured_s": statistics.median(r["server_s"] for r in group),
         }
-        for r in rounds
+        for (n, d, dropout), group in points.items()
     ]
     return fit_work_scales(doc, measured)
 
@@ -622,6 +630,7 @@ def fit_work_scales(doc: dict[str, Any], measured: list[dict[str, Any]]) -> dict
                     "clients": n,
                     "dim": d,
                     "dropout": dropout,
+                    **({"rounds": point["rounds"]} if "rounds" in point else {}),
                     "client_measured_s": point["client_measured_s"],
                     "client_charged_s": charged["all"][0],
                     "client_values_charged_s": charged["all"][0] - charged["rest"][0],
@@ -640,17 +649,25 @@ def fit_work_scales(doc: dict[str, Any], measured: list[dict[str, Any]]) -> dict
     return {**out, "scale_rounds": rows}
 
 
+ENGINE_REPEATS = 3
+"""Flower rounds of each of :data:`ENGINE_POINTS` that :func:`measure_engine` probes, the points taken in
+turn so that a slow minute of the host touches one round of each point: the work scales take each
+point's median (one round with ``quick``)."""
+
+
 def measure_engine(
     base: dict[str, Any], quick: bool = False, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
-    """Probe Flower's simulation engine in rounds of :data:`ENGINE_POINTS` (about 15 s each) and fit its
-    costs (:func:`engine_costs`), then its work scales against profile ``base`` (the flower profile being
-    written: :func:`work_scales`)."""
+    """Probe Flower's simulation engine in :data:`ENGINE_REPEATS` rounds of each of :data:`ENGINE_POINTS`
+    (about 15 s each) and fit its costs (:func:`engine_costs`, on every round's messages), then its work
+    scales against profile ``base`` (the flower profile being written: :func:`work_scales`)."""
     say = progress or (lambda _msg: None)
     rounds = []
-    for n, d, dropout in ENGINE_POINTS[:1] if quick else ENGINE_POINTS:
-        say(f"engine: a Flower round of {n} clients, {d} parameters, dropout {dropout:g}")
-        rounds.append(flower_round(n, d, dropout))
+    points, repeats = (ENGINE_POINTS[:1], 1) if quick else (ENGINE_POINTS, ENGINE_REPEATS)
+    for k in range(repeats):
+        for n, d, dropout in points:
+            say(f"engine: Flower round {k + 1} of {repeats} of {n} clients, {d} parameters, dropout {dropout:g}")
+            rounds.append(flower_round(n, d, dropout))
     section = engine_costs(rounds)
     say("engine: what the simulator charges the clients and the server for those rounds")
     return {**section, **work_scales({**base, "engine": section}, rounds)}
