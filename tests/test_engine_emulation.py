@@ -220,18 +220,22 @@ def test_the_work_scales_are_fitted_on_what_the_simulator_charges(tmp_path):
 
 
 def test_the_work_scales_take_each_points_median_over_its_rounds():
-    """Three rounds of one point measured 1, 5 and 2 s of ClientApp time (and 0.3, 0.1, 0.2 s of the
-    server's): the fit sees 2 s and 0.2 s, one row for the point."""
+    """Three rounds of one point measured 2, 5 and 1 s of ClientApp time and 0.1, 0.2 and 0.6 s of the
+    server's: the fit sees their medians, 2 s and 0.2 s (not their means, nor the last round's), each
+    role's apart; the rounds of another point, mixed in, make a row of their own."""
     from sim.profiling.flower_rounds import work_scales
 
-    def probed(app_s: float, server_s: float) -> dict:
+    def probed(app_s: float, server_s: float, dropout: float = 0.0) -> dict:
         messages = [{"app_s": app_s / 2}, {"app_s": app_s / 2}, {"app_s": math.nan}]  # an error reply: no time
-        return {"clients": 4, "dim": 1000, "dropout": 0.0, "server_s": server_s, "engine": {"messages": messages}}
+        point = {"clients": 4, "dim": 1000, "dropout": dropout}
+        return {**point, "server_s": server_s, "engine": {"messages": messages}}
 
     doc = json.loads(PROFILES["flower"].read_text())
-    rows = work_scales(doc, [probed(1.0, 0.3), probed(5.0, 0.1), probed(2.0, 0.2)])["scale_rounds"]
-    assert len(rows) == 1 and rows[0]["rounds"] == 3
+    rounds = [probed(2.0, 0.1), probed(9.0, 0.9, 0.25), probed(5.0, 0.2), probed(1.0, 0.6)]
+    rows = work_scales(doc, rounds)["scale_rounds"]
+    assert [(r["dropout"], r["rounds"]) for r in rows] == [(0.0, 3), (0.25, 1)]
     assert (rows[0]["client_measured_s"], rows[0]["server_measured_s"]) == (pytest.approx(2.0), pytest.approx(0.2))
+    assert (rows[1]["client_measured_s"], rows[1]["server_measured_s"]) == (pytest.approx(9.0), pytest.approx(0.9))
 
 
 # -- the actor pool and the polls, in virtual time ------------------------------------------------------------

@@ -559,7 +559,8 @@ def work_scales(doc: dict[str, Any], rounds: list[dict[str, Any]]) -> dict[str, 
     """The engine's work scales (:class:`sim.costs.engine.EngineCosts`) from the probed ``rounds``
     (:func:`flower_round` results, some of one point maybe): per role, the seconds measured against what
     the simulator charges for the same rounds (:func:`fit_work_scales`), each point's measured seconds
-    the median over its rounds (as ``benchmarks/flower_validate.py`` counts Flower's). Measured: the
+    the median over its rounds (each role's apart; ``benchmarks/flower_validate.py`` likewise takes a
+    median of Flower's rounds). Measured: the
     clients' ClientApp seconds (every message's, the engine's own costs aside) and the ServerApp's own
     seconds (``server_s``: the round less its waits in ``send_and_receive``)."""
     points: dict[tuple[int, int, float], list[dict[str, Any]]] = {}
@@ -659,14 +660,16 @@ def measure_engine(
     base: dict[str, Any], quick: bool = False, progress: Callable[[str], None] | None = None
 ) -> dict[str, Any]:
     """Probe Flower's simulation engine in :data:`ENGINE_REPEATS` rounds of each of :data:`ENGINE_POINTS`
-    (about 15 s each) and fit its costs (:func:`engine_costs`, on every round's messages), then its work
+    (about 10 s each) and fit its costs (:func:`engine_costs`, on every round's messages), then its work
     scales against profile ``base`` (the flower profile being written: :func:`work_scales`)."""
     say = progress or (lambda _msg: None)
     rounds = []
     points, repeats = (ENGINE_POINTS[:1], 1) if quick else (ENGINE_POINTS, ENGINE_REPEATS)
     for k in range(repeats):
         for n, d, dropout in points:
-            say(f"engine: Flower round {k + 1} of {repeats} of {n} clients, {d} parameters, dropout {dropout:g}")
+            say(
+                f"engine: pass {k + 1} of {repeats}: a Flower round of {n} clients, {d} parameters, dropout {dropout:g}"
+            )
             rounds.append(flower_round(n, d, dropout))
     section = engine_costs(rounds)
     say("engine: what the simulator charges the clients and the server for those rounds")
