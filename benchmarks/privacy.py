@@ -28,8 +28,9 @@ from sim.dp.accounting import choose_scale
 from sim.dp.dskellam import DSkellamEncoding
 from sim.dp.strategies import RoundNoise
 from sim.loopback import run_loopback
+from sim.protocol.params import AggregationParams
 from sim.protocol.private import PrivateRound
-from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.registry import round_machines
 from sim.protocol.suite import RealSuite
 from sim.round.privacy import padded
 

@@ -34,7 +34,8 @@ from sim.crypto import prg, signatures
 from sim.crypto.randomness import SeededRandom
 from sim.loopback import ClientSteps, run_loopback
 from sim.protocol.machine import Work
-from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import round_machines
 from sim.protocol.suite import RealSuite
 
 

@@ -255,6 +255,7 @@ def privacy_rows(
     """The rows of :func:`privacy_table` as plain dicts (what ``dropsim privacy`` prints and writes)."""
     from sim.dp.strategies import STRATEGIES, strategy_named
     from sim.preflight import plugin_problems
+    from sim.protocol.registry import spec_of
     from sim.runner.privacy_table import model_dimension, planned
     from sim.runner.privacy_table import privacy_table as table
     from sim.scenario.errors import ScenarioError
@@ -264,7 +265,7 @@ def privacy_rows(
         raise ScenarioError(problems)
     own = scenario.privacy.strategy
     named = (*planned(), *([own] if own not in STRATEGIES and strategy_named(own).enabled else []))
-    supported = [s for s in named if scenario.aggregation.spec.supports(strategy_named(s))]
+    supported = [s for s in named if spec_of(scenario.aggregation).supports(strategy_named(s))]
     chosen = list(strategies) if strategies is not None else supported
     unknown = [s for s in chosen if s not in supported]
     if unknown:

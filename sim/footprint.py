@@ -31,7 +31,7 @@ except ImportError:  # not POSIX: no rlimits to read
     resource = None  # type: ignore[assignment]
 
 from sim.errors import InputError
-from sim.protocol.registry import secret_holders
+from sim.protocol.registry import secret_holders, spec_of
 from sim.scenario.types import Scenario
 
 TRACE_ROW_BYTES = 64
@@ -122,7 +122,7 @@ def needs(scenario: Scenario, dim: int | None = None, trace: bool = True) -> lis
     key = "clients_per_round" if sc.sampling.clients_per_round is not None else "rate"
     where = sc.origin("sampling", key)
     params = sc.aggregation
-    peers = secret_holders(params, k) - 1 if params.spec.secure else 0
+    peers = secret_holders(params, k) - 1 if spec_of(params).secure else 0
     per_client = CLIENT_BYTES + PAIR_BYTES * max(peers, 0)
     if sc.fidelity != "timing" and dim is not None:  # full and learning hold real updates
         per_client += FULL_BYTES_PER_VALUE * dim

@@ -20,7 +20,7 @@ from sim.learning.flops import multiply_adds
 from sim.learning.models import model_train_op, trains_at_rate, update_dimension
 from sim.plugins import where_raised
 from sim.protocol.machine import RoundSetupError
-from sim.protocol.registry import DRIVER_OPERATIONS
+from sim.protocol.registry import DRIVER_OPERATIONS, spec_of
 from sim.results.manifest import host
 from sim.round.privacy import padded
 from sim.scenario.errors import Problem, ScenarioError
@@ -106,7 +106,7 @@ def preflight(scenario: Scenario) -> list[Problem]:
         except CostModelError as exc:  # the profile measures no shape of the model
             problems.append(Problem(scenario.origin("costs", "profile"), "costs.profile", str(exc)))
             training = ()
-    needed = (*training, *DRIVER_OPERATIONS, *scenario.aggregation.spec.operations)
+    needed = (*training, *DRIVER_OPERATIONS, *spec_of(scenario.aggregation).operations)
     missing = [op for op in needed if not costs.has(op)]
     if missing:
         problems.append(
@@ -312,7 +312,7 @@ def warnings(scenario: Scenario) -> list[Problem]:
     but rest on an assumption a reader may not see."""
     found = []
     agg = scenario.aggregation
-    if agg.spec.secure and agg.malicious and scenario.privacy.collusion == 0:
+    if spec_of(agg).secure and agg.malicious and scenario.privacy.collusion == 0:
         found.append(
             Problem(
                 scenario.origin("privacy", "collusion"),

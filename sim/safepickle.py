@@ -61,18 +61,18 @@ its item size must fit the budget. Each size is compared with that bound before 
 file chooses how many digits an int has, and comparing it with a small int takes one step whatever its
 length, while multiplying such ints takes time that grows faster than their length.
 
-What pickle builds natively has a budget of its own, because Python objects are large next to their
-pickle: a 1-byte ``}`` makes a 64-byte dict, ``\\x8f`` a 216-byte set, and a FedScale trace of short
-sessions takes up to 24 bytes of objects per byte. After each opcode, what it made is charged: a new
-object its ``sys.getsizeof`` (nothing for CPython's shared ``None``, bools, small ints, ``()``...), a stack
-slot 8 bytes, a ``MARK`` an empty list (given back when the mark is consumed), the growth of a list, dict,
-set or of the memo, and an entry of this module's own tables about 112 bytes. The total may reach
-:data:`NATIVE_BYTES_PER_INPUT_BYTE` (32) times the pickle's size, at least :data:`MIN_NATIVE_BYTES`
+What pickle builds natively has a budget of its own, because Python objects are large next to their pickle: a
+1-byte ``}`` makes a 64-byte dict, ``\\x8f`` a 216-byte set, and a FedScale trace of short sessions takes many
+bytes of objects per byte (docs/performance.md, "Safe unpickling"). After each opcode, what it made is
+charged: a new object its ``sys.getsizeof`` (nothing for CPython's shared ``None``, bools, small ints,
+``()``...), a stack slot 8 bytes, a ``MARK`` an empty list (given back when the mark is consumed), the growth
+of a list, dict, set or of the memo, and an entry of this module's own tables about 112 bytes. The total may
+reach :data:`NATIVE_BYTES_PER_INPUT_BYTE` (32) times the pickle's size, at least :data:`MIN_NATIVE_BYTES`
 (1 MiB), at most :data:`MAX_NATIVE_BYTES` (2 GiB). As it is charged once made, the opcode that crosses the
-budget may have grown one table past it: a load holds at most the pickle, one frame's copy, the decoded
-budget and twice the native one. 10 MB of ``}`` is refused at 320 MB (it loaded, in 0.7 GB, before); a 1 GiB
-pickle stays under about 7 GiB (over 100 GB before). ``PUT`` takes memo indices below ``2**32``, those
-``LONG_BINPUT`` can name, so that the memo's keys cannot collide.
+budget may have grown one table past it: a load holds at most the pickle, one frame's copy, the decoded budget
+and twice the native one: 10 MB of ``}`` is refused at 320 MB, and a 1 GiB pickle stays under about 7 GiB
+(what such loads took without these caps: docs/performance.md, "Safe unpickling"). ``PUT`` takes memo indices
+below ``2**32``, those ``LONG_BINPUT`` can name, so that the memo's keys cannot collide.
 
 Nesting: no container may be more than :data:`MAX_DEPTH` (256) deep (a flat list is 1 deep). Depth is kept
 as containers are made and filled (``TUPLE*``, ``LIST``, ``DICT``, ``FROZENSET``, ``EMPTY_*``,
@@ -81,16 +81,16 @@ key is hashed: hashing a tuple recurses in C without a depth check, and a millio
 key crashed the process. A list or dict filled after it was nested in another is caught by the last walk
 over the loaded value (depth-first, following no cycle twice).
 
-Keys: hashing and comparing dict keys and set elements may take :data:`KEY_WORK_PER_INPUT_BYTE` (8) steps
-per byte of pickle, at least :data:`MIN_KEY_WORK` (2**20). A file can choose keys of one hash -- ints
-beyond ``2**61 - 2`` (``hash(n)`` is ``n`` mod ``2**61 - 1``), complex numbers (``hash(complex(-1000003 k,
-k))`` is 0), tuples and frozensets of small ints (their hashes can be solved for), floats (a few dozen per
-hash) -- and a dict compares each with every earlier key of its hash: 519 KB of ``{i * (2**61 - 1): None}``
-took 9 s, 5 MB 15 minutes. Nor is a tuple's hash cached: shared tuples nested 60 deep take ``2**60`` steps
-to hash. So each key but a ``str``, ``bytes``, ``None``, bool or int below ``2**61 - 1`` (hashes a file
-cannot make collide: strings are hashed with a per-process random key, such ints are their own hash) is
-charged the steps its hash takes (each tuple item as often as it is reached, a big int's digits, a
-frozenset's elements) times one more than the keys of its hash already in the dict or set.
+Keys: hashing and comparing dict keys and set elements may take :data:`KEY_WORK_PER_INPUT_BYTE` (8) steps per
+byte of pickle, at least :data:`MIN_KEY_WORK` (2**20). A file can choose keys of one hash -- ints beyond
+``2**61 - 2`` (``hash(n)`` is ``n`` mod ``2**61 - 1``), complex numbers (``hash(complex(-1000003 k, k))`` is
+0), tuples and frozensets of small ints (their hashes can be solved for), floats (a few dozen per hash) -- and
+a dict compares each with every earlier key of its hash, n^2 / 2 comparisons for n such keys (what that took
+without this charge: docs/performance.md, "Safe unpickling"). Nor is a tuple's hash cached: shared tuples
+nested 60 deep take ``2**60`` steps to hash. So each key but a ``str``, ``bytes``, ``None``, bool or int below
+``2**61 - 1`` (hashes a file cannot make collide: strings are hashed with a per-process random key, such ints
+are their own hash) is charged the steps its hash takes (each tuple item as often as it is reached, a big
+int's digits, a frozenset's elements) times one more than the keys of its hash already in the dict or set.
 
 Errors: a forbidden global, refused arguments or a refused dtype, or a cap exceeded raise
 :class:`UnsafePickleError`; truncated or otherwise malformed data raises :class:`PickleFormatError`. Both
@@ -143,7 +143,8 @@ MAX_PICKLE_BYTES = 1 << 30
 MAX_DECODED_BYTES = 1 << 30
 """Most bytes the stand-ins may build from one pickle, whatever its size: 1 GiB."""
 DECODED_BYTES_PER_INPUT_BYTE = 8
-"""The stand-ins may build this many bytes per byte of the pickle (legitimate files need at most about 4)."""
+"""The stand-ins may build this many bytes per byte of the pickle (what legitimate files need:
+docs/performance.md, "Safe unpickling")."""
 MIN_DECODED_BYTES = 1 << 20
 """...but at least this many (1 MiB), so that tiny pickles of arrays and sets load."""
 MAX_NDIM = 32
@@ -153,11 +154,12 @@ MAX_DIMENSION = MAX_DECODED_BYTES
 pickle's budget, or to an empty one. With :data:`MAX_NDIM`, it bounds the product of the sizes at 2**960."""
 NATIVE_BYTES_PER_INPUT_BYTE = 32
 """What pickle builds natively (objects, stack slots, container and memo growth) may take this many bytes
-per byte of the pickle (FedScale traces take 5 to 25)."""
+per byte of the pickle (what FedScale traces take: docs/performance.md, "Safe unpickling")."""
 MIN_NATIVE_BYTES = 1 << 20
 """...but at least this many (1 MiB)."""
 MAX_NATIVE_BYTES = 2 << 30
-"""...and never more than this many (2 GiB; FedScale's own 26 and 39 MB traces need well under 1 GiB)."""
+"""...and never more than this many (2 GiB; what FedScale's own traces need: docs/performance.md, "Safe
+unpickling")."""
 MAX_DEPTH = 256
 """Deepest nesting of containers in a loaded value (a flat list is 1 deep): far below what hashing,
 comparing or printing it could recurse into before the interpreter's recursion limit or the C stack."""
@@ -178,7 +180,8 @@ _INT_BYTES = sys.getsizeof(1 << 40)
 """A memo index as a key of the memo dict."""
 _TABLE_ENTRY_BYTES = 112
 """One entry of the bookkeeping kept by id or hash (depth of a nested container, keys per hash of a dict or
-set): at most 92 bytes with its int key, measured over a dict's growth."""
+set): a bound on a dict entry with its int key over the dict's growth (docs/performance.md, "Safe
+unpickling")."""
 _WALK_AGAIN = 16
 """The last walk over a loaded value remembers the heights of containers that hold containers or more than
 this many items; smaller flat ones are checked again each time they are met (a pickle's 1-byte references
@@ -1195,8 +1198,8 @@ class _RestrictedUnpickler(pickle._Unpickler):
     number the pickle chooses (``BYTEARRAY8`` reads the bytes before it allocates them, ``PUT`` takes
     indices below 2**32, ``EXT1/2/4`` and out-of-band buffers are refused), where they make or fill
     containers (depth, keys and native budget, see the module's docstring), and for ``BUILD`` (stand-ins
-    only); any other opcode is refused. About ten times slower than the C unpickler on a trace of many small
-    objects (as fast on large arrays), which data files read once can afford."""
+    only); any other opcode is refused. Slower than the C unpickler on many small objects (docs/performance.md,
+    "Safe unpickling"), which data files read once can afford."""
 
     dispatch = _DISPATCH
     stack: list[Any]  # (set by pickle's load(); declared for the type checker)

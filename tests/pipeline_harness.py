@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from sim.engine.pipelined import Pipeline
 from sim.engine.round import Round
 from sim.scenario import load
 from sim.scenario.types import Scenario
@@ -39,12 +40,12 @@ class Captured:
     with every client's encoding and when each masked input reached the server (or was given up)."""
 
     def __init__(self, rnd: Round) -> None:
-        assert rnd.pipeline is not None, "a pipelined round"
-        self.round, self.pipeline = rnd, rnd.pipeline
+        assert isinstance(rnd.shape, Pipeline), "a pipelined round"
+        self.round, self.pipeline = rnd, rnd.shape
         self.encodings: dict[int, np.ndarray] = {}
         self.sent_at: dict[tuple[int, int], float] = {}
         """(client, chunk) -> when its masked input reached the server (or was given up)."""
-        pipe, sent, encode = rnd.pipeline, rnd.pipeline._sent, rnd.pipeline._encode
+        pipe, sent, encode = rnd.shape, rnd.shape._sent, rnd.shape._encode
 
         def _sent(c: int, j: int) -> None:
             self.sent_at.setdefault((c, j), rnd.env.now)

@@ -54,7 +54,7 @@ def _tables(tmp_path: Path, name: str, overrides: list[str], threads: int) -> di
     out = tmp_path / f"{name}-{threads}"
     rounds: list[Round] = []
     run_scenario(scenario, out, progress=False, engine=lambda sc: Simulation(sc, observe=rounds.append))
-    made_ahead = sum(r.ahead.taken for r in rounds if r.ahead is not None)
+    made_ahead = sum(r.calls.ahead.taken for r in rounds if r.calls.ahead is not None)
     assert (made_ahead > 0) == (threads > 1), made_ahead  # the calls were made ahead (and only then)
     return {table: (out / table).read_bytes() for table in TABLES}
 
@@ -201,7 +201,7 @@ def test_the_calls_are_made_on_threads_and_taken(tmp_path: Path) -> None:
     names: set[str] = set()
     try:
         record = simulation.step().record
-        ahead = rounds[0].ahead
+        ahead = rounds[0].calls.ahead
         assert ahead is not None
         # every start and receipt of the round's survivors was made ahead: 8 starts, then 3 receipts each
         # for the 6 that stay (the 2 leavers leave before the masked input, their lanes closed)
@@ -222,7 +222,7 @@ def test_one_thread_makes_no_call_ahead(tmp_path: Path) -> None:
         simulation.step()
     finally:
         simulation.close()
-    assert rounds[0].ahead is None
+    assert rounds[0].calls.ahead is None
     assert scenario.protocol_threads == 1
     assert "threads" not in scenario.resolved["aggregation"]  # a scenario without the key keeps its digest
 
@@ -236,7 +236,7 @@ def test_timing_fidelity_makes_no_call_ahead(tmp_path: Path) -> None:
         simulation.step()
     finally:
         simulation.close()
-    assert rounds[0].ahead is None
+    assert rounds[0].calls.ahead is None
 
 
 def test_auto_takes_the_cores_this_run_may_use(tmp_path: Path) -> None:
@@ -250,9 +250,9 @@ def test_auto_takes_the_cores_this_run_may_use(tmp_path: Path) -> None:
         executor = simulation.driver.setup.ahead
         if usable_cores() > 1:
             assert executor is not None and executor._max_workers == usable_cores()
-            assert rounds[0].ahead is not None and rounds[0].ahead.taken > 0
+            assert rounds[0].calls.ahead is not None and rounds[0].calls.ahead.taken > 0
         else:
-            assert executor is None and rounds[0].ahead is None
+            assert executor is None and rounds[0].calls.ahead is None
     finally:
         simulation.close()
 

@@ -31,7 +31,8 @@ from sim.protocol.messages import (
     Survivors,
     UnmaskShares,
 )
-from sim.protocol.registry import AggregationParams, neighbourhoods, round_machines
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import neighbourhoods, round_machines
 from sim.protocol.secagg import TooFewClientsError, share_threshold
 from sim.protocol.suite import RealSuite, survivors_bytes
 from sim.runner import run_scenario

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from sim.deploy.compute import Processor
+from sim.deploy.compute import ComputeThread
 
 
 def _spin(seconds: float) -> float:
@@ -17,8 +17,8 @@ def _spin(seconds: float) -> float:
 
 
 def test_a_slow_party_holds_its_processor_for_its_slowdown_times_the_cpu() -> None:
-    async def main() -> tuple[Processor, list[float]]:
-        cpu = Processor("slow", slowdown=3.0)
+    async def main() -> tuple[ComputeThread, list[float]]:
+        cpu = ComputeThread("slow", slowdown=3.0)
         used = await asyncio.gather(*(cpu.run(lambda: _spin(0.002)) for _ in range(3)))
         cpu.shutdown()
         return cpu, list(used)
@@ -40,7 +40,7 @@ def test_a_slow_party_holds_its_processor_for_its_slowdown_times_the_cpu() -> No
 
 def test_operations_run_one_at_a_time_and_errors_come_back() -> None:
     async def main() -> list[str]:
-        cpu = Processor("one")
+        cpu = ComputeThread("one")
         order: list[str] = []
 
         def op(name: str) -> str:

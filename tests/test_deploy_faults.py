@@ -47,6 +47,7 @@ from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine
 from sim.protocol.messages import Ciphertexts, KeyList, MaskedInput, ShareKeys, Survivors
+from sim.protocol.registry import spec_of
 from sim.protocol.wire import ModVector
 from sim.results.read import read_manifest, read_run_table
 from sim.round.records import RoundResult
@@ -180,7 +181,8 @@ class Killer(threading.Thread):
     def __init__(self, dep: Deployed, number: int, client: int, kill: Kill) -> None:
         super().__init__(name="killer", daemon=True)
         self.dep, self.number, self.client, self.kill = dep, number, client, kill
-        self.order = (*dep.scenario.aggregation.steps(), "done", "aborted")
+        aggregation = dep.scenario.aggregation
+        self.order = (*spec_of(aggregation).steps_for(aggregation), "done", "aborted")
         self.signals: list[tuple[str, str]] = []
         self.errors: list[str] = []
         self.worker = -1

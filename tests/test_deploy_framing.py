@@ -659,7 +659,7 @@ def test_a_lasting_key_never_signs_twice_for_one_deployment(tmp_path):
 
 def test_every_signature_is_bound_to_the_deployment():
     from sim.protocol.instances import RoundInstances
-    from sim.protocol.registry import AggregationParams
+    from sim.protocol.params import AggregationParams
 
     params = AggregationParams("secagg", 20, 1.0, 0.5, None, True)
     sessions = {

@@ -13,7 +13,8 @@ from sim.crypto import agreement, prg
 from sim.crypto.randomness import SeededRandom
 from sim.protocol import encoding
 from sim.protocol.encoding import FixedPoint, add_mod, add_mod_into, sub_mod, sub_mod_into
-from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import round_machines
 from sim.protocol.suite import RealSuite
 
 

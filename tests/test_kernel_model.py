@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 
 from sim import testbed
 from sim.costs.model import CostModelError
-from sim.engine.host import PartyQuotas, Pool, QuotaCores, QuotaScheduler
+from sim.engine.host import PartyQuotas, Pool, QuotaScheduler
 from sim.protocol.machine import SERVER
 from sim.runner import Simulation, run_scenario
 from sim.scenario import ScenarioError, load
@@ -32,11 +32,13 @@ ROOT = Path(__file__).resolve().parent.parent
 Log = list[tuple[str, float]]
 
 
-def _job(env: simpy.Environment, pool: QuotaCores, log: Log, name: str, work: float, start: float = 0.0) -> None:
+def _scheduled(
+    env: simpy.Environment, scheduler: QuotaScheduler, pool: Pool, log: Log, name: str, work: float, start: float = 0.0
+) -> None:
     def proc() -> Generator[simpy.Event, Any, None]:
         if start > 0:
             yield env.timeout(start)
-        yield from pool.run(work)
+        yield from scheduler.run(pool, work)
         log.append((name, env.now))
 
     env.process(proc())
@@ -44,8 +46,9 @@ def _job(env: simpy.Environment, pool: QuotaCores, log: Log, name: str, work: fl
 
 def test_a_short_job_after_idle_runs_at_full_speed_within_the_periods_quota() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.25, period=0.5)  # 0.25 s of CPU every 0.5 s: half a core
-    _job(env, pool, log, "a", 0.125)
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)  # 0.25 s of CPU every 0.5 s: half a core
+    _scheduled(env, scheduler, pool, log, "a", 0.125)
     env.run()
     assert log == [("a", 0.125)]
     assert pool.credit == 0.25 - 0.125  # what is left of this period's quota
@@ -53,8 +56,9 @@ def test_a_short_job_after_idle_runs_at_full_speed_within_the_periods_quota() ->
 
 def test_a_long_job_runs_each_periods_quota_then_waits_for_the_next() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.25, period=0.5)
-    _job(env, pool, log, "a", 1.0)  # runs 0-0.25, 0.5-0.75, 1-1.25 and 1.5-1.75: throttled in between
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)
+    _scheduled(env, scheduler, pool, log, "a", 1.0)  # runs 0-0.25, 0.5-0.75, 1-1.25 and 1.5-1.75: throttled in between
     env.run()
     assert log == [("a", 1.75)]
     assert pool.credit == 0.0
@@ -62,19 +66,13 @@ def test_a_long_job_runs_each_periods_quota_then_waits_for_the_next() -> None:
 
 def test_two_jobs_spend_the_quota_together_then_wait_together() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.375, period=0.75)
-    _job(env, pool, log, "a", 0.5)
-    _job(env, pool, log, "b", 0.5)  # 0.1875 each by 0.1875, and by 0.9375; the last 0.125 each by 1.625
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.375, 0.75)
+    _scheduled(env, scheduler, pool, log, "a", 0.5)
+    # 0.1875 each by 0.1875, and by 0.9375; the last 0.125 each by 1.625
+    _scheduled(env, scheduler, pool, log, "b", 0.5)
     env.run()
     assert log == [("a", 1.625), ("b", 1.625)]
-
-
-def _scheduled(env: simpy.Environment, scheduler: QuotaScheduler, pool: Pool, log: Log, name: str, work: float) -> None:
-    def proc() -> Generator[simpy.Event, Any, None]:
-        yield from scheduler.run(pool, work)
-        log.append((name, env.now))
-
-    env.process(proc())
 
 
 def test_each_refill_that_ends_a_throttle_costs_the_restart() -> None:
@@ -135,9 +133,10 @@ def test_jobs_throttled_together_share_the_restart() -> None:
 
 def test_an_idle_pool_gets_its_quota_back_at_the_next_period_not_before() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.25, period=0.5)
-    _job(env, pool, log, "a", 1.0)  # ends at 1.75, the quota of the period 1.5-2 spent
-    _job(env, pool, log, "b", 0.5, start=1.875)  # throttled until 2, then runs 2-2.25 and 2.5-2.75
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)
+    _scheduled(env, scheduler, pool, log, "a", 1.0)  # ends at 1.75, the quota of the period 1.5-2 spent
+    _scheduled(env, scheduler, pool, log, "b", 0.5, start=1.875)  # throttled until 2, then runs 2-2.25 and 2.5-2.75
     env.run()
     assert log == [("a", 1.75), ("b", 2.75)]
 
@@ -159,15 +158,18 @@ def test_the_period_has_a_phase() -> None:
 
 def test_a_quota_above_one_core_runs_each_job_on_a_core_at_most() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.5, period=0.25)  # two cores
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.5, 0.25)  # two cores
     for name in "ab":
-        _job(env, pool, log, name, 1.0)
+        _scheduled(env, scheduler, pool, log, name, 1.0)
     env.run()
     assert log == [("a", 1.0), ("b", 1.0)]  # two jobs on two cores' quota: never throttled
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.5, period=0.25)
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.5, 0.25)
     for name in "abc":
-        _job(env, pool, log, name, 1.0)  # 1/6 each per period, spent 1/6 s into it: the 6th ends at 1.25 + 1/6
+        # 1/6 each per period, spent 1/6 s into it: the 6th ends at 1.25 + 1/6
+        _scheduled(env, scheduler, pool, log, name, 1.0)
     env.run()
     assert [t for _, t in log] == [pytest.approx(1.25 + 1 / 6)] * 3
 
@@ -191,15 +193,19 @@ def test_parties_bursting_at_once_share_the_hosts_cores() -> None:
 
 def test_what_is_left_of_a_periods_quota_is_lost_at_its_end() -> None:
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.25, period=0.5)
-    _job(env, pool, log, "a", 0.125)  # 0.125 of this period's 0.25 left when it ends
-    _job(env, pool, log, "b", 0.375, start=0.375)  # 0.125 by 0.5; a fresh 0.25 at 0.5 (not 0.375): ends 0.75
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)
+    _scheduled(env, scheduler, pool, log, "a", 0.125)  # 0.125 of this period's 0.25 left when it ends
+    # 0.125 by 0.5; a fresh 0.25 at 0.5 (not 0.375): ends 0.75
+    _scheduled(env, scheduler, pool, log, "b", 0.375, start=0.375)
     env.run()
     assert log == [("a", 0.125), ("b", 0.75)]
     env, log = simpy.Environment(), []
-    pool = QuotaCores(env, runtime=0.25, period=0.5)
-    _job(env, pool, log, "a", 0.125)
-    _job(env, pool, log, "b", 0.375, start=1.25)  # idle across refills: a whole 0.25 by 1.5, then the refill's
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)
+    _scheduled(env, scheduler, pool, log, "a", 0.125)
+    # idle across refills: a whole 0.25 by 1.5, then the refill's
+    _scheduled(env, scheduler, pool, log, "b", 0.375, start=1.25)
     env.run()
     assert log == [("a", 0.125), ("b", 1.625)]
 
@@ -223,12 +229,13 @@ def test_a_pool_made_while_another_is_busy_starts_with_its_whole_quota() -> None
 
 def test_a_throttled_job_cancelled_leaves_the_period_spent() -> None:
     env = simpy.Environment()
-    pool = QuotaCores(env, runtime=0.25, period=0.5)
-    job = pool.start(1.0)
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)
+    job = scheduler.start(pool, 1.0)
     env.run(until=0.375)  # ran 0-0.25, throttled since
-    assert pool.cancel(job) == 0.25
+    assert scheduler.cancel(job) == 0.25
     log: Log = []
-    _job(env, pool, log, "again", 0.125, start=0.0)  # nothing left until the refill at 0.5
+    _scheduled(env, scheduler, pool, log, "again", 0.125, start=0.0)  # nothing left until the refill at 0.5
     env.run()
     assert log == [("again", 0.625)]
 
@@ -254,10 +261,11 @@ def test_parties_of_different_phases_share_the_hosts_core() -> None:
 
 def test_a_cancelled_job_reports_its_work_done() -> None:
     env = simpy.Environment()
-    pool = QuotaCores(env, runtime=0.25, period=0.5)
-    job = pool.start(1.0)
+    scheduler = QuotaScheduler(env)
+    pool = scheduler.pool(0.25, 0.5)
+    job = scheduler.start(pool, 1.0)
     env.run(until=1.0)  # 0-0.25 and 0.5-0.75
-    assert pool.cancel(job) == 0.5
+    assert scheduler.cancel(job) == 0.5
     assert not pool.jobs
 
 
@@ -265,11 +273,12 @@ def test_bad_quotas_and_work_are_refused() -> None:
     env = simpy.Environment()
     for runtime, period in ((0.0, 0.1), (0.1, 0.0), (float("nan"), 0.1), (0.1, float("inf"))):
         with pytest.raises(ValueError, match="quota"):
-            QuotaCores(env, runtime=runtime, period=period)
+            QuotaScheduler(env).pool(runtime, period)
     with pytest.raises(ValueError, match="phase"):
         QuotaScheduler(env).pool(0.1, 0.2, phase=float("nan"))
+    scheduler = QuotaScheduler(env)
     with pytest.raises(ValueError, match="work"):
-        QuotaCores(env, runtime=0.05, period=0.1).start(-1.0)
+        scheduler.start(scheduler.pool(0.05, 0.1), -1.0)
 
 
 @settings(max_examples=60, deadline=None)

@@ -101,7 +101,7 @@ def test_any_abort_during_a_chunks_unmasking_work_loses_its_exposure(tmp_path: P
 
     def forced(rnd) -> None:  # type: ignore[no-untyped-def]
         Capture.observe(rnd)
-        server, original, failed = rnd.servers[0], rnd.servers[0].close_step, rnd.pipeline.failed
+        server, original, failed = rnd.servers[0], rnd.servers[0].close_step, rnd.shape.failed
 
         def close_step():  # type: ignore[no-untyped-def]
             reaction = original()

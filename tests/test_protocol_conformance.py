@@ -20,15 +20,9 @@ from sim.dp.strategies import ENCODED, NOTHING, SECURE, STRATEGIES, RoundNoise
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import SERVER, ClientMachine, Reaction, ServerMachine
-from sim.protocol.registry import (
-    AFTER_SAMPLING,
-    DRIVER_OPERATIONS,
-    PROTOCOLS,
-    AggregationParams,
-    ProtocolSpec,
-    fixed_point,
-    register,
-)
+from sim.protocol.params import AFTER_SAMPLING, AggregationParams
+from sim.protocol.registry import DRIVER_OPERATIONS, PROTOCOLS, register, spec_of
+from sim.protocol.spec import ProtocolSpec, fixed_point
 from sim.protocol.wire import Message
 from sim.scenario.dropout_modes import MODES
 from sim.scenario.types import Dropout
@@ -131,11 +125,11 @@ def test_the_declared_shape_is_consistent(name: str) -> None:
             params = AggregationParams(name, malicious=variant.malicious, strategy=strategy)
             steps_for = spec.steps_for(params)
             assert steps_for and set(steps_for) <= set(spec.steps)
-            assert params.steps() == steps_for
+            assert spec_of(params) is spec
             stages = spec.dropout_stages_for(params)
             assert stages[AFTER_SAMPLING] == ""
             assert all(step == "" or step in steps_for for step in stages.values()), stages
-            assert params.after_upload() <= set(steps_for)
+            assert spec.after_upload(params) <= set(steps_for)
     if spec.pipeline is not None:
         assert spec.pipeline.first_step == spec.steps[0]
         assert spec.pipeline.aggregate_from in spec.steps
@@ -151,7 +145,7 @@ def test_the_operations_are_in_the_shipped_profile(name: str) -> None:
 
 @pytest.mark.parametrize("params", CASES)
 def test_an_honest_round_ends_done_with_the_exact_aggregate(params: AggregationParams) -> None:
-    spec = params.spec
+    spec = spec_of(params)
     steps = spec.steps_for(params)
     run = HonestRound(params)
     assert all(machine.first_step == steps[0] for machine in run.clients.values())
@@ -176,13 +170,14 @@ def test_an_honest_round_ends_done_with_the_exact_aggregate(params: AggregationP
         assert np.array_equal(vector, expected.astype(np.float32))
 
 
-@pytest.mark.parametrize("params", [p for p in CASES if p.values[0].spec.pipeline is not None])
+@pytest.mark.parametrize("params", [p for p in CASES if spec_of(p.values[0]).pipeline is not None])
 def test_the_pipeline_shape_matches_the_machines(params: AggregationParams) -> None:
-    shape = params.spec.pipeline
+    spec = spec_of(params)
+    shape = spec.pipeline
     assert shape is not None
     run = HonestRound(params).run()
-    assert shape.first_step == params.steps()[0]
-    assert shape.aggregate_from in params.steps()
+    assert shape.first_step == spec.steps_for(params)[0]
+    assert shape.aggregate_from in spec.steps_for(params)
     uploads = run.collected[shape.aggregate_from]
     assert any(isinstance(m, shape.upload) for m in uploads), f"no {shape.upload.__name__} in {shape.aggregate_from}"
     assert not any(

@@ -33,8 +33,10 @@ from sim.protocol.messages import (
     SignedMaskedInput,
     UnmaskShares,
 )
-from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import round_machines
 from sim.protocol.secagg import BadKeyError, SecAggServer
+from sim.protocol.secagg.client import State
 from sim.protocol.suite import SHARE_BYTES, RealSuite
 from sim.protocol.wire import Message
 
@@ -267,9 +269,9 @@ def test_a_low_order_key_listed_by_the_server_is_refused_by_the_client(field, u)
     assert isinstance(info.value, BadKeyError)
     assert info.value.peer == SERVER
     assert f"client {other}'s" in str(info.value)
-    assert (client.state, client.b, client.peers) == ("keys", b"", {})  # unchanged: no secret drawn yet
+    assert (client.state, client.b, client.peers) == (State.KEYS, b"", {})  # unchanged: no secret drawn yet
     client.receive(honest)  # the honest list still goes through
-    assert client.state == "ciphertexts"
+    assert client.state is State.CIPHERTEXTS
 
 
 def test_the_low_order_check_matches_x25519():

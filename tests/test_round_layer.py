@@ -194,16 +194,17 @@ def test_a_gate_runs_stages_in_the_hyades_order(chunks: int, lengths: list[float
 
 def test_where_a_planned_dropout_leaves() -> None:
     from sim.protocol.params import AggregationParams
+    from sim.protocol.secagg.spec import SECAGG
     from sim.round.departure import STAYS, Departure
 
     secagg = AggregationParams("secagg")
-    assert Departure.plan(secagg, "") == STAYS and not STAYS.before("upload") and not STAYS.before_download
-    assert Departure.plan(secagg, "after_sampling").before_download
-    before = Departure.plan(secagg, "before_upload")
+    assert Departure.plan(SECAGG, secagg, "") == STAYS and not STAYS.before("upload") and not STAYS.before_download
+    assert Departure.plan(SECAGG, secagg, "after_sampling").before_download
+    before = Departure.plan(SECAGG, secagg, "before_upload")
     assert before.before("masked_input") and not before.before("share_keys") and not before.waits_for_uploads
-    assert Departure.plan(secagg, "during_unmasking").waits_for_uploads  # after the uploads: they go out first
+    assert Departure.plan(SECAGG, secagg, "during_unmasking").waits_for_uploads  # after the uploads: they go first
     try:
-        Departure.plan(secagg, "during_noise_removal")  # only where noise is removed
+        Departure.plan(SECAGG, secagg, "during_noise_removal")  # only where noise is removed
     except ValueError as exc:
         assert "is not one of secagg's" in str(exc)
     else:

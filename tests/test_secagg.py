@@ -26,7 +26,8 @@ from sim.protocol.messages import (
     Survivors,
     UnmaskShares,
 )
-from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import round_machines
 from sim.protocol.secagg import (
     BadCiphertextError,
     BadSignatureError,
@@ -35,6 +36,8 @@ from sim.protocol.secagg import (
     TooFewClientsError,
     share_threshold,
 )
+from sim.protocol.secagg.client import State
+from sim.protocol.secagg.server import ENDED, SecAggServer, Step
 from sim.protocol.suite import RealSuite
 from sim.protocol.wire import ModVector
 
@@ -112,6 +115,17 @@ def test_the_sum_is_the_mean_of_the_encodings_exactly():
     clipped = [updates[c] * min(1.0, 1.0 / np.linalg.norm(updates[c])) for c in sampled]
     assert np.linalg.norm(updates[sampled[0]]) > 1  # the encoding clipped these updates to norm 1
     assert np.abs(server.aggregate.vector - np.mean(clipped, axis=0)).max() < 1 / enc.scale
+
+
+def test_the_server_walks_its_states_and_names_each_by_its_step():
+    """States are :class:`Step` members; ``step`` gives their names as plain strings (what timeouts, tables and
+    drivers know), and every state that collects has its row in the transition table, the round's end none."""
+    assert set(SecAggServer._STEPS) == set(Step) - ENDED
+    _, _, server, clients, updates = setup("secagg", 5, malicious=True)
+    assert (server.state, server.step) == (Step.ADVERTISE_KEYS, "advertise_keys")
+    run_loopback(server, clients, updates)
+    assert server.state is Step.DONE and type(server.step) is str and server.step == "done"
+    assert all(client.state is State.DONE for client in clients.values())
 
 
 def test_secagg_plus_degree_and_graph():
@@ -255,12 +269,12 @@ def test_clients_reject_messages_out_of_turn():
     client.start(updates[sampled[0]], 1.0)
     with pytest.raises(RemoteProtocolError, match="expected KeyList"):
         client.receive(Survivors(5, sampled))
-    assert client.state == "keys"
+    assert client.state is State.KEYS
     with pytest.raises(InconsistentViewError, match="not a set of this client's holders"):
         client.receive(KeyList(5, ((sampled[1], bytes(32), bytes(32), b""),)))
     with pytest.raises(TooFewClientsError, match="key list of 1 clients, threshold 3"):
         client.receive(KeyList(5, ((sampled[0], bytes(32), bytes(32), b""),)))
-    assert client.state == "keys"
+    assert client.state is State.KEYS
     with pytest.raises(RemoteProtocolError, match="expected KeyList"):
         client.receive(SignedSurvivors(5, ()))
 

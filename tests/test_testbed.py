@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sim.costs.model import DEFAULT_PROFILE, CostModel
 from sim.deploy.validate import compare
-from sim.engine.host import SharedCores
+from sim.engine.host import SharedHost
 from sim.learning.trainer import local_batches
 from sim.runner import Simulation, run_scenario
 from sim.scenario import ScenarioError, load
@@ -37,7 +37,7 @@ Log = list[tuple[str, float]]
 
 def _job(
     env: simpy.Environment,
-    pool: SharedCores,
+    host: SharedHost,
     log: Log,
     name: str,
     work: float,
@@ -52,7 +52,7 @@ def _job(
             yield env.timeout(start)
         charged: list[float] = []
         try:
-            yield from pool.run(work, charged.append)
+            yield from host.scheduler.run(host.pool, work, charged.append)
             log.append((name, env.now))
         except simpy.Interrupt:
             log.append((f"{name} cut", env.now))
@@ -73,31 +73,31 @@ def _interrupt(env: simpy.Environment, proc: simpy.Process, at: float) -> None:
 
 def test_two_equal_jobs_on_one_core_both_end_at_twice_their_work() -> None:
     env = simpy.Environment()
-    pool, log = SharedCores(env, 1), []
-    _job(env, pool, log, "a", 1.0)
-    _job(env, pool, log, "b", 1.0)
+    host, log = SharedHost(env, 1), []
+    _job(env, host, log, "a", 1.0)
+    _job(env, host, log, "b", 1.0)
     env.run()
     # each runs at rate min(1, 1/2) = 1/2: 1 s of work takes 2 s; they end together, in start order
     assert log == [("a", 2.0), ("b", 2.0)]
-    assert not pool.jobs
+    assert not host.pool.jobs
 
 
 def test_two_equal_jobs_on_two_cores_each_take_their_work() -> None:
     env = simpy.Environment()
-    pool, log = SharedCores(env, 2), []
-    _job(env, pool, log, "a", 1.0)
-    _job(env, pool, log, "b", 1.0)
+    host, log = SharedHost(env, 2), []
+    _job(env, host, log, "a", 1.0)
+    _job(env, host, log, "b", 1.0)
     env.run()
     assert log == [("a", 1.0), ("b", 1.0)]  # rate min(1, 2/2) = 1: one thread, one core
 
 
 def test_jobs_started_at_different_times_share_by_hand() -> None:
     env = simpy.Environment()
-    pool, log = SharedCores(env, 1), []
-    _job(env, pool, log, "a", 2.0)
-    _job(env, pool, log, "b", 1.0, start=1.0)
-    _job(env, pool, log, "c", 0.25, start=1.5)
-    _job(env, pool, log, "d", 0.25, start=1.5)
+    host, log = SharedHost(env, 1), []
+    _job(env, host, log, "a", 2.0)
+    _job(env, host, log, "b", 1.0, start=1.0)
+    _job(env, host, log, "c", 0.25, start=1.5)
+    _job(env, host, log, "d", 0.25, start=1.5)
     env.run()
     # [0, 1): a alone at rate 1, does 1 (1 left).
     # [1, 1.5): a and b at 1/2, do 0.25 each (a 0.75, b 0.75 left).
@@ -108,10 +108,10 @@ def test_jobs_started_at_different_times_share_by_hand() -> None:
 
 def test_a_job_beyond_the_cores_slows_the_others_only_while_it_runs() -> None:
     env = simpy.Environment()
-    pool, log = SharedCores(env, 2), []
-    _job(env, pool, log, "a", 2.0)
-    _job(env, pool, log, "b", 2.0)
-    _job(env, pool, log, "c", 0.5, start=1.0)
+    host, log = SharedHost(env, 2), []
+    _job(env, host, log, "a", 2.0)
+    _job(env, host, log, "b", 2.0)
+    _job(env, host, log, "c", 0.5, start=1.0)
     env.run()
     # [0, 1): a, b at 1 (1 left each). [1, ...): three jobs on two cores at 2/3 each; c needs 0.5 / (2/3)
     # = 0.75 s: ends at 1.75, a and b have 1 - 0.5 = 0.5 left and end at 2.25 at rate 1.
@@ -119,40 +119,52 @@ def test_a_job_beyond_the_cores_slows_the_others_only_while_it_runs() -> None:
     assert [t for _, t in log] == pytest.approx([1.75, 2.25, 2.25], rel=1e-15)
 
 
+def test_equal_jobs_beyond_the_cores_stay_level_to_the_last_bit() -> None:
+    env = simpy.Environment()
+    host, log = SharedHost(env, 2), []
+    for name in "abc":
+        _job(env, host, log, name, 1.0)
+    env.run()
+    # each at 2/3 (one division, the same float for all): 1 / (2/3) rounds to 1.5. Water-filling the cores
+    # one job at a time would give them rates apart in the last bit, and an end at 1.4999999999999998 out
+    # of start order.
+    assert log == [("a", 1.5), ("b", 1.5), ("c", 1.5)]
+
+
 def test_an_interrupted_job_leaves_the_pool_and_reports_its_work_done() -> None:
     env = simpy.Environment()
-    pool, log, worked = SharedCores(env, 1), [], {}
-    _job(env, pool, log, "a", 1.0, worked=worked)
-    b = _job(env, pool, log, "b", 1.0, worked=worked)
+    host, log, worked = SharedHost(env, 1), [], {}
+    _job(env, host, log, "a", 1.0, worked=worked)
+    b = _job(env, host, log, "b", 1.0, worked=worked)
     _interrupt(env, b, 1.0)
     env.run()
     # [0, 1): both at 1/2; b is cut having done 0.5; a has 0.5 left at rate 1: ends at 1.5
     assert log == [("b cut", 1.0), ("a", 1.5)]
     assert worked == {"a": 1.0, "b": 0.5}
-    assert not pool.jobs
+    assert not host.pool.jobs
 
 
 def test_zero_work_ends_at_once_and_bad_work_or_cores_are_refused() -> None:
     env = simpy.Environment()
-    pool, log = SharedCores(env, 1), []
-    _job(env, pool, log, "nothing", 0.0)
+    host, log = SharedHost(env, 1), []
+    _job(env, host, log, "nothing", 0.0)
     env.run()
     assert log == [("nothing", 0.0)]
     with pytest.raises(ValueError, match="work"):
-        pool.start(-1.0)
+        host.start(-1.0)
     with pytest.raises(ValueError, match="work"):
-        pool.start(float("nan"))
+        host.start(float("nan"))
     for cores in (0, 1.5, True):
         with pytest.raises(ValueError, match="cores"):
-            SharedCores(env, cores)  # type: ignore[arg-type]
+            SharedHost(env, cores)  # type: ignore[arg-type]
 
 
 def test_the_slow_down_is_a_sleep_that_holds_no_core() -> None:
     env = simpy.Environment()
-    pool, log = SharedCores(env, 1), []
+    host, log = SharedHost(env, 1), []
 
     def slow(name: str, work: float, slowdown: float) -> Generator[simpy.Event, Any, None]:
-        yield from pool.compute(work, slowdown)
+        yield from host.compute(work, slowdown)
         log.append((name, env.now))
 
     env.process(slow("slow", 1.0, 3.0))
@@ -207,13 +219,13 @@ def test_random_job_sets_follow_processor_sharing(
 ) -> None:
     jobs = [(start, work, None if cut is None else start + Fraction(cut, 8)) for start, work, cut in spec]
     env = simpy.Environment()
-    pool, log, worked = SharedCores(env, cores), [], {}
+    host, log, worked = SharedHost(env, cores), [], {}
     for i, (start, work, cut_at) in enumerate(jobs):
-        proc = _job(env, pool, log, str(i), float(work), float(start), worked)
+        proc = _job(env, host, log, str(i), float(work), float(start), worked)
         if cut_at is not None:
             _interrupt(env, proc, float(cut_at))
     env.run()
-    assert not pool.jobs
+    assert not host.pool.jobs
     ended = {name.removesuffix(" cut"): t for name, t in log}
     expected = _reference(cores, jobs)
     spans = []
@@ -263,8 +275,9 @@ def _records(tmp_path: Path, *overrides: str, text: str = ROUND) -> list[Any]:
     records = []
     for _ in range(sim.scenario.rounds):
         records.append(sim.step().record)
-        if sim.setup.host is not None:
-            assert not sim.setup.host.jobs, "a finished round leaves no job on the cores"
+        host = sim.setup.host
+        if host is not None:
+            assert isinstance(host, SharedHost) and not host.pool.jobs, "a finished round leaves no job on the cores"
     return records
 
 

@@ -458,7 +458,7 @@ def test_a_worker_refuses_a_round_its_policy_refuses_before_anything_of_it() -> 
     """The configuration passes at the planned 10 clients (t = 6 of 10 >= floor(0.55 * 10) + 1 = 6), but a
     round of 20 shares the worker's secrets 11 of 20 where its policy asks for 12: the worker leaves, saying
     why, before it downloads the model, trains, or sends anything of the round."""
-    from sim.deploy.compute import Processor
+    from sim.deploy.compute import ComputeThread
     from sim.deploy.shaping import UNSHAPED_BPS, TokenBucket
     from sim.deploy.worker import LeftError, Play, Shared, Worker
 
@@ -473,7 +473,7 @@ def test_a_worker_refuses_a_round_its_policy_refuses_before_anything_of_it() -> 
     async def play() -> tuple[Play, _Link]:
         link = _Link()
         start = control.RoundStart(1, sampled[3], sampled, b"", 0, control.NO_RATE)
-        cpu = Processor("client", 1.0)
+        cpu = ComputeThread("client", 1.0)
         p = Play(start, shared, link, {}, cpu, TokenBucket(UNSHAPED_BPS))  # type: ignore[arg-type]
         try:
             with pytest.raises(LeftError) as error:

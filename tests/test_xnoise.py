@@ -24,8 +24,9 @@ from sim.protocol.messages import (
     UnmaskShares,
     UnmaskSharesAndSeeds,
 )
+from sim.protocol.params import AggregationParams
 from sim.protocol.private import PrivateRound
-from sim.protocol.registry import AggregationParams, round_machines
+from sim.protocol.registry import round_machines
 from sim.protocol.suite import RealSuite, SizedSuite
 from sim.protocol.wire import Blank
 

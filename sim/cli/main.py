@@ -465,25 +465,26 @@ def cmd_profile_pipeline(args: argparse.Namespace) -> int:
     """``dropsim profile --pipeline SCENARIO``: fitted stage latencies, predicted times, the chosen m."""
     import dataclasses
 
-    from sim.protocol.registry import either, pipelined, protocols_where
+    from sim.protocol.registry import PROTOCOLS, spec_of
+    from sim.protocol.spec import either, pipelined, protocols_where
     from sim.results.writer import csv_bytes, make_folder, write_atomic
     from sim.runner.chunks import check_chunks, plan_chunks
     from sim.runner.privacy_table import model_dimension
-    from sim.scenario.types import Pipeline
+    from sim.scenario.types import Pipelining
 
     if args.rounds < 1:
         print(f"dropsim: --rounds {args.rounds} is below 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     scenario = load(args.pipeline, args.overrides).base()
-    if scenario.aggregation.spec.pipeline is None:
+    if spec_of(scenario.aggregation).pipeline is None:
         print(
             f"dropsim: {args.pipeline}: aggregation.protocol is {scenario.aggregation.protocol!r}; pipelining "
-            f"runs one secure-aggregation instance per chunk: use {either(protocols_where(pipelined))}",
+            f"runs one secure-aggregation instance per chunk: use {either(protocols_where(PROTOCOLS, pipelined))}",
             file=sys.stderr,
         )
         return EXIT_BAD_INPUT
     if scenario.pipeline is None:
-        scenario = dataclasses.replace(scenario, pipeline=Pipeline(chunks=None))
+        scenario = dataclasses.replace(scenario, pipeline=Pipelining(chunks=None))
     assert scenario.pipeline is not None
     dim = model_dimension(scenario)
     say = lambda m: print(m, file=sys.stderr)  # noqa: E731

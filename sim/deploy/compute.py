@@ -1,12 +1,12 @@
-"""A party's processor in the deployment: one operation at a time, its slow-down emulated by sleeping.
+"""A party's compute thread in the deployment: one operation at a time, its slow-down emulated by sleeping.
 
-Work runs in the party's own thread (the asyncio loop keeps moving bytes meanwhile, as a device's network
-stack does while it computes). An emulated slower device (Zipf slow-down ``f >= 1``, Dordis 6.1) takes
-``f`` times as long: after each operation its compute thread sleeps ``(f - 1)`` times the CPU seconds the
-operation used, still holding the party's processor. The simulator's testbed model (``testbed: {cores: K}``)
-charges the same: the operation's work on the host's shared cores, then the idle tail. Waiting
-operations are served in priority order (:data:`SIDE` first, as :class:`sim.engine.processor.Processor`),
-first come first served within a priority.
+Work runs in the party's own thread, its :class:`ComputeThread` (the asyncio loop keeps moving bytes
+meanwhile, as a device's network stack does while it computes). An emulated slower device (Zipf slow-down
+``f >= 1``, Dordis 6.1) takes ``f`` times as long: after each operation its compute thread sleeps ``(f - 1)``
+times the CPU seconds the operation used, still holding the party's processor. The simulator's testbed
+model (``testbed: {cores: K}``) charges the same: the operation's work on the host's shared cores, then the
+idle tail. Waiting operations are served in priority order (:data:`SIDE` first, as
+:class:`sim.engine.processor.Processor`), first come first served within a priority.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def one_thread_math() -> _OneThread:
     return _OneThread()
 
 
-__all__ = ["CALL_TIMES", "ONE_THREAD_ENV", "SIDE", "STAGED", "Call", "Processor", "one_thread_math"]
+__all__ = ["CALL_TIMES", "ONE_THREAD_ENV", "SIDE", "STAGED", "Call", "ComputeThread", "one_thread_math"]
 
 
 def _timed(fn: Callable[[], T], slowdown: float) -> tuple[T | None, BaseException | None, float, tuple[float, float]]:
@@ -122,8 +122,9 @@ CALL_TIMES = ("requested_s", "acquired_s", "began_s", "returned_s", "resumed_s")
 """The instants of :attr:`Call.times`, in order (the columns of ``operations.csv`` that hold them)."""
 
 
-class Processor:
-    """One lane of compute for one party (``slowdown`` >= 1); ``busy_s`` counts the seconds it was held,
+class ComputeThread:
+    """One lane of compute for one party (``slowdown`` >= 1): a thread of its own that runs one operation at a
+    time, held from the request until the result is back. ``busy_s`` counts the seconds it was held,
     ``cpu_s`` the CPU seconds its operations took in its thread (without the slow-down's sleep), ``calls``
     each computation (:class:`Call`)."""
 
@@ -141,7 +142,7 @@ class Processor:
     async def run(
         self, fn: Callable[[], T], priority: int = STAGED, work: Callable[[T], Iterable[Work]] | None = None
     ) -> T:
-        """Run ``fn`` on this processor once it is free; re-raise what it raises. ``work`` names the
+        """Run ``fn`` in this thread once it is free; re-raise what it raises. ``work`` names the
         operations the simulator charges for it, from its result (kept in :attr:`calls`)."""
         requested = time.monotonic()
         await self._acquire(priority)

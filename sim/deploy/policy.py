@@ -60,7 +60,7 @@ from typing import Any
 from sim.deploy.spending import without_client_noise
 from sim.errors import InputError
 from sim.protocol.collusion import colluding_holders, smallest_safe_threshold, split_view_possible
-from sim.protocol.registry import PROTOCOLS, reconstruction_threshold, secret_holders
+from sim.protocol.registry import PROTOCOLS, reconstruction_threshold, secret_holders, spec_of
 from sim.protocol.secagg.config import share_threshold
 from sim.round.privacy import nominal_sampling
 from sim.scenario.plugins import written_plugins
@@ -195,7 +195,7 @@ class WorkerPolicy:
                 "(policy: protocols)"
             )
             return refused  # nothing else of a protocol it does not run is worth saying
-        if self.adversary == MALICIOUS and agg.spec.secure and not agg.malicious:
+        if self.adversary == MALICIOUS and spec_of(agg).secure and not agg.malicious:
             refused.append(
                 "aggregation.adversary semi-honest: this worker requires the malicious variant (policy: adversary)"
             )
@@ -218,7 +218,7 @@ class WorkerPolicy:
         """What of a round of ``n`` sampled clients this policy refuses: its threshold (the epsilon limits are
         :class:`sim.deploy.spending.Spending`'s)."""
         agg, refused = scenario.aggregation, []
-        if agg.spec.secure and self.collusion is not None:
+        if spec_of(agg).secure and self.collusion is not None:
             c = self.collusion_assumed(scenario)
             t = reconstruction_threshold(agg, n) if n >= 1 else 0
             if t < c + 2:  # the fewest survivors that unmask: this worker and colluders alone reveal its input
@@ -227,7 +227,7 @@ class WorkerPolicy:
                     f"which {c} colluding clients could all be: at least {c + 2} (policy: collusion, "
                     "privacy.collusion)"
                 )
-        if agg.spec.secure and n >= 2:
+        if spec_of(agg).secure and n >= 2:
             holders, t = secret_holders(agg, n), reconstruction_threshold(agg, n)
             least = share_threshold(self.threshold, holders) if self.threshold > 0 else 0
             if t < least:
@@ -259,7 +259,7 @@ def scenario_policy(scenario: Scenario, seeded: bool = False) -> WorkerPolicy:
     return WorkerPolicy(
         protocols=(agg.protocol,),
         adversary=SEMI_HONEST,  # either variant: the launcher gives the workers here their keys (the PKI)
-        threshold=agg.threshold if agg.spec.secure else 0.0,
+        threshold=agg.threshold if spec_of(agg).secure else 0.0,
         collusion=None,
         dp_required=not without_client_noise(scenario),
         plugins=True,

@@ -39,7 +39,7 @@ from typing import Any
 from sim.clients.population import MBPS
 from sim.costs.model import frame_size
 from sim.deploy import control
-from sim.deploy.compute import SIDE, STAGED, Processor
+from sim.deploy.compute import SIDE, STAGED, ComputeThread
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, server_handshake
 from sim.deploy.identity import Identity
@@ -61,6 +61,7 @@ from sim.protocol.machine import (
 )
 from sim.protocol.messages import AggregateChunk, ModelDownload
 from sim.protocol.private import PrivateRound
+from sim.protocol.registry import spec_of
 from sim.protocol.wire import ModVector
 from sim.round.closing import client_cpu_share, close_record, expose, step_spans
 from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
@@ -373,8 +374,8 @@ class DeployServer:
         st = RoundState(number, sampled, [asyncio.Queue() for _ in range(m)], Roster(records), machines=inst.servers)
         st.limits = control.round_limits(self.learner.dim, len(sampled), private)
         self.current = st
-        server_cpu = Processor("server")
-        side = Processor("server-side") if chunks is not None else server_cpu
+        server_cpu = ComputeThread("server")
+        side = ComputeThread("server-side") if chunks is not None else server_cpu
         process_cpu = time.process_time()
         try:
             for c, peer in played.items():
@@ -434,7 +435,7 @@ class DeployServer:
         st: RoundState,
         rec: RoundRecord,
         reaction_of: Callable[[], Reaction],
-        cpu: Processor,
+        cpu: ComputeThread,
         channel: int,
         priority: int = STAGED,
         decoded: list[wire.Message] | None = None,
@@ -469,7 +470,7 @@ class DeployServer:
         rec: RoundRecord,
         machine: ServerMachine,
         channel: int,
-        cpu: Processor,
+        cpu: ComputeThread,
         priority: int = STAGED,
         lazy: bool = False,
         accepted: Callable[[int], None] | None = None,
@@ -536,7 +537,7 @@ class DeployServer:
         st: RoundState,
         rec: RoundRecord,
         machine: ServerMachine,
-        cpu: Processor,
+        cpu: ComputeThread,
         channel: int,
         priority: int = STAGED,
     ) -> None:
@@ -561,7 +562,7 @@ class DeployServer:
             for inbox in st.inboxes:
                 inbox.put_nowait((OUT, c, "", self.now()))
 
-    async def _serve_single(self, st: RoundState, rec: RoundRecord, machine: ServerMachine, cpu: Processor) -> None:
+    async def _serve_single(self, st: RoundState, rec: RoundRecord, machine: ServerMachine, cpu: ComputeThread) -> None:
         await self._react(st, rec, machine.begin, cpu, 0)
         step_start = rec.t_start
         while machine.step not in ("done", "aborted"):
@@ -577,7 +578,7 @@ class DeployServer:
         rec.aggregate = machine.aggregate
 
     async def _serve_pipelined(
-        self, st: RoundState, rec: RoundRecord, inst: RoundInstances, cpu: Processor, side: Processor
+        self, st: RoundState, rec: RoundRecord, inst: RoundInstances, cpu: ComputeThread, side: ComputeThread
     ) -> None:
         """Every chunk's instance, as the engine's :class:`~sim.engine.pipelined.Pipeline`: the server's CPU
         takes one chunk's aggregation at a time (Dordis Table 1, stage 3), and each chunk's sum goes to a
@@ -594,7 +595,7 @@ class DeployServer:
             c: StageGate(clock, f"client{c}.link", gated(link_resource, links, dispatch), m) for c in st.sampled
         }
         """Each client's link as the server sees it: its uploads (stage 2) end as they arrive."""
-        shape = sc.aggregation.spec.pipeline
+        shape = spec_of(sc.aggregation).pipeline
         assert shape is not None, f"protocol {sc.aggregation.protocol} cannot be pipelined"
         aggregate_from = shape.aggregate_from  # the uploads' step: the server's stage 3 starts as it ends
         results: dict[int, Aggregate] = {}

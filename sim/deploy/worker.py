@@ -40,7 +40,7 @@ from sim.clients.population import MBPS, Population
 from sim.costs.model import frame_size
 from sim.crypto.randomness import RandomSource, SystemRandom
 from sim.deploy import control
-from sim.deploy.compute import SIDE, STAGED, Processor, interleave_threads, one_thread_math
+from sim.deploy.compute import SIDE, STAGED, ComputeThread, interleave_threads, one_thread_math
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
@@ -57,7 +57,8 @@ from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, Work
 from sim.protocol.messages import AggregateChunk, ModelDownload
 from sim.protocol.private import PrivateRound
-from sim.protocol.registry import fixed_point
+from sim.protocol.registry import spec_of
+from sim.protocol.spec import fixed_point
 from sim.round.departure import Departure
 from sim.round.gates import StageGate
 from sim.round.privacy import PrivacyLedger, nominal_sampling
@@ -210,7 +211,7 @@ class Play:
     shared: Shared
     conn: Connection
     inbox: dict[int, asyncio.Queue[bytes]]
-    cpu: Processor
+    cpu: ComputeThread
     up: TokenBucket
     timeline: Timeline = field(default_factory=Timeline)
     machines: dict[int, ClientMachine] = field(default_factory=dict)
@@ -446,7 +447,7 @@ class Worker:
         shared, c = self.shared, start.client
         # on a kernel testbed the client's slow-down is its cgroup's quota: no sleeps here
         slowdown = 1.0 if is_kernel(shared.scenario) else float(shared.population.slowdown[c])
-        cpu = Processor(f"client{c}", slowdown)
+        cpu = ComputeThread(f"client{c}", slowdown)
         play = Play(start, shared, conn, inbox, cpu, up)
         self.rounds_started += 1
         task = asyncio.create_task(self._play(play))
@@ -483,7 +484,7 @@ class Worker:
         c = start.client
         try:
             try:
-                departure = Departure.plan(sc.aggregation, start.drop.decode(errors="replace"))
+                departure = Departure.plan(spec_of(sc.aggregation), sc.aggregation, start.drop.decode(errors="replace"))
             except ValueError as exc:
                 raise LeftError(f"aborted: the server's round start: {exc}") from None
             wrong = round_start_problem(start, sc) or spending.round_problem(start.round)
@@ -625,7 +626,7 @@ class Worker:
     ) -> None:
         c, m = p.start.client, len(inst.slots)
         sc = p.shared.scenario
-        shape = sc.aggregation.spec.pipeline
+        shape = spec_of(sc.aggregation).pipeline
         assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
         if departure.before(shape.first_step):  # before its instances' first step: before encoding
             self._leave(p, departure.stage)
@@ -692,7 +693,7 @@ class Worker:
         self, p: Play, j: int, call: Any, priority: int, cpu_gate: StageGate[LoopEvent], link_gate: StageGate[LoopEvent]
     ) -> None:
         reaction, frames = await self._compute(p, call, priority)
-        shape = p.shared.scenario.aggregation.spec.pipeline
+        shape = spec_of(p.shared.scenario.aggregation).pipeline
         assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
         for send, frame in zip(reaction.sends, frames, strict=True):
             if isinstance(send.message, shape.upload):

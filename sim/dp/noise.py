@@ -27,7 +27,8 @@ integers involved, so variances are limited to ``MAX_VARIANCE`` = 2^50.
 
 :func:`total` sums several components on threads, one component per thread: the sum of integers is the
 same in any order. numpy's vector operations and OpenSSL's AES release the GIL, the sampler's Python between
-them does not: two threads measured 1.25-1.5 times as fast as one (docs/performance.md, "Hot paths").
+them does not, so k threads gain less than k times (docs/performance.md, "Hot paths made fast" and "Not
+done yet").
 """
 
 from __future__ import annotations
@@ -116,8 +117,7 @@ class _Workspace(threading.local):
 
     A sampler call of a typical model size (tens of thousands of draws) would otherwise allocate a few MB
     of fresh temporaries, and whenever the allocator has handed the last ones back to the system, each
-    4 KiB page costs a fault on first touch. Measured in a fresh ``dropsim run`` of a 32-client XNoise
-    setup (65,536-value calls): 91 ns per Skellam value with fresh temporaries, 55 ns with these. About
+    4 KiB page costs a fault on first touch (what that cost a run: docs/performance.md, section 4). About
     5 MB per thread that samples noise."""
 
     def __init__(self) -> None:

@@ -15,7 +15,7 @@ Flower's ``run_simulation`` plays every client of a round on one host through a 
 - a client handles each message it receives, whole, on one of :attr:`ActorEngine.workers` workers (first
   come, first served): decoding it, its protocol work and encoding its replies, plus the engine's own
   cost of the message and of its replies (:class:`~sim.costs.engine.EngineCosts`), as jobs on the
-  host's shared cores (:class:`sim.engine.host.SharedCores`, which the server's work shares too);
+  host's shared cores (:class:`sim.engine.host.SharedHost`, which the server's work shares too);
 - a reply reaches the server machine at the server's first poll after it was stored: the server polls
   every ``pull_interval_s`` from the moment it sent the step's messages (:meth:`ActorEngine.next_poll`).
 """

@@ -1,28 +1,31 @@
-"""The testbed host: every party's compute shares K cores by processor sharing, in virtual time.
+"""The testbed host's CPUs in virtual time: every party's compute is a job on K cores, in CPU cgroups.
 
 The ``testbed`` scenario section models the real-socket deployment, where the server and one OS process
 per sampled client run on one host with K cores (``docs/time-model.md``, "The testbed model"). Each compute
 charge is a job of ``work`` reference seconds (seconds on one core of the profiled reference machine). A job
-is one thread, so it runs on at most one core: with n jobs in the pool each progresses at
+is one thread, so it runs on at most one core. One :class:`QuotaScheduler` runs them all: each job is in a
+:class:`Pool` (a CPU cgroup, with a quota or without), and when they may run at more than K cores in total
+they share the cores max-min fairly (water-filling).
+
+The process testbed (:class:`SharedHost`) puts every party in one pool without a quota. With n jobs each
+then progresses at
 
     rate = min(1, K / n)    reference seconds of work per virtual second,
 
 the egalitarian processor sharing of Kleinrock ("Time-shared systems: a theoretical treatment", JACM 1967)
 with K servers, the fluid limit of a fair OS scheduler. A lone job of ``w`` takes exactly ``w`` seconds;
-n equal jobs started together on one core all end after ``n w``.
-
-Like :mod:`sim.engine.network`, the pool is event-driven: whenever a job starts, ends or is cancelled,
-every job's remaining work is advanced at the old rate and one timer is set for the next completion (a
-version counter voids the older timers). Jobs are kept in start order and end in that order when they end
-together, so a run is deterministic.
-
-A client of slow-down f >= 1 is emulated on the testbed by its process sleeping (f - 1) times the CPU
-seconds of each computation after it, holding its own processor: :meth:`SharedCores.compute`.
+n equal jobs started together on one core all end after ``n w``. A client of slow-down f >= 1 is emulated
+by its process sleeping (f - 1) times the CPU seconds of each computation after it, holding its own
+processor: :meth:`SharedHost.compute`.
 
 The kernel testbed (``testbed: {emulation: kernel}``) gives every party a CPU cgroup of its own instead:
-:class:`PartyQuotas` charges each party's compute on a :class:`Pool` of a :class:`QuotaScheduler`, its
-quota f / s cores for a client of slow-down s and f times its speed for the server (:mod:`sim.testbed`),
-refilled once per CFS period as the kernel does (docs/time-model.md, "The kernel testbed").
+:class:`PartyQuotas` charges each party's compute on a pool of its own, its quota f / s cores for a client
+of slow-down s and f times its speed for the server (:mod:`sim.testbed`), refilled once per CFS period as
+the kernel does (docs/time-model.md, "The kernel testbed").
+
+Like :mod:`sim.engine.network`, the scheduler is event-driven: whenever a job starts, ends or is
+cancelled, every job's remaining work is advanced at the old rate and one timer is set for the next event
+(a version counter voids the older timers). Jobs are kept in start order, so a run is deterministic.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ class Job:
 
     __slots__ = ("done", "id", "pool", "remaining", "started", "work")
 
-    def __init__(self, jid: int, work: float, done: simpy.Event, now: float, pool: Any = None) -> None:
+    def __init__(self, jid: int, work: float, done: simpy.Event, now: float, pool: Pool) -> None:
         self.id = jid
         self.pool = pool
         """The pool it runs in."""
@@ -72,110 +75,6 @@ class Job:
         return self.work - self.remaining
 
 
-class SharedCores:
-    """``cores`` cores shared by processor sharing among the jobs of one SimPy environment."""
-
-    def __init__(self, env: simpy.Environment, cores: int) -> None:
-        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
-            raise ValueError(f"a testbed host has a whole number >= 1 of cores, not {cores!r}")
-        self.env = env
-        self.cores = cores
-        self.jobs: dict[int, Job] = {}
-        """The jobs running now, in start order."""
-        self._ids = itertools.count()
-        self._last = env.now
-        self._version = 0
-
-    @property
-    def rate(self) -> float:
-        """Reference seconds of work each running job does per virtual second: min(1, K / n)."""
-        return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
-
-    def start(self, work: float, party: int = SERVER) -> Job:
-        """Put a job of ``work`` reference seconds in the pool (whoever's: ``party`` is for
-        :class:`PartyQuotas`); wait on its ``done`` event."""
-        if not (math.isfinite(work) and work >= 0):
-            raise ValueError(f"a job needs a finite work >= 0 reference seconds, not {work}")
-        self._advance()
-        job = Job(next(self._ids), float(work), self.env.event(), self.env.now)
-        if job.work <= _EPS_S:
-            job.remaining = 0.0
-            job.done.succeed(job)
-            return job
-        self.jobs[job.id] = job
-        self._reschedule()
-        return job
-
-    def cancel(self, job: Job) -> float:
-        """Take ``job`` out of the pool (its party stopped); its ``done`` never fires. Returns the reference
-        seconds it had done (all of them if it had already ended)."""
-        if job.id in self.jobs:
-            self._advance()
-            del self.jobs[job.id]
-            job.remaining = max(job.remaining, 0.0)
-            self._reschedule()
-        return job.worked
-
-    def run(self, work: float, charge: Callable[[float], None] | None = None) -> Generator[simpy.Event, Any, None]:
-        """Compute ``work`` reference seconds in the pool (``yield from`` it in a SimPy process). ``charge`` is
-        told the reference seconds done: all of them, or, if the process is interrupted, what was done by
-        then (the job leaves the pool and the :class:`simpy.Interrupt` goes on to the caller)."""
-        job = self.start(work)
-        if job.id in self.jobs:
-            try:
-                yield job.done
-            except simpy.Interrupt:
-                self.cancel(job)
-                if charge is not None:
-                    charge(job.worked)
-                raise
-        if charge is not None:
-            charge(job.work)
-
-    def compute(self, work: float, slowdown: float = 1.0, party: int = SERVER) -> Generator[simpy.Event, Any, None]:
-        """A party's compute charge on the testbed: ``work`` reference seconds in the pool, then a sleep of
-        ``(slowdown - 1) * work`` seconds (the slow device is busy; a testbed process cannot run faster than
-        a core, so a slow-down below 1 sleeps 0). The caller holds its own processor throughout (``party``
-        is for :class:`PartyQuotas`)."""
-        yield from self.run(work)
-        idle = (slowdown - 1.0) * work
-        if idle > 0:
-            yield self.env.timeout(idle)
-
-    # -- internals --------------------------------------------------------------------------------
-    def _advance(self) -> None:
-        dt = self.env.now - self._last
-        if dt > 0 and self.jobs:
-            rate = self.rate
-            for job in self.jobs.values():
-                job.remaining -= rate * dt
-        self._last = self.env.now
-
-    def _reschedule(self) -> None:
-        self._version += 1
-        if not self.jobs:
-            return
-        first = min(self.jobs.values(), key=lambda j: j.remaining)
-        timer = self.env.timeout(max(first.remaining, 0.0) / self.rate)
-        version = self._version
-        timer.callbacks.append(lambda _ev: self._on_timer(version))
-
-    def _on_timer(self, version: int) -> None:
-        if version != self._version:
-            return
-        self._advance()
-        # Every job progresses at the same rate, so the job the timer was set for has the least work left;
-        # jobs level with it (to round-off) end with it, in start order.
-        least = min(job.remaining for job in self.jobs.values())
-        finished = [j for j in self.jobs.values() if j.remaining - least <= _EPS_S + 1e-12 * j.work]
-        for job in finished:
-            job.remaining = 0.0
-            del self.jobs[job.id]
-        self._reschedule()
-        for job in finished:
-            job.done.succeed(job)
-
-
 class Pool:
     """One party's CPU cgroup in a :class:`QuotaScheduler`, as CFS bandwidth control runs it: at every
     boundary of its period (``phase + k * period`` seconds) the kernel hands it ``runtime`` CPU seconds (its
@@ -184,14 +83,36 @@ class Pool:
     (docs/time-model.md, "The kernel testbed"). Each period its spent quota held jobs back costs ``restart``
     CPU seconds more when the refill lets them run again, shared by them: their threads come back to caches
     that others used meanwhile (``deploy.restart``, fitted by ``dropsim calibrate`` on the throttles the
-    deployment counted; docs/time-model.md, "Where a deployed computation's time goes")."""
+    deployment counted; docs/time-model.md, "Where a deployed computation's time goes").
 
-    __slots__ = ("credit", "jobs", "next_boundary", "period", "phase", "quota", "restart", "runtime", "spent_at")
+    A pool of ``runtime`` infinite has no quota (``limited`` false): its jobs run at up to a core each,
+    bounded only by the host's cores, and it is never refilled nor throttled (the process testbed's
+    processes; period, phase and restart then play no part)."""
+
+    __slots__ = (
+        "credit",
+        "jobs",
+        "limited",
+        "next_boundary",
+        "period",
+        "phase",
+        "quota",
+        "restart",
+        "runtime",
+        "spent_at",
+    )
 
     def __init__(
-        self, runtime: float, period: float, phase: float = 0.0, now: float = 0.0, restart: float = 0.0
+        self,
+        runtime: float = math.inf,
+        period: float = math.inf,
+        phase: float = 0.0,
+        now: float = 0.0,
+        restart: float = 0.0,
     ) -> None:
-        if not all(math.isfinite(x) and x > 0 for x in (runtime, period)):
+        self.limited = runtime != math.inf
+        """Whether it has a quota (else its jobs are held back by the host's cores alone)."""
+        if self.limited and not all(math.isfinite(x) and x > 0 for x in (runtime, period)):
             raise ValueError(f"a quota of {runtime!r} s of CPU per period of {period!r} s")
         if not (math.isfinite(phase) and math.isfinite(now)):
             raise ValueError(f"a CFS period's phase {phase!r} s at {now!r} s")
@@ -202,11 +123,11 @@ class Pool:
             )
         self.runtime = runtime
         """CPU seconds per period (the cgroup's quota)."""
-        self.period = period
+        self.period = period if self.limited else math.inf
         """Seconds between the kernel's refills."""
-        self.quota = runtime / period
+        self.quota = runtime / period if self.limited else math.inf
         """Cores: the quota's long-run rate."""
-        self.phase = phase % self.period
+        self.phase = phase % self.period if self.limited else 0.0
         """Seconds from time 0 to the first refill (the period timer's phase)."""
         self.credit = runtime
         """CPU seconds it may still run in this period (a cgroup idle for a period holds all of its quota)."""
@@ -215,7 +136,7 @@ class Pool:
         self.spent_at: float | None = None
         """When this period's quota ran out with jobs waiting (seconds), or None: held back since then."""
         self.jobs: dict[int, Job] = {}
-        self.next_boundary = self.boundary_after(now)
+        self.next_boundary = self.boundary_after(now) if self.limited else math.inf
 
     def boundary_after(self, t: float) -> float:
         """The first refill strictly after ``t`` (seconds)."""
@@ -233,8 +154,7 @@ class Pool:
 
 
 class QuotaScheduler:
-    """The kernel testbed's CPUs in virtual time: parties' CPU cgroups (:class:`Pool`) on a host of
-    ``cores`` cores.
+    """A testbed's CPUs in virtual time: parties' CPU cgroups (:class:`Pool`) on a host of ``cores`` cores.
 
     CFS hands a group its quota afresh at every boundary of its period and carries none over. A group may
     run at full speed until it has used that period's quota, and then not at all until the next boundary.
@@ -242,10 +162,14 @@ class QuotaScheduler:
     (parties bursting at once), they share the cores max-min fairly, none above what its pool allows
     (water-filling, the fluid limit of CFS's fair share among runnable groups).
 
-    As :class:`SharedCores`, the scheduler is event-driven: whenever a job starts, ends or is cancelled,
-    a pool's quota runs out, or a busy pool's period ends, every job's remaining work and every pool's
-    credit are advanced at the old rates and one timer is set for the next such event (a version counter
-    voids older timers)."""
+    When no pool has a quota (the process testbed), every job may run at a core, so the water level is the
+    same for all: each runs at min(1, cores / n), processor sharing. The scheduler then gives them that
+    rate in one division, so that jobs level in work stay level to the last bit, and ends the jobs level
+    (to round-off) with the least work left together, in start order.
+
+    The scheduler is event-driven: whenever a job starts, ends or is cancelled, a pool's quota runs out,
+    or a busy pool's period ends, every job's remaining work and every pool's credit are advanced at the
+    old rates and one timer is set for the next such event (a version counter voids older timers)."""
 
     def __init__(self, env: simpy.Environment, cores: float = math.inf) -> None:
         if not cores > 0:
@@ -253,18 +177,24 @@ class QuotaScheduler:
         self.env = env
         self.cores = cores
         self.pools: list[Pool] = []
+        self._quotas = False
+        """Whether any pool has a quota (else the jobs share the cores alike)."""
         self._rates: dict[int, float] = {}
         self._ids = itertools.count()
         self._last = env.now
         self._version = 0
 
-    def pool(self, runtime: float, period: float, phase: float = 0.0, restart: float = 0.0) -> Pool:
+    def pool(
+        self, runtime: float = math.inf, period: float = math.inf, phase: float = 0.0, restart: float = 0.0
+    ) -> Pool:
         """A cgroup handed ``runtime`` CPU seconds every ``period`` seconds, its periods starting at ``phase``
         seconds (modulo the period); idle until now, so it holds all of this period's quota. Every refill that
-        ends a throttle of it adds ``restart`` reference seconds to its jobs, shared."""
+        ends a throttle of it adds ``restart`` reference seconds to its jobs, shared. Without ``runtime``, a
+        group with no quota."""
         self._advance()
         pool = Pool(runtime, period, phase, float(self.env.now), restart)
         self.pools.append(pool)
+        self._quotas = self._quotas or pool.limited
         return pool
 
     def start(self, pool: Pool, work: float) -> Job:
@@ -284,9 +214,9 @@ class QuotaScheduler:
         return job
 
     def cancel(self, job: Job) -> float:
-        """Take ``job`` out of its pool; its ``done`` never fires. Returns the reference seconds it did."""
+        """Take ``job`` out of its pool; its ``done`` never fires. Returns the reference seconds it did (all
+        of them if it had already ended)."""
         pool = job.pool
-        assert isinstance(pool, Pool)
         if job.id in pool.jobs:
             self._advance()
             del pool.jobs[job.id]
@@ -294,16 +224,23 @@ class QuotaScheduler:
             self._reschedule()
         return job.worked
 
-    def run(self, pool: Pool, work: float) -> Generator[simpy.Event, Any, None]:
-        """Compute ``work`` reference seconds in ``pool`` (``yield from`` it in a SimPy process); if the
-        process is interrupted the job leaves the pool and the :class:`simpy.Interrupt` goes on."""
+    def run(
+        self, pool: Pool, work: float, charge: Callable[[float], None] | None = None
+    ) -> Generator[simpy.Event, Any, None]:
+        """Compute ``work`` reference seconds in ``pool`` (``yield from`` it in a SimPy process). ``charge`` is
+        told the reference seconds done: all of them, or, if the process is interrupted, what was done by
+        then (the job leaves the pool and the :class:`simpy.Interrupt` goes on to the caller)."""
         job = self.start(pool, work)
         if job.id in pool.jobs:
             try:
                 yield job.done
             except simpy.Interrupt:
                 self.cancel(job)
+                if charge is not None:
+                    charge(job.worked)
                 raise
+        if charge is not None:
+            charge(job.work)
 
     # -- internals --------------------------------------------------------------------------------
     def _running(self) -> list[Job]:
@@ -314,6 +251,9 @@ class QuotaScheduler:
         caps = {job.id: job.pool.cap() for job in self._running()}
         if sum(caps.values()) <= self.cores:
             self._rates = caps
+            return
+        if not self._quotas:  # every cap is a core: each job's share is the level, min(1, cores / n) = cores / n
+            self._rates = dict.fromkeys(caps, self.cores / len(caps))
             return
         left, rates = self.cores, {}
         ordered = sorted(caps.items(), key=lambda item: (item[1], item[0]))
@@ -392,10 +332,15 @@ class QuotaScheduler:
             if target.jobs and target.spent_at is None:
                 target.spent_at = float(self.env.now)
         # the job the timer was set for ends, with any that are level with it (to round-off)
-        finished = [target] if isinstance(target, Job) else []
-        for job in self._running():
-            if job is not target and job.remaining <= _EPS_S + 1e-12 * job.work:
-                finished.append(job)
+        if not self._quotas:  # one rate for all: the target has the least work left; the level end in start order
+            running = self._running()
+            least = min(job.remaining for job in running)
+            finished = [job for job in running if job.remaining - least <= _EPS_S + 1e-12 * job.work]
+        else:
+            finished = [target] if isinstance(target, Job) else []
+            for job in self._running():
+                if job is not target and job.remaining <= _EPS_S + 1e-12 * job.work:
+                    finished.append(job)
         for job in finished:
             job.remaining = 0.0
             del job.pool.jobs[job.id]
@@ -404,30 +349,39 @@ class QuotaScheduler:
             job.done.succeed(job)
 
 
-class QuotaCores:
-    """A single CPU cgroup of ``runtime`` CPU seconds every ``period`` seconds on a host of ``cores`` cores
-    (:class:`QuotaScheduler` with one pool, its periods starting at 0)."""
+class SharedHost:
+    """The process testbed's CPUs: ``cores`` cores that every party's compute shares by processor sharing
+    (a :class:`QuotaScheduler` with one pool, without a quota). A client's slow-down is a sleep after each
+    of its computations, off the cores (:meth:`compute`)."""
 
-    def __init__(self, env: simpy.Environment, runtime: float, period: float, cores: float = math.inf) -> None:
+    def __init__(self, env: simpy.Environment, cores: int) -> None:
+        if isinstance(cores, bool) or not isinstance(cores, int) or cores < 1:
+            raise ValueError(f"a testbed host has a whole number >= 1 of cores, not {cores!r}")
+        self.env = env
+        self.cores = cores
         self.scheduler = QuotaScheduler(env, cores)
-        self.own = self.scheduler.pool(runtime, period)
+        self.pool = self.scheduler.pool()
+        """Every party's jobs, in start order."""
 
-    @property
-    def credit(self) -> float:
-        return self.own.credit
-
-    @property
-    def jobs(self) -> dict[int, Job]:
-        return self.own.jobs
-
-    def start(self, work: float) -> Job:
-        return self.scheduler.start(self.own, work)
+    def start(self, work: float, party: int = SERVER) -> Job:
+        """Put a job of ``work`` reference seconds on the cores (whoever's: ``party`` is for
+        :class:`PartyQuotas`); wait on its ``done`` event."""
+        return self.scheduler.start(self.pool, work)
 
     def cancel(self, job: Job) -> float:
+        """Take ``job`` off the cores (its party stopped); its ``done`` never fires. Returns the reference
+        seconds it had done (all of them if it had already ended)."""
         return self.scheduler.cancel(job)
 
-    def run(self, work: float) -> Generator[simpy.Event, Any, None]:
-        yield from self.scheduler.run(self.own, work)
+    def compute(self, work: float, slowdown: float = 1.0, party: int = SERVER) -> Generator[simpy.Event, Any, None]:
+        """A party's compute charge on the testbed: ``work`` reference seconds on the cores, then a sleep of
+        ``(slowdown - 1) * work`` seconds (the slow device is busy; a testbed process cannot run faster than
+        a core, so a slow-down below 1 sleeps 0). The caller holds its own processor throughout (``party``
+        is for :class:`PartyQuotas`)."""
+        yield from self.scheduler.run(self.pool, work)
+        idle = (slowdown - 1.0) * work
+        if idle > 0:
+            yield self.env.timeout(idle)
 
 
 class PartyQuotas:

@@ -43,14 +43,16 @@ from typing import TYPE_CHECKING, Any
 import simpy
 
 from sim.costs.model import frame_size
+from sim.engine.charges import Hold
 from sim.engine.processor import Processor
 from sim.protocol.machine import SERVER, Aggregate, Reaction, RemoteProtocolError, Work
 from sim.protocol.messages import AggregateChunk
-from sim.protocol.registry import ChunkSlot
+from sim.protocol.spec import ChunkSlot
 from sim.protocol.wire import Blank, Message, ModVector, Vector
 from sim.round.closing import step_spans
+from sim.round.collector import OUT
 from sim.round.gates import SIDE, STAGED, StageGate
-from sim.round.records import RoundRecord
+from sim.round.records import ClientRecord, RoundRecord
 from sim.round.stages import AGGREGATE, DECODE, DISPATCH, DUPLEX, MASK, SHARED, STAGES, UPLOAD, gated
 
 if TYPE_CHECKING:
@@ -59,6 +61,11 @@ if TYPE_CHECKING:
 
 class Pipeline:
     """The chunked part of round ``r``: its server serves every chunk, its clients run one instance each."""
+
+    chunked = True
+    """Whether the round runs an instance per chunk."""
+    model_with_upload = False
+    """Whether the model travels with the upload request: never in a pipelined round."""
 
     def __init__(self, r: Round, dispatch: bool, duplex: bool) -> None:
         self.r = r
@@ -97,7 +104,7 @@ class Pipeline:
         self.encode_spans: list[tuple[float, float]] = []
         self.update_span: tuple[float, float] | None = None
         self.chunk_steps: list[tuple[str, float, float]] = []
-        shape = r.s.aggregation.spec.pipeline
+        shape = r.spec.pipeline
         assert shape is not None, f"protocol {r.s.aggregation.protocol} cannot be pipelined"
         self.first_step = shape.first_step
         """The instances' first step (a planned dropout before it leaves before encoding)."""
@@ -129,6 +136,21 @@ class Pipeline:
         aggregate = update.value
         assert isinstance(aggregate, Aggregate)
         return aggregate
+
+    def server_busy(self) -> float:
+        """Seconds of the round during which the server computed (on either lane)."""
+        return self.server_cpu.meter.total()
+
+    def compute_server(self, seconds: float, priority: int, hold: Hold | None) -> Generator[simpy.Event, Any, None]:
+        """The server computes ``seconds`` (``hold``: on the testbed's CPUs) on the lane of ``priority``."""
+        yield from self.server_cpu.run(seconds, priority, self.r.charge_server, hold)
+
+    def out(self, clients: list[int]) -> None:
+        """Clients put out of the round (late, refused): the other chunks' instances stop waiting for them."""
+        r = self.r
+        for c in clients:
+            for inbox in r.inboxes:
+                inbox.put((OUT, c, None, r.env.now))
 
     def close(self, rec: RoundRecord) -> None:
         """The pipelined round's step spans and stages-table rows."""
@@ -204,6 +226,20 @@ class Pipeline:
         return aggregate
 
     # -- clients ----------------------------------------------------------------------------------
+    def trained(self, c: int, update: Vector, weight: float) -> None:
+        """Client ``c`` has trained: each chunk's start is made (ahead or not) once its update is encoded."""
+        return None
+
+    def compute_client(
+        self, c: int, rec: ClientRecord, seconds: float, priority: int, hold: Hold | None
+    ) -> Generator[simpy.Event, Any, None]:
+        """Client ``c`` computes ``seconds`` (``hold``: on the testbed's CPUs) on its processor, at ``priority``."""
+
+        def charge(worked: float) -> None:
+            rec.compute_s += worked
+
+        yield from self.cpu[c].run(seconds, priority, charge, hold)
+
     def client(self, c: int, update: Vector, weight: float) -> Generator[simpy.Event, Any, None]:
         """Client ``c``'s part once trained: it encodes its whole update, then starts one instance per chunk."""
         r = self.r
@@ -244,13 +280,12 @@ class Pipeline:
         r = self.r
         j = slot.index
         machine = r.client_machines[(c, j)] = r.client_machine(c, j)
-        if r.ahead is not None:
-            r.ahead.start(c, j, machine, x, weight)
+        r.calls.start_ahead(c, j, machine, x, weight)
         cpu = self.cpu_gate[c]
         departure = r.departure(c)
         try:
             yield cpu.admit(MASK, j)
-            reaction = r.start(c, j, machine, x, weight)
+            reaction = r.calls.start(c, j, machine, x, weight)
             yield from self._chunk_react(c, j, reaction, STAGED, self._interference())
             inbox = r.client_inbox[(c, j)]
             while True:
@@ -258,7 +293,7 @@ class Pipeline:
                 if isinstance(message, AggregateChunk):
                     yield from self._decode_chunk(c, j, message)
                     return
-                message, ahead = r.arrived(c, j, message)
+                message, ahead = r.calls.arrived(c, j, message)
                 staged = (MASK, j) not in cpu.done
                 priority = STAGED if staged else SIDE
                 yield from r.client_compute(c, [Work("wire.decode", frame_size(message))], priority)
@@ -270,7 +305,7 @@ class Pipeline:
                         r.leave(c, departure.stage)
                     return
                 try:
-                    reaction = r.receive(c, j, machine, message, ahead)
+                    reaction = r.calls.receive(c, j, machine, message, ahead)
                 except RemoteProtocolError as exc:
                     r.leave(c, f"aborted: {exc.reason}", notify=True)
                     return
@@ -326,6 +361,21 @@ class Pipeline:
         gate.release(DECODE, j)
         self._settle(c, j)
 
+    def has_left(self, c: int) -> bool:
+        """Whether client ``c`` has left the round (one late in one chunk is still in the others)."""
+        return c in self.left
+
+    def current_step(self) -> str:
+        """The earliest unfinished chunk's server step (for ``offline:<step>``)."""
+        for server in self.r.servers:
+            if server.step not in ("done", "aborted"):
+                return server.step
+        return "done"
+
+    def procs_of(self, c: int) -> list[simpy.Process]:
+        """Client ``c``'s chunk processes."""
+        return list(self.procs[c].values())
+
     def decoding(self, c: int) -> bool:
         """Whether a chunk's sum is still on its way to client ``c`` or being decoded."""
         return any(not e.triggered for (cc, _), e in self.decoded.items() if cc == c)
@@ -348,8 +398,12 @@ class Pipeline:
         if event is not None and not event.triggered:
             event.succeed()
 
-    def leave(self, c: int) -> None:
-        """Client ``c`` has left the round: every chunk instance of it ends and its transfers are cut."""
+    def leave(self, c: int, notify: bool) -> None:
+        """Client ``c`` has left the round: every chunk instance of it ends and its transfers are cut; with
+        ``notify`` the server learns it even under ``dropout.silent`` (a client refusing the server closes
+        its connection)."""
+        if notify and self.r.s.silent_dropout:
+            self.r.notify_gone(c)
         self.left.add(c)
         me = self.r.env.active_process
         for proc in [*self.procs[c].values(), *self.r.transfers.get(c, [])]:

@@ -44,7 +44,7 @@ class Processor:
         lane); ``charge`` is told the seconds worked (all of them, or what was done when interrupted).
 
         ``hold`` replaces the plain ``seconds`` timeout by what it yields (on a testbed, a job on the shared
-        cores and the slow-down sleep: :meth:`sim.engine.host.SharedCores.compute`); the seconds worked are
+        cores and the slow-down sleep: :meth:`sim.engine.host.SharedHost.compute`); the seconds worked are
         then the virtual seconds it took."""
         if seconds <= 0:
             return

@@ -26,10 +26,16 @@ timeout. A client machine that detects a misbehaving server aborts (``aborted: <
 the server machine is done or aborts, the round ends: clients still busy are stopped and their transfers
 cancelled.
 
-A pipelined round (``plan.chunks``: m instances, one per chunk; :mod:`sim.engine.pipelined`) is the same
-round with a :class:`~sim.engine.pipelined.Pipeline` beside it: its parties compute on processors, its
-server serves every chunk's instance and its clients run one instance per chunk, through the gates of
-Dordis Table 1.
+The core asks components what differs (docs/architecture.md, "A round in the engine"), never whether a
+feature is present:
+
+- its shape (:mod:`sim.engine.single`, :mod:`sim.engine.pipelined`): one protocol instance, or one per chunk
+  (``plan.chunks``: m instances through the gates of Dordis Table 1, the parties computing on processors);
+- where a compute charge runs (:mod:`sim.engine.charges`): each party's own processor, or the testbed host's
+  CPUs;
+- how a message travels (:mod:`sim.engine.transport`): the simulated links, or a simulation engine's queues
+  and workers;
+- when a client's machine calls are made (:mod:`sim.engine.calls`): in turn, or ahead on threads.
 """
 
 from __future__ import annotations
@@ -37,26 +43,28 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, cast
 
 import numpy as np
 import simpy
 
 from sim.clients.population import MBPS, Population
-from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, frame_size, role
+from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, frame_size
 from sim.engine.actors import ActorEngine
-from sim.engine.ahead import CallsAhead, Outcome
-from sim.engine.host import PartyQuotas, SharedCores
+from sim.engine.calls import CallsInTurn, CallsMadeAhead
+from sim.engine.charges import Charges, OwnProcessors, TestbedCores
+from sim.engine.host import PartyQuotas, SharedHost
 from sim.engine.network import Flow, Link, Network
 from sim.engine.pipelined import Pipeline
 from sim.engine.processor import BusyMeter
+from sim.engine.single import OneInstance
+from sim.engine.transport import EngineQueues, Links, Transport
 from sim.learning.trainer import Learner, local_batches
 from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import (
     SERVER,
-    Aggregate,
     ClientMachine,
     Reaction,
     RemoteProtocolError,
@@ -66,19 +74,15 @@ from sim.protocol.machine import (
     Work,
 )
 from sim.protocol.messages import ModelDownload
-from sim.protocol.registry import AFTER_SAMPLING, AggregationParams
+from sim.protocol.params import AFTER_SAMPLING, AggregationParams
+from sim.protocol.registry import spec_of
 from sim.protocol.wire import Blank, Message
 from sim.round.closing import client_cpu_share, close_record, expose
-from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
+from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, UNASKED, Roster, StepCollector
 from sim.round.departure import STAYS, Departure
 from sim.round.gates import STAGED
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
-from sim.world import TRANSPORT_OPS
-
-UPDATE_WORK = ("encode.", "noise.")
-"""Operations on a client's update (its encoding, its noise): with the model when the model travels with
-the upload request (:meth:`Round._model_with_upload`)."""
 
 
 @dataclass
@@ -108,7 +112,7 @@ class RoundSetup:
     """Pipelined aggregation (:class:`sim.engine.pipelined.Pipeline`), or None."""
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
-    host: SharedCores | PartyQuotas | None = None
+    host: SharedHost | PartyQuotas | None = None
     """The testbed's CPUs: its cores shared by every party's compute (scenario ``testbed``), each party's
     own quota (a kernel testbed), or None: each party has its own processor."""
     call_s: float = 0.0
@@ -128,6 +132,22 @@ class RoundSetup:
     """The threads on which clients' protocol calls are made ahead of virtual time (``full`` fidelity,
     ``aggregation.threads`` > 1: :mod:`sim.engine.ahead`), or None: each call is made when its client reaches
     it."""
+
+    def charges(self) -> Charges:
+        """Where the parties' compute charges run (:mod:`sim.engine.charges`)."""
+        if self.host is None:
+            return OwnProcessors()
+        return TestbedCores(self.host, self.call_s, self.server_call_s)
+
+    def transport(self) -> Transport:
+        """How a round's messages travel (:mod:`sim.engine.transport`), one per round."""
+        return Links() if self.engine is None else EngineQueues(self.engine)
+
+    def calls(self, r: Round) -> CallsInTurn:
+        """When round ``r``'s clients' machine calls are made (:mod:`sim.engine.calls`), one per round."""
+        if self.ahead is None or self.fidelity != "full":
+            return CallsInTurn(r.finished)
+        return CallsMadeAhead(r.finished, self.ahead, r.leaves_before, r.encoded, r.frame)
 
 
 @dataclass(frozen=True)
@@ -162,7 +182,9 @@ class Round:
         self.full = setup.fidelity == "full"
         """Whether messages are really encoded and decoded (their cryptography is real)."""
         self.drops = dict(plan.drops)
-        self.departures = {c: Departure.plan(setup.aggregation, stage) for c, stage in self.drops.items()}
+        self.spec = spec_of(setup.aggregation)
+        """The round's protocol."""
+        self.departures = {c: Departure.plan(self.spec, setup.aggregation, stage) for c, stage in self.drops.items()}
         """Client -> where its planned dropout leaves the round."""
         if setup.learner is not None and not plan.refused:  # training.workers > 1: train them in the background
             setup.learner.prefetch(self.number, [c for c in self.sampled if not self.departure(c).before_download])
@@ -177,16 +199,14 @@ class Round:
         """Frames of messages already encoded this round, by message identity (a broadcast is serialised
         once); the message is kept alive with its frame so that its id cannot be reused."""
         self._model: ModelDownload | None = None
-        self.ahead: CallsAhead | None = None
-        """The clients' calls made ahead on threads (:mod:`sim.engine.ahead`), or None."""
-        if setup.ahead is not None and self.full:
-            self.ahead = CallsAhead(setup.ahead, self.leaves_before, self.encoded)
-        self.early: dict[int, ClientMachine] = {}
-        """Client -> its machine, made when its update was trained so that its start could be made ahead."""
         self.finished: set[tuple[int, int]] = set()
         """(client, instance) whose machine has done its part, as of the calls taken so far."""
-        self.held: dict[int, simpy.resources.resource.Request] = {}
-        """Client -> the engine's worker it holds while it handles a message (``RoundSetup.engine``)."""
+        self.charges = setup.charges()
+        """Where the parties' compute charges run."""
+        self.transport = setup.transport()
+        """How the round's messages travel."""
+        self.calls = setup.calls(self)
+        """When the clients' machine calls are made."""
         pop = setup.population
         self.links: dict[int, tuple[Link, Link]] = {}
         self.record = RoundRecord(round=self.number, t_start=self.env.now, sampled=len(self.sampled), chunks=self.m)
@@ -224,11 +244,13 @@ class Round:
                 self.setup_error = str(exc)
             else:
                 self.servers = self.instances.servers
-        self.pipeline: Pipeline | None = None
-        """The pipelined round's chunks, stage gates and processors (None: not pipelined)."""
-        if plan.chunks is not None:
+        self.shape: OneInstance | Pipeline
+        """One instance, or one per chunk (their gates and processors): what the round's parties run."""
+        if plan.chunks is None:
+            self.shape = OneInstance(self)
+        else:
             assert setup.pipeline is not None, "a pipelined plan needs the scenario's pipeline section"
-            self.pipeline = Pipeline(self, setup.pipeline.dispatch, setup.pipeline.duplex)
+            self.shape = Pipeline(self, setup.pipeline.dispatch, setup.pipeline.duplex)
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
@@ -237,45 +259,21 @@ class Round:
             rec.t_end, rec.outcome = env.now, f"aborted: {self.setup_error}"
             rec.clients = [self.clients[c] for c in self.sampled]
             return rec
-        yield from self.server_compute([Work("wire.encode", frame_size(self._model_message()))])
-        if self.s.engine is not None:
-            self.s.engine.sent()
+        yield from self.server_compute([Work("wire.encode", frame_size(self.model_message()))])
+        self.transport.sent()
         for c in self.sampled:
             self.client_procs[c] = proc = env.process(self._client(c))
             self.procs.append(proc)
         for c, at in self.offline.items():
             self.procs.append(env.process(self._offline_watch(c, at)))
-        if self.pipeline is None:
-            aggregate = yield from self._serve(self.servers[0])
-        else:
-            aggregate = yield from self.pipeline.serve()
+        aggregate = yield from self.shape.serve()
         self._stop_clients()
         rec.t_end = env.now
         rec.aggregate = aggregate
-        expose(rec, self.servers, self.pipeline is not None)
-        if self.pipeline is not None:
-            self.pipeline.close(rec)
+        expose(rec, self.servers, self.shape.chunked)
+        self.shape.close(rec)
         self._close_record(set(aggregate.survivors) if aggregate is not None else set())
         return rec
-
-    def _serve(self, machine: ServerMachine) -> Generator[simpy.Event, Any, Aggregate | None]:
-        """The server's side of the round's one instance, step by step; returns its aggregate."""
-        env, rec = self.env, self.record
-        yield from self.server_react(machine.begin(), STAGED, machine)
-        step_start = rec.t_start
-        while machine.step not in ("done", "aborted"):
-            step = machine.step
-            yield from self.collect(machine, 0)
-            collected = env.now
-            yield from self.server_react(self.close_step(machine), STAGED, machine)
-            final = machine.step in ("done", "aborted")
-            # A step lasts until the next one starts (its closing work included); the last step's closing
-            # work is the aggregation (``aggregate_s``), so the steps and it add up to the round.
-            rec.steps.append((step, step_start, collected if final else env.now))
-            rec.aggregate_start = collected
-            step_start = env.now
-        rec.outcome = machine.outcome
-        return machine.aggregate
 
     def _close_record(self, survivors: set[int]) -> None:
         """Final counts, client outcomes and utilisation of the round."""
@@ -287,15 +285,9 @@ class Round:
             rec.utilisation = {
                 "client_cpu": client_cpu_share([self.clients[c] for c in self.sampled], length),
                 "client_link": sum(links) / len(links) if links else math.nan,
-                "server_cpu": self._server_busy() / length,
+                "server_cpu": self.shape.server_busy() / length,
                 "server_link": self.server_link.total() / length,
             }
-
-    def _server_busy(self) -> float:
-        """Seconds of the round during which the server computed."""
-        if self.pipeline is not None:
-            return self.pipeline.server_cpu.meter.total()
-        return self.record.server_compute_s
 
     def collect(
         self, machine: ServerMachine, j: int, priority: int = STAGED, lazy: bool = False
@@ -360,39 +352,23 @@ class Round:
         self._out([sender])
 
     def _out(self, clients: list[int]) -> None:
-        """Clients put out of the round (late, refused): in a pipelined round, wake the other instances
-        waiting for them (as the deployment's server does)."""
-        if self.pipeline is not None:
-            for c in clients:
-                for inbox in self.inboxes:
-                    inbox.put((OUT, c, None, self.env.now))
+        """Clients put out of the round (late, refused): the shape tells its instances (pipelined, the other
+        chunks' instances stop waiting for them, as the deployment's server does)."""
+        self.shape.out(clients)
 
     def server_compute(
         self, work: list[Work] | tuple[Work, ...], priority: int = STAGED
     ) -> Generator[simpy.Event, Any, None]:
+        """Charge ``work`` to the server's CPU, divided by its speed, at ``priority``."""
         seconds = self.s.costs.work_seconds(work, SERVER_ROLE) / self.s.server_speed
         self.record.server_cpu_s += seconds
         if seconds <= 0:
             return
-        host = self.s.host
-        if self.pipeline is not None:
-            if host is not None:
-                seconds += self.s.server_call_s
-            hold = None if host is None else (lambda: host.compute(seconds))
-            yield from self.pipeline.server_cpu.run(seconds, priority, self._charge_server, hold)
-            return
-        if host is None:
-            self.record.server_compute_s += seconds
-            yield self.env.timeout(seconds)
-            return
-        seconds += self.s.server_call_s
-        start = self.env.now
-        try:
-            yield from host.compute(seconds)
-        finally:
-            self.record.server_compute_s += self.env.now - start
+        seconds += self.charges.overhead(SERVER)
+        yield from self.shape.compute_server(seconds, priority, self.charges.hold(seconds, 1.0, SERVER))
 
-    def _charge_server(self, seconds: float) -> None:
+    def charge_server(self, seconds: float) -> None:
+        """The server worked ``seconds`` (told by a processor)."""
         self.record.server_compute_s += seconds
 
     def server_react(
@@ -403,8 +379,8 @@ class Round:
         encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
         yield from self.server_compute([*reaction.work, *self._first_encodings(reaction, encode)], priority)
         chunk = self.servers.index(machine) if machine is not None and machine in self.servers else 0
-        if reaction.sends and self.s.engine is not None:
-            self.s.engine.sent()
+        if reaction.sends:
+            self.transport.sent()
         for send in reaction.sends:
             self.spawn_delivery(SERVER, send.to, send.message, chunk)
 
@@ -429,38 +405,35 @@ class Round:
     # -- clients ----------------------------------------------------------------------------------
     def _download_and_train(self, c: int) -> Generator[simpy.Event, Any, tuple[wire.Vector, float] | None]:
         """Client ``c`` fetches the model and trains; returns its update and weight, or None if it left
-        before the download (a dropout after sampling). On an engine whose implementation sends the model
-        with the upload request (:meth:`_model_with_upload`), this first message is the request to set up,
-        and the model's bytes and decoding and the training are charged with the upload request."""
+        before the download (a dropout after sampling). Where the model travels with the upload request
+        (:attr:`sim.engine.single.OneInstance.model_with_upload`), this first message is the request to set
+        up, and the model's bytes and decoding and the training are charged with the upload request."""
         env, rec, s = self.env, self.clients[c], self.s
         if self.departure(c).before_download:
             self.leave(c, AFTER_SAMPLING)
             return None
         rec.download_start = env.now
-        model = self._model_message()
-        late = self._model_with_upload()
+        model = self.model_message()
+        late = self.shape.model_with_upload
         yield from self.transfer(SERVER, c, model)
-        yield from self._take_worker(c)
+        yield from self.transport.take_worker(c)
         if late:
-            assert self.s.engine is not None
-            yield from self.client_compute(c, [], extra=self.s.engine.received_seconds(0))
+            yield from self.client_compute(c, [], extra=self.transport.received_seconds(self, ()))
         else:
-            yield from self.client_compute(c, [Work("wire.decode", frame_size(model))], extra=self._engine_in(model))
+            work = [Work("wire.decode", frame_size(model))]
+            yield from self.client_compute(c, work, extra=self.transport.received_seconds(self, (model,)))
         rec.download_end = rec.train_start = env.now
         update: wire.Vector
         if s.learner is not None:
             update, weight = s.learner.local_update(c, self.number)
-            if self.ahead is not None and self.pipeline is None:
-                machine = self.early[c] = self.client_machine(c)
-                if not self.departure(c).before(machine.first_step):
-                    self.ahead.start(c, 0, machine, update, weight)
+            self.shape.trained(c, update, weight)
         else:
             update, weight = Blank(s.dim, np.dtype("<f4")), float(rec.samples)
         if not late:
-            yield from self._train(c)
+            yield from self.train(c)
         return update, weight
 
-    def _train(self, c: int) -> Generator[simpy.Event, Any, None]:
+    def train(self, c: int) -> Generator[simpy.Event, Any, None]:
         """Charge client ``c``'s local training (its cost-model time times its slow-down)."""
         env, rec, s = self.env, self.clients[c], self.s
         rec.train_start = env.now
@@ -473,109 +446,27 @@ class Round:
             },
             CLIENT_ROLE,
         )
-        train_seconds = rec.slowdown * train_cost
         rec.cpu_s += train_cost
-        if s.host is None:
-            yield env.timeout(train_seconds)
-        else:
-            yield from s.host.compute(train_cost + s.call_s, rec.slowdown, c)
+        yield from self.charges.train(env, train_cost, rec.slowdown, c)
         rec.train_end = env.now
 
-    def _model_with_upload(self) -> bool:
-        """Whether the model travels with the upload request, and clients train and encode then: on a
-        simulation engine whose implementation does so (Flower's workflow: ``model_with_upload``), for a
-        protocol whose server asks for the upload (not one whose clients upload first: FedAvg, plain)."""
-        engine = self.s.engine
-        if engine is None or not engine.costs.model_with_upload or self.pipeline is not None:
-            return False
-        upload = self.s.aggregation.dropout_stages().get("before_upload")
-        return upload is not None and upload != self.s.aggregation.spec.steps[0]
-
     def _client(self, c: int) -> Generator[simpy.Event, Any, None]:
-        rec = self.clients[c]
-        departure = self.departure(c)
         try:
             trained = yield from self._download_and_train(c)
             if trained is None:
                 return
             update, weight = trained
-            if self.pipeline is not None:
-                yield from self.pipeline.client(c, update, weight)
-                return
-            early = self.early.pop(c, None)
-            machine = self.client_machines[(c, 0)] = early if early is not None else self.client_machine(c)
-            if departure.before(machine.first_step):
-                self.leave(c, departure.stage)
-                return
-            reaction = self.start(c, 0, machine, update, weight)
-            update_work: list[Work] = []
-            upload_step = None
-            if self._model_with_upload():  # the update's work waits for the model, with the upload request
-                update_work = [w for w in reaction.work if w.op.startswith(UPDATE_WORK)]
-                reaction = replace(reaction, work=tuple(w for w in reaction.work if w not in update_work))
-                upload_step = self.s.aggregation.dropout_stages().get("before_upload")
-            yield from self._client_react(c, reaction)
-            self._free_worker(c)
-            inbox = self.client_inbox[(c, 0)]
-            while True:
-                message = yield inbox.get()
-                message, ahead = self.arrived(c, 0, message)
-                yield from self._take_worker(c)
-                late = upload_step is not None and machine.stage_of(message) == upload_step
-                work = [Work("wire.decode", frame_size(message))]
-                if late:  # the model comes in this request, one message (a client leaving in fit has taken it)
-                    assert self.s.engine is not None
-                    model = self._model_message()
-                    extra = self.s.engine.received_seconds(self.wire_bytes(message) + self.wire_bytes(model))
-                    work.append(Work("wire.decode", frame_size(model)))
-                else:
-                    extra = self._engine_in(message)
-                yield from self.client_compute(c, work, extra=extra)
-                if self.leaves_before(c, machine, message):
-                    self.leave(c, departure.stage)
-                    return
-                if late:
-                    yield from self._train(c)
-                    yield from self.client_compute(c, update_work)
-                try:
-                    reaction = self.receive(c, 0, machine, message, ahead)
-                except RemoteProtocolError as exc:
-                    rec.dropped_stage = f"aborted: {exc.reason}"
-                    self._notify_gone(c)
-                    return
-                yield from self._client_react(c, reaction)
-                self._free_worker(c)
+            yield from self.shape.client(c, update, weight)
         except simpy.Interrupt:
             return
         finally:
-            self._free_worker(c)
-
-    def _take_worker(self, c: int) -> Generator[simpy.Event, Any, None]:
-        """On a simulation engine, client ``c`` waits for a worker to handle its message (first come,
-        first served) and holds it until :meth:`_free_worker`."""
-        engine = self.s.engine
-        if engine is None:
-            return
-        request = self.held[c] = engine.workers.request()
-        yield request
-
-    def _free_worker(self, c: int) -> None:
-        """Client ``c`` gives back the engine's worker it holds or waits for (if any)."""
-        request = self.held.pop(c, None)
-        if request is not None and self.s.engine is not None:
-            request.cancel()
-            self.s.engine.workers.release(request)
-
-    def _engine_in(self, message: Message) -> float:
-        """The simulation engine's reference seconds for handing ``message`` to a worker (0 without one)."""
-        engine = self.s.engine
-        return 0.0 if engine is None else engine.received_seconds(self.wire_bytes(message))
+            self.transport.free_worker(c)
 
     def departure(self, c: int) -> Departure:
         """Where client ``c``'s planned dropout leaves the round (it may stay)."""
         return self.departures.get(c, STAYS)
 
-    def _model_message(self) -> ModelDownload:
+    def model_message(self) -> ModelDownload:
         """The round's global model, one message for every client (encoded once)."""
         if self._model is None:
             s = self.s
@@ -587,43 +478,6 @@ class Round:
         assert self.instances is not None
         return self.instances.client(c, chunk)
 
-    # -- the clients' machine calls, made now or ahead ----------------------------------------------
-    def start(self, c: int, j: int, machine: ClientMachine, update: wire.Vector, weight: float) -> Reaction:
-        """``machine.start(update, weight)`` of client ``c`` (instance ``j``), or that call made ahead."""
-        ahead = self.ahead.take_start(c, j) if self.ahead is not None else None
-        return self._made(c, j, machine, ahead, lambda: machine.start(update, weight))
-
-    def arrived(self, c: int, j: int, message: Message) -> tuple[Message, Outcome | None]:
-        """What client ``c`` (instance ``j``) decodes of ``message`` from the server, with the receipt made
-        ahead (None: it is made in turn). Without calls made ahead the message came decoded already."""
-        if self.ahead is None:
-            return message, None
-        ahead = self.ahead.take(c, j, message)
-        if ahead is None:
-            return wire.decode(self._frame(message)), None
-        if ahead.received is None:  # decoding the frame failed: raised here, as it would have been on arrival
-            ahead.result()
-        assert ahead.received is not None
-        return ahead.received, ahead
-
-    def receive(self, c: int, j: int, machine: ClientMachine, message: Message, ahead: Outcome | None) -> Reaction:
-        """``machine.receive(message)`` of client ``c`` (instance ``j``), or that call made ahead
-        (:meth:`arrived`); raises what it raised."""
-        return self._made(c, j, machine, ahead, lambda: machine.receive(message))
-
-    def _made(
-        self, c: int, j: int, machine: ClientMachine, ahead: Outcome | None, call: Callable[[], Reaction]
-    ) -> Reaction:
-        if ahead is None:
-            try:
-                return call()
-            finally:
-                if machine.finished:
-                    self.finished.add((c, j))
-        if ahead.finished:
-            self.finished.add((c, j))
-        return ahead.result()
-
     def leaves_before(self, c: int, machine: ClientMachine, message: Message) -> bool:
         """Whether client ``c`` leaves before handling ``message`` (its planned dropout): where it leaves, and
         where its lane of calls made ahead closes."""
@@ -631,54 +485,35 @@ class Round:
 
     def release(self) -> None:
         """The round is over: calls made ahead and not taken are dropped or waited for."""
-        if self.ahead is not None:
-            self.ahead.close()
+        self.calls.close()
 
     def client_compute(
         self, c: int, work: list[Work] | tuple[Work, ...], priority: int = STAGED, extra: float = 0.0
     ) -> Generator[simpy.Event, Any, None]:
-        """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU."""
-        rec, host = self.clients[c], self.s.host
+        """Charge ``work`` (and ``extra`` reference-device seconds) to client ``c``'s CPU, times its slow-down."""
+        rec = self.clients[c]
         reference = self.s.costs.work_seconds(work, CLIENT_ROLE) + extra
         rec.cpu_s += reference
-        if reference > 0 and host is not None:
-            reference += self.s.call_s
+        if reference > 0:
+            reference += self.charges.overhead(c)
         seconds = reference * rec.slowdown
         if seconds <= 0:
             return
-        if self.pipeline is not None:
-            hold = None if host is None else (lambda: host.compute(reference, rec.slowdown, c))
-            yield from self.pipeline.cpu[c].run(
-                seconds, priority, lambda worked: self._charge_client(rec, worked), hold
-            )
-            return
-        start = self.env.now
-        try:
-            if host is None:
-                yield self.env.timeout(seconds)
-            else:
-                yield from host.compute(reference, rec.slowdown, c)
-        except simpy.Interrupt:
-            rec.compute_s += self.env.now - start  # cut short: only what it did
-            raise
-        rec.compute_s += seconds if host is None else self.env.now - start
+        hold = self.charges.hold(reference, rec.slowdown, c)
+        yield from self.shape.compute_client(c, rec, seconds, priority, hold)
 
-    @staticmethod
-    def _charge_client(rec: ClientRecord, seconds: float) -> None:
-        rec.compute_s += seconds
-
-    def _client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+    def client_react(self, c: int, reaction: Reaction) -> Generator[simpy.Event, Any, None]:
+        """Do client ``c``'s work of ``reaction`` (with the replies' handing back on an engine) and send its
+        messages."""
         encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
-        engine, extra = self.s.engine, 0.0
-        if engine is not None:  # the replies go back through the engine with the message they answer
-            extra = engine.replies_seconds([self.wire_bytes(send.message) for send in reaction.sends])
+        extra = self.transport.replies_seconds(self, [send.message for send in reaction.sends])
         yield from self.client_compute(c, [*reaction.work, *encode], extra=extra)
         for send in reaction.sends:
             self.spawn_delivery(c, send.to, send.message)
 
     def spawn_delivery(self, sender: int, to: int, message: Message, chunk: int = 0) -> simpy.Process:
-        if sender == SERVER and self.ahead is not None:
-            self.ahead.sent(to, chunk, message, self._frame(message))
+        if sender == SERVER:
+            self.calls.server_sent(to, chunk, message)
         proc = self.env.process(self.deliver(sender, to, message, chunk))
         self.procs.append(proc)
         self.transfers.setdefault(to if sender == SERVER else sender, []).append(proc)
@@ -691,42 +526,25 @@ class Round:
             yield self.env.timeout(max(0.0, at - self.env.now))
         except simpy.Interrupt:
             return
-        if not self._client_alive(c) or self._has_left(c):
+        if not self._client_alive(c) or self.shape.has_left(c):
             return
         sending = any(t.is_alive for t in self.transfers.get(c, []))
         if self._has_finished(c) and not sending:
             return  # it had done its part and sent it all: going offline afterwards changes nothing
-        step = self._current_step()
+        step = self.shape.current_step()
         self._interrupt_client(c, "offline")
         for transfer in self.transfers.get(c, []):
             if transfer.is_alive:
                 transfer.interrupt("offline")
         self.leave(c, f"offline:{step}")
 
-    def _has_left(self, c: int) -> bool:
-        """Whether client ``c`` is out of the round already (dropped, late, rejected; pipelined: left it,
-        as one late in one chunk is still in the others)."""
-        if self.pipeline is not None:
-            return c in self.pipeline.left
-        return bool(self.clients[c].dropped_stage)
-
-    def _current_step(self) -> str:
-        """The server step under way (for ``offline:<step>``); pipelined, the earliest unfinished chunk's."""
-        if self.pipeline is None:
-            return self.servers[0].step if self.servers else ""
-        for server in self.servers:
-            if server.step not in ("done", "aborted"):
-                return server.step
-        return "done"
-
     def _client_alive(self, c: int) -> bool:
         proc = self.client_procs.get(c)
         alive = proc is not None and proc.is_alive
-        return alive or (self.pipeline is not None and any(p.is_alive for p in self.pipeline.procs[c].values()))
+        return alive or any(p.is_alive for p in self.shape.procs_of(c))
 
     def _interrupt_client(self, c: int, why: str) -> None:
-        chunks = self.pipeline.procs[c].values() if self.pipeline is not None else ()
-        for proc in [self.client_procs[c], *chunks]:
+        for proc in [self.client_procs[c], *self.shape.procs_of(c)]:
             if proc.is_alive:
                 proc.interrupt(why)
 
@@ -734,7 +552,7 @@ class Round:
         """Whether client ``c`` has done its whole part of the protocol (pipelined: every chunk's instance,
         and decoded every sum sent to it)."""
         protocol_done = all((c, j) in self.finished for j in range(self.m))
-        return protocol_done and (self.pipeline is None or not self.pipeline.decoding(c))
+        return protocol_done and not self.shape.decoding(c)
 
     def leave(self, c: int, stage: str, notify: bool = False) -> None:
         """Client ``c`` leaves the round at ``stage``; the server learns it at once unless ``dropout.silent``
@@ -742,25 +560,21 @@ class Round:
         self.clients[c].dropped_stage = stage
         self.clients[c].left_at = self.env.now
         if not self.s.silent_dropout:
-            self._notify_gone(c)
-        if self.pipeline is not None:
-            if notify and self.s.silent_dropout:
-                self._notify_gone(c)
-            self.pipeline.leave(c)
+            self.notify_gone(c)
+        self.shape.leave(c, notify)
 
-    def _notify_gone(self, c: int) -> None:
+    def notify_gone(self, c: int) -> None:
         """Tell the server that client ``c``'s connection closed (every instance of the round); on a
         simulation engine, its error reply reaches the server at the server's next poll."""
-        engine = self.s.engine
-        if engine is not None and engine.next_poll(self.env.now) > self.env.now:
-            self.procs.append(self.env.process(self._gone_at_poll(c, engine)))
+        if self.transport.reply_at(self.env.now) > self.env.now:
+            self.procs.append(self.env.process(self._gone_later(c)))
             return
         for inbox in self.inboxes:
             inbox.put((GONE, c, None, self.env.now))
 
-    def _gone_at_poll(self, c: int, engine: ActorEngine) -> Generator[simpy.Event, Any, None]:
+    def _gone_later(self, c: int) -> Generator[simpy.Event, Any, None]:
         try:
-            yield self.env.timeout(engine.next_poll(self.env.now) - self.env.now)
+            yield self.env.timeout(self.transport.reply_at(self.env.now) - self.env.now)
         except simpy.Interrupt:
             return
         for inbox in self.inboxes:
@@ -775,56 +589,18 @@ class Round:
         server's ``latency_ms``)."""
         data = b""
         if self.full:
-            data = self._frame(message)
+            data = self.frame(message)
         nbytes = self.wire_bytes(message)
-        client = to if sender == SERVER else sender
         if sender == SERVER:
-            path = (self.s.server_down, self.links[to][1])
             self.record.server_bytes_out += nbytes
             self.clients[to].bytes_down += nbytes
         else:
-            path = (self.links[sender][0], self.s.server_up)
             self.record.server_bytes_in += nbytes
             self.clients[sender].bytes_up += nbytes
-        engine = self.s.engine
-        if engine is not None:  # one host, no links: the engine's sweep, or the server's next poll
-            now = self.env.now
-            yield self.env.timeout((engine.next_sweep(now) if sender == SERVER else engine.next_poll(now)) - now)
-            if sent is not None:
-                sent()
-            return wire.decode(data) if self.full and decode else message
-        flow = self.s.network.transfer(nbytes, path)
-        self.flows[id(flow)] = flow
-        meters = (self.link_meters[client], self.server_link)
-        for meter in meters:
-            meter.start()
-        host, jobs = self.s.host, []
-        if host is not None:  # the testbed's sockets: framing and copying at both ends, while it flows
-            jobs = [
-                host.start(self.s.costs.seconds(op, {"bytes": nbytes}, role(party)), party)
-                for op, party in zip(TRANSPORT_OPS, (sender, to), strict=True)
-            ]
-        try:
-            yield flow.done
-            for job in jobs:
-                yield job.done
-        except simpy.Interrupt:
-            self.s.network.cancel(flow)  # the sender or receiver left: the link is free again
-            for job in jobs:
-                assert host is not None
-                host.cancel(job)
-            raise
-        finally:
-            for meter in meters:
-                meter.stop()
-            self.flows.pop(id(flow), None)
-        if sent is not None:
-            sent()
-        if self.s.latency_s > 0:
-            yield self.env.timeout(self.s.latency_s)  # sent, the link free, the message not there yet
+        yield from self.transport.carry(self, sender, to, nbytes, sent)
         return wire.decode(data) if self.full and decode else message
 
-    def _frame(self, message: Message) -> bytes:
+    def frame(self, message: Message) -> bytes:
         """``message`` encoded (once per message and round: a broadcast is serialised once)."""
         cached = self.encoded.get(id(message))
         if cached is None or cached[0] is not message:
@@ -837,17 +613,16 @@ class Round:
         encoding = self.s.costs.wire
         if encoding is not None:
             return encoding.size(message)
-        return len(self._frame(message)) if self.full else message.wire_size()
+        return len(self.frame(message)) if self.full else message.wire_size()
 
     def deliver(
         self, sender: int, to: int, message: Message, chunk: int = 0, sent: Callable[[], None] | None = None
     ) -> Generator[simpy.Event, Any, None]:
         try:
             start = self.env.now
-            ahead = self.ahead
             # with calls made ahead, a client decodes the server's messages, and the server its replies, there
-            decoded = ahead.for_server_of(message) if ahead is not None and sender != SERVER else None
-            decode = decoded is None and (ahead is None or sender != SERVER)
+            decoded = self.calls.decoded_reply(message) if sender != SERVER else None
+            decode = decoded is None and (sender != SERVER or self.calls.decodes_on_arrival)
             received = yield from self.transfer(sender, to, message, sent, decode)
             if decoded is not None:
                 received = decoded

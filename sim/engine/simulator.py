@@ -19,7 +19,7 @@ from sim.clients.population import MBPS
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModelError
 from sim.engine.actors import ActorEngine
 from sim.engine.ahead import ahead_threads
-from sim.engine.host import PartyQuotas, SharedCores
+from sim.engine.host import PartyQuotas, SharedHost
 from sim.engine.network import Link, Network
 from sim.engine.round import PipelineParams, Round, RoundSetup
 from sim.round.plan import RoundPlan
@@ -34,10 +34,9 @@ def collector_paused() -> Iterator[None]:
     """Python's cyclic garbage collector paused for a round, then restored as it was.
 
     A round makes hundreds of thousands of objects that live until it ends (events, processes, messages,
-    records). Each of the collector's passes walks them all, and they trigger many: a third to a half of a
-    timing-fidelity round's wall time at 1,000 sampled (docs/performance.md, section 3). Reference counting
-    still frees everything outside cycles at once; what a round leaves in cycles is collected after it
-    (about 20 KB more peak memory per sampled client, measured at 3,000)."""
+    records). Each of the collector's passes walks them all, and they trigger many. Reference counting
+    still frees everything outside cycles at once; what a round leaves in cycles is collected after it, at
+    the cost of a higher peak memory (both measured in docs/performance.md, section 3)."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -106,7 +105,7 @@ class Simulator:
                 raise ValueError("pipeline.chunks: auto is resolved before a driver is built (sim.runner)")
             self.setup.pipeline = PipelineParams(sc.pipeline.chunks, sc.pipeline.dispatch, sc.pipeline.links == DUPLEX)
 
-    def _host(self, world: World) -> SharedCores | PartyQuotas | None:
+    def _host(self, world: World) -> SharedHost | PartyQuotas | None:
         """The testbed's CPUs: the host's shared cores, each party's own quota (a kernel testbed), or none."""
         testbed = world.scenario.testbed
         if testbed is None:
@@ -125,7 +124,7 @@ class Simulator:
                             f"({MIN_QUOTA_US / 1e6:g} s): calibrate again, or leave it out"
                         )
             return PartyQuotas(self.env, world.dilation, sc.server.speed, slowdown, testbed.cores, sc.seed, restart)
-        return SharedCores(self.env, testbed.cores)
+        return SharedHost(self.env, testbed.cores)
 
     @property
     def now(self) -> float:
@@ -139,7 +138,7 @@ class Simulator:
 
         The round is let go of before the collector resumes, so that its first pass finds the round's
         objects unreachable and frees them, rather than walking them alive and leaving them to a later,
-        full pass (at 1,000 sampled: 15 ms a round rather than 66 ms, and no 190 ms pass later)."""
+        full pass (docs/performance.md, section 3)."""
         with collector_paused():
             round = Round(self.setup, plan)
             try:

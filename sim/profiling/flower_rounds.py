@@ -73,7 +73,8 @@ from typing import Any
 import numpy as np
 
 from sim.protocol.graph import auto_degree
-from sim.protocol.registry import AggregationParams, reconstruction_threshold
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import reconstruction_threshold
 
 OURS = AggregationParams(protocol="secagg+")
 """Our SecAgg+ at its defaults (20-bit values, clip 1, threshold 0.5, auto degree), which Flower's matches."""

@@ -9,7 +9,7 @@ testbed model (``testbed: {cores: K}``, docs/time-model.md) charges them on the 
   (:func:`sim.deploy.framing.send_frame`), a thread draining the other end;
 - ``deploy.receive`` in ``bytes``: read one frame from a loopback socket a thread writes into
   (:func:`sim.deploy.framing.read_frame`) and open it;
-- ``deploy.call``: one :meth:`sim.deploy.compute.Processor.run` of an empty function (the hop to the
+- ``deploy.call``: one :meth:`sim.deploy.compute.ComputeThread.run` of an empty function (the hop to the
   party's compute thread and back through the event loop).
 
 Each benchmark keeps one event loop and one socket pair for all its points.
@@ -24,7 +24,7 @@ import threading
 from collections.abc import Callable, Iterator
 from functools import partial
 
-from sim.deploy.compute import Processor
+from sim.deploy.compute import ComputeThread
 from sim.deploy.framing import Session, read_frame, send_frame
 from sim.profiling.micro import Benchmark, Point
 
@@ -94,7 +94,7 @@ def _receive(quick: bool) -> Iterator[Point]:
 
 def _call(quick: bool) -> Iterator[Point]:
     loop = asyncio.new_event_loop()
-    cpu = Processor("profile")
+    cpu = ComputeThread("profile")
 
     async def once() -> None:
         await cpu.run(lambda: None)

@@ -27,8 +27,10 @@ from sim.crypto import signatures
 from sim.crypto.randomness import RandomSource, SeededRandom
 from sim.protocol import wire
 from sim.protocol.machine import Aggregate, ClientMachine, ServerMachine, Work
+from sim.protocol.params import AggregationParams
 from sim.protocol.private import PrivateRound
-from sim.protocol.registry import AggregationParams, ChunkSlot, ClientFactory, chunk_slots, fixed_point, round_machines
+from sim.protocol.registry import round_machines
+from sim.protocol.spec import ChunkSlot, ClientFactory, chunk_slots, fixed_point
 from sim.protocol.suite import SUITES
 from sim.protocol.wire import Blank, Opaque, Vector
 from sim.seeds import Stream, generator, int_seed, seed_bytes

@@ -120,8 +120,12 @@ class Aggregate:
 
 
 class ServerMachine(Protocol):
-    step: str
-    """Name of the step being collected, or ``"done"`` / ``"aborted"``."""
+    @property
+    def step(self) -> str:
+        """Name of the step being collected, or ``"done"`` / ``"aborted"`` (read only: a machine may keep its
+        states as an enum and give their names here)."""
+        ...
+
     outcome: str
     """``"ok"`` once done, ``"aborted: <reason>"`` when the round cannot complete, ``""`` before."""
     aggregate: Aggregate | None

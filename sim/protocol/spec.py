@@ -7,7 +7,9 @@ secret-shared seeds: distributed-DP strategies, the malicious adversary and coll
 cost-model operations its machines report, the shape of its pipelined rounds (:class:`PipelineShape`, or
 None if it cannot be pipelined), how it builds one round's machines, and its part of the scenario checks.
 Each protocol defines its entry in its own module (a subclass of :class:`ProtocolSpec` where it builds
-machines or checks more); the registry registers the built-in ones. Nothing here imports a protocol.
+machines or checks more); the registry registers the built-in ones. Nothing here imports a protocol or the
+registry: the imports run one way, params <- spec <- the protocols <- registry, and what a check says of the
+other protocols (``needs protocol secagg or secagg+``) it reads from the ``registered`` protocols it is given.
 """
 
 from __future__ import annotations
@@ -49,11 +51,9 @@ def either(names: Sequence[str], last: str = "or") -> str:
     return f"{', '.join(names[:-1])} {last} {names[-1]}"
 
 
-def protocols_where(has: Callable[[ProtocolSpec], bool]) -> tuple[str, ...]:
-    """Names of the registered protocols with a property (in registration order), for messages."""
-    from sim.protocol.registry import PROTOCOLS
-
-    return tuple(name for name, spec in PROTOCOLS.items() if has(spec))
+def protocols_where(registered: Mapping[str, ProtocolSpec], has: Callable[[ProtocolSpec], bool]) -> tuple[str, ...]:
+    """Names of the ``registered`` protocols with a property (in registration order), for messages."""
+    return tuple(name for name, spec in registered.items() if has(spec))
 
 
 @dataclass(frozen=True)
@@ -250,14 +250,16 @@ class ProtocolSpec:
         raise NotImplementedError(f"protocol {self.name} builds no machines")
 
     # -- scenario checks --------------------------------------------------------------------------
-    def check_aggregation(self, params: AggregationParams, clients: int | None, fail: Fail) -> None:
-        """The ``aggregation:`` section (``clients``: per round, None under Poisson sampling). Values the
-        parser refused are None in ``params``."""
+    def check_aggregation(
+        self, params: AggregationParams, clients: int | None, registered: Mapping[str, ProtocolSpec], fail: Fail
+    ) -> None:
+        """The ``aggregation:`` section (``clients``: per round, None under Poisson sampling; ``registered``:
+        every protocol, to name the ones that would do). Values the parser refused are None in ``params``."""
         if params.neighbours is not None and not self.sparse_graph:
-            sparse = either(protocols_where(lambda s: s.sparse_graph))
+            sparse = either(protocols_where(registered, lambda s: s.sparse_graph))
             fail("neighbours", f"only applies to protocol {sparse}, not {self.name!r}")
         if params.malicious and not self.secure:
-            secure = either(protocols_where(lambda s: s.secure))
+            secure = either(protocols_where(registered, lambda s: s.secure))
             fail("adversary", f"malicious needs protocol {secure} (signatures), not {self.name!r}")
         threshold, bits, k = params.threshold, params.bits, clients
         if params.malicious and threshold is not None and threshold < 0.5:
@@ -269,16 +271,24 @@ class ProtocolSpec:
         if self.encoded and bits is not None and k is not None and 2 ** (bits - 1) - 1 - k <= 0:
             fail("bits", f"is {bits}: too few to sum {k} clients' updates; need 2^(bits-1) > {k + 1}")
 
-    def check_privacy(self, params: AggregationParams, strategy: Strategy, collusion: int, fail: Fail) -> None:
-        """The ``privacy:`` section's strategy and collusion tolerance against this protocol."""
+    def check_privacy(
+        self,
+        params: AggregationParams,
+        strategy: Strategy,
+        collusion: int,
+        registered: Mapping[str, ProtocolSpec],
+        fail: Fail,
+    ) -> None:
+        """The ``privacy:`` section's strategy and collusion tolerance against this protocol (``registered``:
+        every protocol, to name the ones that would do)."""
         if strategy.enabled and not self.supports(strategy):  # say why, in the user's terms
             name = strategy.name
-            secure = either(protocols_where(lambda s: s.secure))
+            secure = either(protocols_where(registered, lambda s: s.secure))
             if not self.encoded:
                 fail(
                     "strategy",
                     f"is {name!r}, which needs an encoded protocol: set aggregation.protocol to "
-                    f"{either(protocols_where(lambda s: s.encoded))} ({self.name} sends float updates)",
+                    f"{either(protocols_where(registered, lambda s: s.encoded))} ({self.name} sends float updates)",
                 )
             if strategy.removes or strategy.rebasing:
                 fail(
@@ -297,7 +307,7 @@ class ProtocolSpec:
             fail(
                 "collusion",
                 f"is {collusion}: collusion tolerance scales noise by SecAgg's t / (t - T_C); "
-                f"it needs protocol {either(protocols_where(lambda s: s.secure))}, not {self.name!r}",
+                f"it needs protocol {either(protocols_where(registered, lambda s: s.secure))}, not {self.name!r}",
             )
 
     def check_collusion(
@@ -313,13 +323,13 @@ class ProtocolSpec:
         """The collusion tolerance T_C against the round's thresholds (``private``: a strategy adds noise;
         ``clients`` per round, or Poisson sampling at ``rate`` of ``population``)."""
 
-    def check_pipeline(self, params: AggregationParams, fail: Fail) -> None:
-        """The ``pipeline:`` section."""
+    def check_pipeline(self, params: AggregationParams, registered: Mapping[str, ProtocolSpec], fail: Fail) -> None:
+        """The ``pipeline:`` section (``registered``: every protocol, to name the ones that can be pipelined)."""
         if self.pipeline is None:
             fail(
                 "chunks",
                 f"pipelines the protocol, but aggregation.protocol is {self.name!r}: pipelining runs one "
-                f"secure-aggregation instance per chunk, so it needs {either(protocols_where(pipelined))}",
+                f"secure-aggregation instance per chunk, so it needs {either(protocols_where(registered, pipelined))}",
             )
 
 

@@ -1,7 +1,7 @@
 """A sampled client's planned dropout: before which of its steps it leaves the round.
 
 A client planned to drop at ``dropout.stage`` s leaves just before the client step the protocol maps s to
-(:meth:`sim.protocol.params.AggregationParams.dropout_stages`): before the model download for
+(:meth:`sim.protocol.spec.ProtocolSpec.dropout_stages_for`): before the model download for
 ``after_sampling``, before its first step, or before handling the server message whose step is that one
 (``stage_of``). In a pipelined round a client that drops after the uploads (the steps after the
 protocol's ``aggregate_from``) first finishes uploading every chunk's input: it reaches the first chunk's
@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from sim.protocol.params import AggregationParams
+from sim.protocol.spec import ProtocolSpec
 
 
 @dataclass(frozen=True)
@@ -28,18 +29,18 @@ class Departure:
     """Pipelined: it leaves only once every chunk's input is uploaded."""
 
     @classmethod
-    def plan(cls, aggregation: AggregationParams, stage: str) -> Departure:
-        """The departure of a client planned to drop at ``stage`` (empty: it stays) under ``aggregation``;
-        ValueError if the protocol has no such stage under these settings."""
+    def plan(cls, spec: ProtocolSpec, aggregation: AggregationParams, stage: str) -> Departure:
+        """The departure of a client planned to drop at ``stage`` (empty: it stays) under ``aggregation``, whose
+        protocol's entry is ``spec``; ValueError if the protocol has no such stage under these settings."""
         if not stage:
             return cls()
-        stages = aggregation.dropout_stages()
+        stages = spec.dropout_stages_for(aggregation)
         if stage not in stages:
             raise ValueError(
                 f"dropout stage {stage[:40]!r} is not one of {aggregation.protocol}'s: {', '.join(stages)}"
             )
         step = stages[stage]
-        return cls(stage, step, step in aggregation.after_upload())
+        return cls(stage, step, step in spec.after_upload(aggregation))
 
     @property
     def before_download(self) -> bool:

@@ -26,8 +26,9 @@ from sim.dp.dskellam import DSkellamEncoding
 from sim.dp.noise import MAX_VARIANCE
 from sim.dp.strategies import RoundNoise
 from sim.protocol.machine import RoundSetupError
+from sim.protocol.params import AggregationParams
 from sim.protocol.private import Admission, PrivateRound
-from sim.protocol.registry import AggregationParams, reconstruction_threshold
+from sim.protocol.registry import reconstruction_threshold
 from sim.round.records import RoundPrivacy
 from sim.scenario.types import Privacy, Scenario
 from sim.seeds import Stream, seed_bytes

@@ -17,7 +17,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from sim.dp.strategies import STRATEGIES
-from sim.protocol.registry import AggregationParams, reconstruction_threshold
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import reconstruction_threshold, spec_of
 from sim.scenario.types import Scenario
 
 
@@ -36,7 +37,7 @@ def model_dimension(scenario: Scenario) -> int:
 
 def minimum_survivors(aggregation: AggregationParams, n: int) -> int:
     """Fewest uploads a round of ``n`` goes on with: the secure protocols' threshold, one for ``plain``."""
-    return reconstruction_threshold(aggregation, n) if aggregation.spec.secure else 1
+    return reconstruction_threshold(aggregation, n) if spec_of(aggregation).secure else 1
 
 
 def privacy_table(

@@ -22,6 +22,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.protocol.registry import spec_of
 from sim.results.folders import check_name
 from sim.results.integrity import check_run
 from sim.results.manifest import host, versions
@@ -157,7 +158,7 @@ def run_scenario(
         directory,
         manifest,
         extra_columns=list(scenario.swept),
-        round_columns=step_columns(scenario.aggregation.steps()),
+        round_columns=step_columns(spec_of(scenario.aggregation).steps_for(scenario.aggregation)),
     )
     accuracies: list[float] = []
     times: list[float] = []

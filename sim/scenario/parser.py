@@ -12,7 +12,9 @@ from typing import Any
 
 from sim.dp.strategies import STRATEGIES, plugin_strategy, strategy_named
 from sim.plugins import GROUPS, PluginError, is_import_path, is_installed, resolve
-from sim.protocol.registry import PROTOCOLS, AggregationParams, either, optional_stages
+from sim.protocol.params import AggregationParams
+from sim.protocol.registry import PROTOCOLS, optional_stages, spec_of
+from sim.protocol.spec import ProtocolSpec, either
 from sim.scenario.dropout_modes import DEFAULT_MODE, MODES, dropout_mode, may_drop
 from sim.scenario.errors import ScenarioError
 from sim.scenario.reader import MAX_INTEGER, Reader, as_number, shown
@@ -37,7 +39,7 @@ from sim.scenario.types import (
     Evaluation,
     Model,
     Partition,
-    Pipeline,
+    Pipelining,
     Privacy,
     Sampling,
     Scenario,
@@ -67,10 +69,11 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     )
     s.finish()
     aggregation, protocol_threads = _aggregation(r.section("aggregation"), sampling)
-    privacy = _privacy(r.section("privacy"), aggregation, sampling, population)
+    spec = spec_of(aggregation)
+    privacy = _privacy(r.section("privacy"), spec, aggregation, sampling, population)
     aggregation = dataclasses.replace(aggregation, strategy=privacy.strategy, collusion=privacy.collusion)
-    steps = aggregation.steps()
-    dropout = _dropout(r.section("dropout"), aggregation)
+    steps = spec.steps_for(aggregation)
+    dropout = _dropout(r.section("dropout"), spec, aggregation)
     data = _data(r.section("data"), population)
     model = _model(r.section("model"))
     training = _training(r.section("training"))
@@ -85,11 +88,11 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
             f"{fidelity!r}; set fidelity: timing, or name a real model (model.name: {', '.join(MODELS)})",
         )
     output = r.string("output", f"results/{name}")
-    timeouts = _timeouts(r.section("timeouts"), aggregation)
+    timeouts = _timeouts(r.section("timeouts"), spec, aggregation)
     trace = _trace(r.section("trace"))
     pipeline = None
     if r.has("pipeline"):
-        pipeline = _pipeline(r.section("pipeline"), aggregation)
+        pipeline = _pipeline(r.section("pipeline"), spec, aggregation)
     elif "pipeline" in r.data:
         r.raw("pipeline")  # pipeline: null, as absent
     testbed = None
@@ -125,7 +128,7 @@ def parse(doc: Document, default_name: str | None = None) -> Scenario:
     elif dropout.silent and can_drop and dropout.stage is not None:
         # A client leaving silently before step X is missed only in X: that step needs a deadline.
         # (Pipelined, the first chunk's deadline there puts the leaver out of every chunk's instance.)
-        waits_in = aggregation.dropout_stages()[dropout.stage] or steps[0]
+        waits_in = spec.dropout_stages_for(aggregation)[dropout.stage] or steps[0]
         if waits_in not in timeouts:
             r.fail(
                 ("dropout", "silent"),
@@ -208,7 +211,7 @@ def _aggregation(r: Reader, sampling: Sampling) -> tuple[AggregationParams, int 
         r.resolved["neighbours"] = "auto"
     adversary = r.choice("adversary", ("semi-honest", "malicious"), "semi-honest")
     params = AggregationParams(protocol, bits, clip, threshold, neighbours, adversary == "malicious")
-    params.spec.check_aggregation(params, sampling.clients_per_round, r.fail)
+    spec_of(params).check_aggregation(params, sampling.clients_per_round, PROTOCOLS, r.fail)
     threads: int | None = 1
     if r.has("threads"):
         threads = r.custom("threads", threads, _threads)
@@ -216,7 +219,9 @@ def _aggregation(r: Reader, sampling: Sampling) -> tuple[AggregationParams, int 
     return params, threads
 
 
-def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, population: int | None) -> Privacy:
+def _privacy(
+    r: Reader, spec: ProtocolSpec, aggregation: AggregationParams, sampling: Sampling, population: int | None
+) -> Privacy:
     d = Privacy()
     raw = r.raw("strategy")
     if isinstance(raw, str) and raw not in STRATEGIES and (is_import_path(raw) or is_installed("strategy", raw)):
@@ -241,8 +246,7 @@ def _privacy(r: Reader, aggregation: AggregationParams, sampling: Sampling, popu
         collusion=_or(r.integer("collusion", d.collusion, lo=0), d.collusion),
         headroom=_or(r.number("headroom", d.headroom, lo=0, lo_open=True), d.headroom),
     )
-    spec = aggregation.spec
-    spec.check_privacy(aggregation, strategy_named(p.strategy), p.collusion, r.fail)
+    spec.check_privacy(aggregation, strategy_named(p.strategy), p.collusion, PROTOCOLS, r.fail)
     if not r.has("strategy") and any(r.has(key) for key in ("epsilon", "delta", "mechanism", "tolerance")):
         r.fail(
             "strategy",
@@ -282,7 +286,7 @@ def _chunks(value: Any) -> tuple[int | None, Any]:
     raise ValueError(f"allowed: auto, or a whole number of chunks from 1 to {MAX_CHUNKS}")
 
 
-def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
+def _pipeline(r: Reader, spec: ProtocolSpec, aggregation: AggregationParams) -> Pipelining:
     chunks = r.custom("chunks", None, _chunks)
     if "chunks" not in r.resolved:
         r.resolved["chunks"] = "auto"
@@ -291,9 +295,9 @@ def _pipeline(r: Reader, aggregation: AggregationParams) -> Pipeline:
     links = r.choice("links", LINK_MODELS, "shared")
     if chunks is not None and r.has("max_chunks"):
         r.fail("max_chunks", f"bounds the choice of chunks: auto, but chunks is {chunks}: drop max_chunks or set auto")
-    aggregation.spec.check_pipeline(aggregation, r.fail)
+    spec.check_pipeline(aggregation, PROTOCOLS, r.fail)
     r.finish()
-    return Pipeline(chunks, bool(_or(dispatch, True)), int(_or(max_chunks, 20)), str(_or(links, "shared")))
+    return Pipelining(chunks, bool(_or(dispatch, True)), int(_or(max_chunks, 20)), str(_or(links, "shared")))
 
 
 def _testbed(r: Reader) -> Testbed:
@@ -343,13 +347,13 @@ def _neighbours(value: Any) -> tuple[int | None, Any]:
     raise ValueError("allowed: auto, or a whole number >= 2 (the SecAgg+ degree, rounded up to even), at most 2^63 - 1")
 
 
-def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
+def _dropout(r: Reader, spec: ProtocolSpec, aggregation: AggregationParams) -> Dropout:
     raw = r.raw("mode")
     if r.has("model") or (isinstance(raw, str) and raw not in MODES and is_installed("dropout", raw)):
-        return _dropout_plugin(r, aggregation)
+        return _dropout_plugin(r, spec, aggregation)
     mode = _built_in(r, "mode", tuple(MODES), DEFAULT_MODE, "dropout")
     rate = r.number("rate", 0.0, lo=0, hi=1)
-    stage = _dropout_stage(r, aggregation)
+    stage = _dropout_stage(r, spec, aggregation)
     silent = r.boolean("silent", False)
     # Keys only some modes read: the mode declares and reads its own (per_client's high, high_fraction, low).
     own = MODES[mode].keys
@@ -372,13 +376,14 @@ def _dropout(r: Reader, aggregation: AggregationParams) -> Dropout:
     return Dropout(mode, rate, stage, silent, options)
 
 
-def _dropout_stage(r: Reader, aggregation: AggregationParams) -> str:
+def _dropout_stage(r: Reader, spec: ProtocolSpec, aggregation: AggregationParams) -> str:
     conditional = optional_stages()
-    if r.has("stage") and r.raw("stage") in tuple(conditional) and r.raw("stage") not in aggregation.dropout_stages():
+    stages = spec.dropout_stages_for(aggregation)
+    if r.has("stage") and r.raw("stage") in tuple(conditional) and r.raw("stage") not in stages:
         condition = conditional[r.raw("stage")]
         r.fail("stage", f"is {r.raw('stage')!r}: {condition.purpose} only with {condition.needs()}")
         return "before_upload"
-    return r.choice("stage", tuple(aggregation.dropout_stages()), "before_upload")
+    return r.choice("stage", tuple(stages), "before_upload")
 
 
 def _plugin_key(r: Reader, own: str, built_in: str, names: tuple[str, ...]) -> str:
@@ -395,12 +400,12 @@ def _plugin_key(r: Reader, own: str, built_in: str, names: tuple[str, ...]) -> s
     return own
 
 
-def _dropout_plugin(r: Reader, aggregation: AggregationParams) -> Dropout:
+def _dropout_plugin(r: Reader, spec: ProtocolSpec, aggregation: AggregationParams) -> Dropout:
     """A plug-in dropout model: ``model`` (or ``mode``, an installed entry point's name) and its ``args``."""
     key = _plugin_key(r, "model", "mode", tuple(MODES))
     name = r.string(key)
     args = r.mapping("args")
-    stage = _dropout_stage(r, aggregation)
+    stage = _dropout_stage(r, spec, aggregation)
     silent = r.boolean("silent", False)
     mode = None
     if name:
@@ -617,15 +622,15 @@ def _clients_at_once(r: Reader) -> int | None:
     return r.integer("clients_at_once", lo=1)
 
 
-def _timeouts(r: Reader, aggregation: AggregationParams) -> dict[str, float]:
+def _timeouts(r: Reader, spec: ProtocolSpec, aggregation: AggregationParams) -> dict[str, float]:
     timeouts = {}
-    steps = aggregation.steps()
+    steps = spec.steps_for(aggregation)
     for step in steps:
         if r.has(step):
             timeouts[step] = r.number(step, lo=0, lo_open=True)
-    for step in aggregation.spec.steps:
+    for step in spec.steps:
         if step not in steps and r.has(step):
             r.raw(step)
-            r.fail(step, f"is a step of {aggregation.protocol} only with {aggregation.spec.step_needs(step)}")
+            r.fail(step, f"is a step of {aggregation.protocol} only with {spec.step_needs(step)}")
     r.finish(extra_allowed=steps)
     return timeouts

@@ -103,18 +103,12 @@ class Dropout:
     """A silent dropout is only noticed by the server at the step's timeout (else at once, as a closed
     connection)."""
     options: Mapping[str, Any] = field(default_factory=dict, hash=False)
-    """The keys only the mode reads (:meth:`sim.scenario.dropout_modes.DropoutMode.read_options`; per_client's
-    ``high``, ``high_fraction``, ``low``), also readable as attributes (``dropout.high``); a plug-in's ``args``."""
+    """The keys only the mode reads, by key (:meth:`sim.scenario.dropout_modes.DropoutMode.read_options`:
+    per_client's ``options["high"]``, ``options["high_fraction"]``, ``options["low"]``); a plug-in's ``args``."""
     model: str | None = None
     """A plug-in dropout model (:mod:`sim.plugins`), the name ``mode`` then holds too: an import path
     ``pkg.module:Name`` or an installed ``dropsim.dropout`` entry point's name; built with ``options`` as
     keyword arguments (:func:`sim.scenario.dropout_modes.dropout_mode`)."""
-
-    def __getattr__(self, name: str) -> Any:
-        options = self.__dict__.get("options", {})
-        if name in options:
-            return options[name]
-        raise AttributeError(f"{type(self).__name__} has no attribute {name!r} (mode {self.__dict__.get('mode')})")
 
 
 MECHANISMS = ("skellam", "gaussian", "dgaussian")
@@ -243,9 +237,10 @@ MAX_CHUNKS = 64
 
 
 @dataclass(frozen=True)
-class Pipeline:
-    """Pipelined aggregation (Dordis section 4): the update cut into ``chunks`` pieces, each aggregated by
-    its own protocol instance, their stages overlapping on the clients' and server's resources."""
+class Pipelining:
+    """The ``pipeline:`` section, pipelined aggregation (Dordis section 4): the update cut into ``chunks``
+    pieces, each aggregated by its own protocol instance, their stages overlapping on the clients' and
+    server's resources."""
 
     chunks: int | None
     """The chunk count m, or None for ``auto``: the m in 1..``max_chunks`` with the earliest predicted
@@ -354,7 +349,7 @@ class Scenario:
     """The scenario as a plain mapping with every default filled in (for the manifest)."""
     privacy: Privacy = field(default_factory=Privacy)
     trace: TraceReplay | None = None
-    pipeline: Pipeline | None = None
+    pipeline: Pipelining | None = None
     """Pipelined aggregation, or None (a round ends when the server has the aggregate)."""
     testbed: Testbed | None = None
     """The single-host testbed whose shared cores every party computes on, or None (each party has its

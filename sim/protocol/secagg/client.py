@@ -25,6 +25,7 @@ in the graph, so no partial sum can be unmasked); anything else is a
 from __future__ import annotations
 
 from collections.abc import Callable
+from enum import Enum
 from typing import Any, ClassVar
 
 import numpy as np
@@ -68,6 +69,25 @@ from sim.protocol.suite import Suite, keys_bytes, plaintext_bytes, survivors_byt
 from sim.protocol.wire import Blank, Data, Message, ModVector, Vector
 
 
+class State(Enum):
+    """The client's states: what it waits for next from the server (its value names it in messages)."""
+
+    NEW = "new"
+    """Before :meth:`SecAggClient.start`."""
+    KEYS = "keys"
+    CIPHERTEXTS = "ciphertexts"
+    SURVIVORS = "survivors"
+    SIGNATURES = "signatures"
+    """Malicious variant only."""
+    REMOVAL = "removal"
+    """XNoise only: a survivor asked for shares of the noise seeds of survivors that did not answer."""
+    DONE = "done"
+
+
+_Handler = Callable[["SecAggClient", Any], Reaction]
+"""``handler(client, message)``: check the server's message (raising before any change) and answer it."""
+
+
 class SecAggClient:
     """Client side of one round."""
 
@@ -88,7 +108,7 @@ class SecAggClient:
         self.rng = rng
         self.encoding_rng = encoding_rng
         self.signing_key = signing_key
-        self.state = "new"
+        self.state = State.NEW
         self.x: Vector = Blank(config.dim, np.uint32)
         self.c_sk: Data = b""
         self.s_sk: Data = b""
@@ -110,14 +130,8 @@ class SecAggClient:
         self.noise_shares: dict[int, tuple[Data, ...]] = {}
         """Shares this client holds of other clients' noise seeds g_(v,1..R) (XNoise)."""
 
-    _EXPECTS: ClassVar[dict[str, tuple[type[Message], str]]] = {
-        "keys": (KeyList, "_on_keys"),
-        "ciphertexts": (Ciphertexts, "_on_ciphertexts"),
-        "survivors": (Survivors, "_on_survivors"),
-        "signatures": (SignedSurvivors, "_on_signatures"),
-        "removal": (RemovalRequest, "_on_removal"),
-    }
-    """Transitions as data: state -> (message it accepts, handler)."""
+    # Transitions as data: :attr:`_EXPECTS`, at the end of the class (it holds the methods below), maps each
+    # waiting state to the message it accepts and its handler.
 
     def stage_of(self, message: Message) -> str:
         """The protocol step that handling ``message`` performs (for dropout at a stage)."""
@@ -132,8 +146,8 @@ class SecAggClient:
         return "unmasking"
 
     def start(self, update: Vector, weight: float) -> Reaction:
-        if self.state != "new":
-            raise LocalProtocolError(f"start called in state {self.state}")
+        if self.state is not State.NEW:
+            raise LocalProtocolError(f"start called in state {self.state.value}")
         cfg, suite, private = self.config, self.suite, self.config.private
         if private is None:
             work = [] if cfg.prepared else [Work("encode.fixed_point", {"elements": cfg.dim})]
@@ -161,20 +175,19 @@ class SecAggClient:
             assert self.signing_key is not None
             signature = suite.sign(self.signing_key, keys_bytes(cfg.session, cfg.round, self.client, c_pk, s_pk))
             work.append(Work("ed25519.sign", {"count": 1}))
-        self.state = "keys"
+        self.state = State.KEYS
         message = AdvertiseKeys(cfg.round, self.client, c_pk, s_pk, signature)
         return Reaction(sends=(Send(SERVER, message),), work=tuple(work))
 
     def receive(self, message: Message) -> Reaction:
         if self.state not in self._EXPECTS:
-            raise RemoteProtocolError(SERVER, f"sent {type(message).__name__} in state {self.state}")
-        kind, handler = self._EXPECTS[self.state]
+            raise RemoteProtocolError(SERVER, f"sent {type(message).__name__} in state {self.state.value}")
+        kind, handle = self._EXPECTS[self.state]
         if not isinstance(message, kind):
             raise RemoteProtocolError(SERVER, f"sent {type(message).__name__}, expected {kind.__name__}")
         if getattr(message, "round", None) != self.config.round:
             raise RemoteProtocolError(SERVER, f"sent a message for round {getattr(message, 'round', None)}")
-        step: Callable[[Any], Reaction] = getattr(self, handler)
-        return step(message)
+        return handle(self, message)
 
     # -- stage 1 ----------------------------------------------------------------------------------
     def _on_keys(self, m: KeyList) -> Reaction:
@@ -236,7 +249,7 @@ class SecAggClient:
             Work("x25519.agree", {"count": len(ciphertexts)}),
             Work("aead.seal", {"count": len(ciphertexts), "bytes": len(ciphertexts) * plaintext_bytes(secrets)}),
         ]
-        self.state = "ciphertexts"
+        self.state = State.CIPHERTEXTS
         return Reaction(sends=(Send(SERVER, ShareKeys(cfg.round, me, tuple(ciphertexts))),), work=tuple(work))
 
     # -- stage 2 ----------------------------------------------------------------------------------
@@ -271,7 +284,7 @@ class SecAggClient:
         if suite.full:
             y = reduce_into(y, cfg.bits)  # type: ignore[arg-type]
         # Without masks (learning fidelity) y is x itself: the masks cancel in the server's sum.
-        self.state = "survivors"
+        self.state = State.SURVIVORS
         self.x = Blank(cfg.dim, np.uint32)  # the input is no longer needed; free it
         message = MaskedInput(cfg.round, me, ModVector(cfg.bits, y))
         if cfg.signed_uploads:
@@ -327,7 +340,7 @@ class SecAggClient:
             return Reaction(reaction.sends, (*checks, *reaction.work))
         assert self.signing_key is not None
         signature = self.suite.sign(self.signing_key, survivors_bytes(cfg.session, cfg.round, self.u3))
-        self.state = "signatures"
+        self.state = State.SIGNATURES
         reply = ConsistencySignature(cfg.round, self.client, signature)
         return Reaction(sends=(Send(SERVER, reply),), work=(*checks, Work("ed25519.sign", {"count": 1})))
 
@@ -374,7 +387,7 @@ class SecAggClient:
             Work("x25519.agree", {"count": len(self.ciphertexts)}),
             Work("aead.open", {"count": len(self.ciphertexts), "bytes": opened_bytes}),
         ]
-        self.state, self.finished = "done", True
+        self.state, self.finished = State.DONE, True
         message: UnmaskShares
         private = cfg.private
         if private is not None and private.removing:
@@ -383,7 +396,7 @@ class SecAggClient:
                 cfg.round, me, tuple(shares), tuple((k, self.noise_seeds[k]) for k in excess)
             )
             if excess:  # the server may still ask for shares of other survivors' excess seeds
-                self.state, self.finished = "removal", False
+                self.state, self.finished = State.REMOVAL, False
         elif private is not None and private.rebasing:
             z, rebase_work = self._rebase(private)
             work += rebase_work
@@ -431,6 +444,15 @@ class SecAggClient:
             if v in self.noise_shares
             for k in excess
         ]
-        self.state, self.finished = "done", True
+        self.state, self.finished = State.DONE, True
         reply = SeedShares(cfg.round, me, tuple(shares))
         return Reaction(sends=(Send(SERVER, reply),), work=(Work("secagg.entries", {"count": len(shares)}),))
+
+    _EXPECTS: ClassVar[dict[State, tuple[type[Message], _Handler]]] = {
+        State.KEYS: (KeyList, _on_keys),
+        State.CIPHERTEXTS: (Ciphertexts, _on_ciphertexts),
+        State.SURVIVORS: (Survivors, _on_survivors),
+        State.SIGNATURES: (SignedSurvivors, _on_signatures),
+        State.REMOVAL: (RemovalRequest, _on_removal),
+    }
+    """Transitions as data: waiting state -> (the message it accepts, its handler)."""

@@ -30,8 +30,9 @@ all: any t points fit some secret.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from enum import Enum
 from functools import partial
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -78,6 +79,32 @@ from sim.protocol.suite import (
 from sim.protocol.wire import Blank, Data, Message, Vector
 
 
+class Step(Enum):
+    """The server's states: the step it collects, in order (optional ones included), or the round's end. A value
+    is the step's name: what drivers read as ``step``, the keys of ``timeouts:`` and the tables' step names."""
+
+    ADVERTISE_KEYS = "advertise_keys"
+    SHARE_KEYS = "share_keys"
+    MASKED_INPUT = "masked_input"
+    CONSISTENCY_CHECK = "consistency_check"
+    """Malicious variant only."""
+    UNMASKING = "unmasking"
+    NOISE_REMOVAL = "noise_removal"
+    """XNoise only, when a survivor did not answer in unmasking."""
+    DONE = "done"
+    ABORTED = "aborted"
+
+
+ENDED = frozenset({Step.DONE, Step.ABORTED})
+"""The states in which nothing is collected any more."""
+
+_Handler = Callable[["SecAggServer", int, Any], list[Work]]
+"""``handler(server, sender, message)``: check one answer of the step where it enters (raising before any change)
+and take it in; the work done."""
+_Closer = Callable[["SecAggServer", dict[int, Message | None]], Reaction]
+"""``closer(server, answered)``: end the step with the answers, in client order; go on, finish or abort."""
+
+
 def _by_secret(answered: Mapping[int, Message | None]) -> dict[tuple[int, int], dict[int, Data]]:
     """Shares of a step's answers (``(about, kind or component, share)`` triples) by secret, then holder."""
     shares: dict[tuple[int, int], dict[int, Data]] = {}
@@ -91,20 +118,13 @@ def _by_secret(answered: Mapping[int, Message | None]) -> dict[tuple[int, int], 
 class SecAggServer:
     """Server side of one round."""
 
-    _STEPS: ClassVar[dict[str, tuple[type[Message], str, str]]] = {
-        "advertise_keys": (AdvertiseKeys, "_on_advertise", "_close_advertise"),
-        "share_keys": (ShareKeys, "_on_share", "_close_share"),
-        "masked_input": (MaskedInput, "_on_masked", "_close_masked"),
-        "consistency_check": (ConsistencySignature, "_on_consistency", "_close_consistency"),
-        "unmasking": (UnmaskShares, "_on_unmask", "_close_unmask"),
-        "noise_removal": (SeedShares, "_on_seed_shares", "_close_noise_removal"),
-    }
-    """Transitions as data: step -> (message it collects, handler, closer)."""
+    # Transitions as data: :attr:`_STEPS`, at the end of the class (it holds the methods below), maps each
+    # collecting state to the message it collects, its handler and its closer.
 
     def __init__(self, config: SecAggConfig, suite: Suite) -> None:
         self.config = config
         self.suite = suite
-        self.step = "advertise_keys"
+        self.state = Step.ADVERTISE_KEYS
         self.outcome = ""
         self.aggregate: Aggregate | None = None
         self._expected: set[int] = set(config.sampled)
@@ -132,21 +152,26 @@ class SecAggServer:
         """What each survivor signs in the consistency check (malicious variant)."""
 
     # -- driver interface -------------------------------------------------------------------------
+    @property
+    def step(self) -> str:
+        """The state's name (:class:`Step`'s value)."""
+        return self.state.value
+
     def begin(self) -> Reaction:
         return Reaction()
 
     def expected(self) -> frozenset[int]:
-        if self.step in ("done", "aborted"):
+        if self.state in ENDED:
             return frozenset()
         return frozenset(self._expected - self._received.keys())
 
     def awaits(self, client: int) -> bool:
-        return self.step not in ("done", "aborted") and client in self._expected and client not in self._received
+        return self.state not in ENDED and client in self._expected and client not in self._received
 
     def receive(self, sender: int, message: Message) -> Reaction:
-        if self.step not in self._STEPS:
+        if self.state not in self._STEPS:
             raise RemoteProtocolError(sender, f"sent {type(message).__name__} after the round ended ({self.step})")
-        kind, handler, _ = self._STEPS[self.step]
+        kind, handle, _ = self._STEPS[self.state]
         if not isinstance(message, kind):
             raise RemoteProtocolError(sender, f"sent {type(message).__name__} in step {self.step}, not {kind.__name__}")
         if sender not in self._expected:
@@ -158,15 +183,15 @@ class SecAggServer:
         claimed = getattr(message, "client", sender)
         if claimed != sender:
             raise RemoteProtocolError(sender, f"sent a message claiming to be client {claimed}")
-        work: list[Work] = getattr(self, handler)(sender, message)
+        work = handle(self, sender, message)
         # A masked input is summed on arrival (_on_masked); keep only that it came, not its vector.
         self._received[sender] = None if isinstance(message, MaskedInput) else message
         return Reaction(work=tuple(work))
 
     def close_step(self) -> Reaction:
-        if self.step not in self._STEPS:
+        if self.state not in self._STEPS:
             raise LocalProtocolError(f"close_step called in state {self.step}")
-        _, _, closer = self._STEPS[self.step]
+        _, _, close = self._STEPS[self.state]
         answered = dict(sorted(self._received.items()))
         self._received = {}
         if len(answered) < self.config.minimum:
@@ -175,7 +200,7 @@ class SecAggServer:
                 f"threshold {self.config.minimum}"
             )
         known = len(self.liars)
-        reaction: Reaction = getattr(self, closer)(answered)
+        reaction = close(self, answered)
         if len(self.liars) > known:  # shares outvoted while reconstructing: the driver reports their senders
             reaction = Reaction(reaction.sends, reaction.work, tuple(list(self.liars.items())[known:]))
         return reaction
@@ -183,7 +208,7 @@ class SecAggServer:
     # Closers receive {client: message} of the step's answers, in client order (None for masked inputs).
 
     def _abort(self, reason: str) -> Reaction:
-        self.step = "aborted"
+        self.state = Step.ABORTED
         self.outcome = f"aborted: {reason}"
         return Reaction()
 
@@ -257,7 +282,7 @@ class SecAggServer:
             )
             listed += len(entries)
             sends.append(Send(c, KeyList(self.config.round, entries)))
-        self.step, self._expected = "share_keys", set(self.u1)
+        self.state, self._expected = Step.SHARE_KEYS, set(self.u1)
         return Reaction(sends=tuple(sends), work=(Work("secagg.entries", {"count": listed}),))
 
     # -- step 1 -----------------------------------------------------------------------------------
@@ -284,7 +309,7 @@ class SecAggServer:
                 if receiver in inbox:
                     inbox[receiver].append((sender, ct))
         sends = tuple(Send(c, Ciphertexts(self.config.round, tuple(sorted(cts)))) for c, cts in inbox.items())
-        self.step, self._expected = "masked_input", set(self.u2)
+        self.state, self._expected = Step.MASKED_INPUT, set(self.u2)
         routed = sum(len(cts) for cts in inbox.values())
         return Reaction(sends=sends, work=(Work("secagg.entries", {"count": routed}),))
 
@@ -336,7 +361,7 @@ class SecAggServer:
         request: Survivors = Survivors(cfg.round, survivors)
         if cfg.signed_uploads:
             request = SignedUploads(cfg.round, survivors, tuple(self.upload_signatures[c] for c in survivors))
-        self.step = "consistency_check" if cfg.malicious else "unmasking"
+        self.state = Step.CONSISTENCY_CHECK if cfg.malicious else Step.UNMASKING
         self._expected = set(survivors)
         if cfg.malicious:
             self._signed_u3 = survivors_bytes(cfg.session, cfg.round, survivors)
@@ -365,7 +390,7 @@ class SecAggServer:
                 request = SignedSurvivors(cfg.round, tuple((v, sig) for v, sig in self.u4.items() if v in wanted))
             listed += len(request.signatures)
             sends.append(Send(c, request))
-        self.step, self._expected = "unmasking", set(self.u4)
+        self.state, self._expected = Step.UNMASKING, set(self.u4)
         return Reaction(sends=tuple(sends), work=(Work("secagg.entries", {"count": listed}),))
 
     # -- step 4 -----------------------------------------------------------------------------------
@@ -488,7 +513,7 @@ class SecAggServer:
             missing = sorted(self.u3 - self.u5)
             if missing:
                 # Stage 5: the seeds of survivors that did not answer come from shares held by U5.
-                self.step, self._expected = "noise_removal", set(self.u5)
+                self.state, self._expected = Step.NOISE_REMOVAL, set(self.u5)
                 request = RemovalRequest(cfg.round, tuple(sorted(self.u5)))
                 return Reaction(sends=tuple(Send(c, request) for c in sorted(self.u5)), work=tuple(work))
         return self._finish(work)
@@ -519,7 +544,7 @@ class SecAggServer:
         private = cfg.private
         if cfg.prepared:  # the driver decodes the concatenation of every chunk's sum
             self.aggregate = Aggregate(self.total, survivors, float(len(survivors)))
-            self.step, self.outcome = "done", "ok"
+            self.state, self.outcome = Step.DONE, "ok"
             return Reaction(work=tuple(work))
         work += [Work("decode.fixed_point", {"elements": cfg.dim})] if private is None else list(private.decode_work())
         vector: Vector = Blank(cfg.dim if private is None else private.encoding.dim, np.float32)
@@ -528,7 +553,7 @@ class SecAggServer:
             decoder = cfg.encoding if private is None else private
             vector = decoder.decode_mean(self.total, len(survivors))
         self.aggregate = Aggregate(vector, survivors, float(len(survivors)))
-        self.step, self.outcome = "done", "ok"
+        self.state, self.outcome = Step.DONE, "ok"
         return Reaction(work=tuple(work))
 
     # -- step 5 (XNoise's ExcessiveNoiseRemoval) ----------------------------------------------------
@@ -578,3 +603,13 @@ class SecAggServer:
             recovered[u] = seeds
         self._remove(recovered)
         return self._finish(work)
+
+    _STEPS: ClassVar[dict[Step, tuple[type[Message], _Handler, _Closer]]] = {
+        Step.ADVERTISE_KEYS: (AdvertiseKeys, _on_advertise, _close_advertise),
+        Step.SHARE_KEYS: (ShareKeys, _on_share, _close_share),
+        Step.MASKED_INPUT: (MaskedInput, _on_masked, _close_masked),
+        Step.CONSISTENCY_CHECK: (ConsistencySignature, _on_consistency, _close_consistency),
+        Step.UNMASKING: (UnmaskShares, _on_unmask, _close_unmask),
+        Step.NOISE_REMOVAL: (SeedShares, _on_seed_shares, _close_noise_removal),
+    }
+    """Transitions as data: collecting state -> (the message it collects, its handler, its closer)."""

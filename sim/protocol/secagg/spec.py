@@ -4,6 +4,7 @@ operations, pipeline shape, machines, thresholds and their scenario checks."""
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -18,7 +19,7 @@ from sim.protocol.machine import ServerMachine
 from sim.protocol.messages import MaskedInput
 from sim.protocol.secagg.client import SecAggClient
 from sim.protocol.secagg.config import SecAggConfig, share_threshold
-from sim.protocol.secagg.server import SecAggServer
+from sim.protocol.secagg.server import ENDED, SecAggServer, Step
 from sim.protocol.spec import (
     DP_OPERATIONS,
     ENCODED_OPERATIONS,
@@ -35,7 +36,8 @@ from sim.protocol.spec import (
 if TYPE_CHECKING:
     from sim.protocol.params import AggregationParams
 
-STEPS = ("advertise_keys", "share_keys", "masked_input", "consistency_check", "unmasking", "noise_removal")
+STEPS = tuple(step.value for step in Step if step not in ENDED)
+"""The server's collection steps in order, optional ones included: its states before the round's end."""
 DROPOUT_STAGES = {
     "before_share_keys": "share_keys",
     "before_upload": "masked_input",
@@ -116,8 +118,10 @@ class SecAggSpec(ProtocolSpec):
         suite = r.suite
         return SecAggServer(config, suite), lambda c, rng, enc, sig: SecAggClient(config, c, suite, rng, enc, sig)
 
-    def check_aggregation(self, params: AggregationParams, clients: int | None, fail: Fail) -> None:
-        super().check_aggregation(params, clients, fail)
+    def check_aggregation(
+        self, params: AggregationParams, clients: int | None, registered: Mapping[str, ProtocolSpec], fail: Fail
+    ) -> None:
+        super().check_aggregation(params, clients, registered, fail)
         threshold, neighbours, k = params.threshold, params.neighbours, clients
         if threshold is not None and k is not None and k > 1:
             # Each secret is shared among the client and its neighbours; a threshold of 1 hands it out whole.
