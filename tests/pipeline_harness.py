@@ -7,8 +7,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from sim.engine.pipelined import Pipeline
-from sim.engine.round import Round
+from sim.engine.pipelined import ChunkedInstances
+from sim.engine.virtual_round import Round
 from sim.scenario import load
 from sim.scenario.types import Scenario
 
@@ -36,11 +36,11 @@ def scenario(tmp_path: Path, *overrides: str) -> Scenario:
 
 
 class Captured:
-    """A pipelined round under observation: the round (:class:`~sim.engine.round.Round`) and its pipeline,
+    """A pipelined round under observation: the round (:class:`~sim.engine.virtual_round.Round`) and its pipeline,
     with every client's encoding and when each masked input reached the server (or was given up)."""
 
     def __init__(self, rnd: Round) -> None:
-        assert isinstance(rnd.shape, Pipeline), "a pipelined round"
+        assert isinstance(rnd.shape, ChunkedInstances), "a pipelined round"
         self.round, self.pipeline = rnd, rnd.shape
         self.encodings: dict[int, np.ndarray] = {}
         self.sent_at: dict[tuple[int, int], float] = {}

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from sim.dp.noise import usable_cores
 from sim.engine import ahead as ahead_module
 from sim.engine.ahead import THREAD_NAME, CallsAhead
-from sim.engine.round import Round
+from sim.engine.virtual_round import Round
 from sim.protocol.machine import SERVER, Reaction, RemoteProtocolError, Send, Work
 from sim.protocol.wire import Message
 from sim.runner import Simulation, run_scenario, scenario_digest

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from sim.deploy.deployment import DeployOptions
-from sim.engine.round import Round
+from sim.engine.virtual_round import Round
 from sim.round.collector import Roster
 from sim.round.records import RoundResult
 from sim.runner import Deployed, Simulation

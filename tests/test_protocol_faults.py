@@ -223,7 +223,7 @@ def test_reconstruction_errors_never_escape_as_value_error():
 def test_the_simulated_round_ends_when_close_step_raises_round_aborted_error():
     from types import SimpleNamespace
 
-    from sim.engine.round import Round
+    from sim.engine.virtual_round import Round
     from sim.round.collector import Roster
     from sim.round.records import ClientRecord
 

@@ -7,7 +7,7 @@ of the population is trace client c; population clients absent from the trace ar
 
 The server samples among the clients online when a round starts; a sampled client whose online interval
 ends during the round goes offline at that moment, at whatever protocol stage it is in (see
-:class:`sim.engine.round.Round`). Sessions still open where the trace ends were cut by the observation,
+:class:`sim.engine.virtual_round.Round`). Sessions still open where the trace ends were cut by the observation,
 not ended by their devices: they are no offline events. When nobody is online the server waits for the next
 client to come online; when nobody ever will again, the run stops.
 """

@@ -2,7 +2,7 @@
 
 Workers (:mod:`sim.deploy.worker`) connect and authenticate; each round the server gives each sampled
 client to an idle worker, sends it the round's start and the model, and drives the round's server
-machines exactly as the simulator's engine does (:mod:`sim.engine.round`, :mod:`sim.engine.pipelined`):
+machines exactly as the simulator's engine does (:mod:`sim.engine.virtual_round`, :mod:`sim.engine.pipelined`):
 a collection step ends when every client the machine still expects has answered or has gone, or when
 the step's timeout passes; answers after that are discarded. Machine calls and the encoding of their
 messages run on the server's processor (one thread; a pipelined round has a second lane for the work that
@@ -580,7 +580,7 @@ class DeployServer:
     async def _serve_pipelined(
         self, st: RoundState, rec: RoundRecord, inst: RoundInstances, cpu: ComputeThread, side: ComputeThread
     ) -> None:
-        """Every chunk's instance, as the engine's :class:`~sim.engine.pipelined.Pipeline`: the server's CPU
+        """Every chunk's instance, as the engine's :class:`~sim.engine.pipelined.ChunkedInstances`: the server's CPU
         takes one chunk's aggregation at a time (Dordis Table 1, stage 3), and each chunk's sum goes to a
         client once that client's link may take it (stage 4: with ``pipeline.links: shared`` after every
         chunk's upload of that client, on its one link; with ``duplex`` on its downlink, in chunk order)."""

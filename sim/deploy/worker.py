@@ -189,7 +189,7 @@ class Shared:
         self.learner.params = params
 
     def training(self, c: int) -> Work:
-        """What the simulator charges for client ``c``'s local training (:meth:`sim.engine.round.Round`)."""
+        """What the simulator charges for client ``c``'s local training (:meth:`sim.engine.virtual_round.Round`)."""
         samples, t = self.data.num_samples(c), self.scenario.training
         return Work(
             self.train_op,

@@ -2,7 +2,7 @@
 
 Flower's ``run_simulation`` plays every client of a round on one host through a pool of Ray actors
 (docs/profiles.md, "Flower's simulation engine"); the cost profile declares what that engine costs
-(:class:`sim.costs.engine.EngineCosts`). The round (:mod:`sim.engine.round`) charges it here:
+(:class:`sim.costs.engine.EngineCosts`). The round (:mod:`sim.engine.virtual_round`) charges it here:
 
 - a message the server sends waits for the engine's next sweep (:meth:`ActorEngine.next_sweep`) and needs
   no link: every party is on the host. The sweeps run every ``delivery_interval_s`` for the whole run,

@@ -3,7 +3,7 @@
 A client's calls of its machine (``start``, ``receive``) are made when the client reaches them in virtual
 time (:class:`CallsInTurn`), or, in ``full`` fidelity with ``aggregation.threads`` > 1, ahead on threads and
 taken there (:class:`CallsMadeAhead`, over :class:`sim.engine.ahead.CallsAhead`). Either way the round
-(:class:`sim.engine.round.Round`) gets the same reactions and records the same times, and never asks which
+(:class:`sim.engine.virtual_round.Round`) gets the same reactions and records the same times, and never asks which
 one it has.
 """
 

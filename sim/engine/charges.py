@@ -1,6 +1,6 @@
 """Where a party's compute charge runs in virtual time: on its own processor, or on the testbed host's CPUs.
 
-A round (:class:`sim.engine.round.Round`) charges each computation in reference seconds (seconds on one core
+A round (:class:`sim.engine.virtual_round.Round`) charges each computation in reference seconds (seconds on one core
 of the profiled machine). Without a testbed each party has a processor of its own: a client's charge lasts
 its reference seconds times its slow-down, the server's its reference seconds over its speed
 (docs/time-model.md, "The compute model"). On a testbed (scenario ``testbed``) every charge is a job on the

@@ -30,7 +30,7 @@ concatenated aggregate is identical for every m; with distributed DP each chunk'
 own seeds (a seed revealed to remove one chunk's excess noise must not unlock another's), so it differs
 in its noise only.
 
-:class:`Pipeline` is a component of :class:`sim.engine.round.Round` (``plan.chunks`` set): it holds the
+:class:`ChunkedInstances` is a component of :class:`sim.engine.virtual_round.Round` (``plan.chunks`` set): it holds the
 pipelined state (gates, processors, chunk processes) and runs the server's and each client's chunked
 part of the round with the round's own services (transfers, leaving, collection steps, records).
 """
@@ -56,10 +56,10 @@ from sim.round.records import ClientRecord, RoundRecord
 from sim.round.stages import AGGREGATE, DECODE, DISPATCH, DUPLEX, MASK, SHARED, STAGES, UPLOAD, gated
 
 if TYPE_CHECKING:
-    from sim.engine.round import Round
+    from sim.engine.virtual_round import Round
 
 
-class Pipeline:
+class ChunkedInstances:
     """The chunked part of round ``r``: its server serves every chunk, its clients run one instance each."""
 
     chunked = True

@@ -21,7 +21,7 @@ from sim.engine.actors import ActorEngine
 from sim.engine.ahead import ahead_threads
 from sim.engine.host import PartyQuotas, SharedHost
 from sim.engine.network import Link, Network
-from sim.engine.round import PipelineParams, Round, RoundSetup
+from sim.engine.virtual_round import PipelineParams, Round, RoundSetup
 from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
 from sim.round.stages import DUPLEX
@@ -49,7 +49,7 @@ def collector_paused() -> Iterator[None]:
 class Simulator:
     """Plays the rounds of one run in virtual time (:class:`sim.round.driver.Driver`).
 
-    ``observe`` is called with each :class:`~sim.engine.round.Round` before it runs (tests and tools that
+    ``observe`` is called with each :class:`~sim.engine.virtual_round.Round` before it runs (tests and tools that
     look inside a round)."""
 
     name = "simulate"

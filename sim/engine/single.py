@@ -1,10 +1,10 @@
 """A round of one protocol instance: the whole update aggregated at once (the round not pipelined).
 
 The server's side goes step by step through its machine: it collects each step's answers
-(:meth:`sim.engine.round.Round.collect`), closes the step, and sends what the machine says. Each client,
+(:meth:`sim.engine.virtual_round.Round.collect`), closes the step, and sends what the machine says. Each client,
 once trained, starts its machine and answers each message from the server in turn, one computation at a
 time. :class:`OneInstance` is the round's shape when ``plan.chunks`` is unset; a pipelined round has
-:class:`sim.engine.pipelined.PipelinedInstances` instead, which answers the same questions.
+:class:`sim.engine.pipelined.ChunkedInstances` instead, which answers the same questions.
 
 On a simulation engine whose implementation sends the model with the upload request (Flower's workflow:
 ``model_with_upload``, docs/time-model.md, "A simulation engine"), a client trains and encodes its update only
@@ -28,7 +28,7 @@ from sim.round.gates import STAGED
 from sim.round.records import ClientRecord, RoundRecord
 
 if TYPE_CHECKING:
-    from sim.engine.round import Round
+    from sim.engine.virtual_round import Round
 
 UPDATE_WORK = ("encode.", "noise.")
 """Operations on a client's update (its encoding, its noise): with the model when the model travels with

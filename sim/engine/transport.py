@@ -11,7 +11,7 @@ server's next poll (:class:`sim.engine.actors.ActorEngine`), and each client han
 engine's workers, which it holds until its replies are handed back, with the engine's own reference seconds
 per message (docs/time-model.md, "A simulation engine").
 
-The round (:class:`sim.engine.round.Round`) asks either the same questions, so it never asks which one it has.
+The round (:class:`sim.engine.virtual_round.Round`) asks either the same questions, so it never asks which one it has.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from sim.protocol.spec import ProtocolSpec
 from sim.protocol.wire import Message
 
 if TYPE_CHECKING:
-    from sim.engine.round import Round
+    from sim.engine.virtual_round import Round
 
 
 class Transport(Protocol):

@@ -34,8 +34,8 @@ if TYPE_CHECKING:
 
     from sim.clients.population import Population
     from sim.deploy.deployment import Deployment, DeployOptions
-    from sim.engine.round import RoundSetup
     from sim.engine.simulator import Simulator
+    from sim.engine.virtual_round import RoundSetup
     from sim.learning.federated import FederatedData
     from sim.learning.trainer import Learner
     from sim.runner.chunks import ChunkPlan

@@ -56,7 +56,7 @@ from sim.engine.calls import CallsInTurn, CallsMadeAhead
 from sim.engine.charges import Charges, OwnProcessors, TestbedCores
 from sim.engine.host import PartyQuotas, SharedHost
 from sim.engine.network import Flow, Link, Network
-from sim.engine.pipelined import Pipeline
+from sim.engine.pipelined import ChunkedInstances
 from sim.engine.processor import BusyMeter
 from sim.engine.single import OneInstance
 from sim.engine.transport import EngineQueues, Links, Transport
@@ -109,7 +109,7 @@ class RoundSetup:
     aggregation: AggregationParams
     seed: int
     pipeline: PipelineParams | None = None
-    """Pipelined aggregation (:class:`sim.engine.pipelined.Pipeline`), or None."""
+    """Pipelined aggregation (:class:`sim.engine.pipelined.ChunkedInstances`), or None."""
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
     host: SharedHost | PartyQuotas | None = None
@@ -244,13 +244,13 @@ class Round:
                 self.setup_error = str(exc)
             else:
                 self.servers = self.instances.servers
-        self.shape: OneInstance | Pipeline
+        self.shape: OneInstance | ChunkedInstances
         """One instance, or one per chunk (their gates and processors): what the round's parties run."""
         if plan.chunks is None:
             self.shape = OneInstance(self)
         else:
             assert setup.pipeline is not None, "a pipelined plan needs the scenario's pipeline section"
-            self.shape = Pipeline(self, setup.pipeline.dispatch, setup.pipeline.duplex)
+            self.shape = ChunkedInstances(self, setup.pipeline.dispatch, setup.pipeline.duplex)
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:
