@@ -59,8 +59,8 @@ class FixedPoint:
 
         After the norm (:func:`sim.numerics.l2_norm`: block by block, without BLAS), the rest runs over blocks
         of :data:`BLOCK` values that stay in the processor's cache: scale, add this block's uniforms (drawn in
-        the order of one call for the whole vector), floor, convert. The same values as whole-vector passes,
-        in a third less time at a million values (4.0-4.9 ms against 6.4-7.2 ms here)."""
+        the order of one call for the whole vector), floor, convert. The same values as whole-vector passes, in
+        less time (docs/performance.md, "Hot paths made fast")."""
         factor = self.clip_factor(x) * self.scale
         n = x.shape[0]
         out = np.empty(n, dtype=np.uint32)
