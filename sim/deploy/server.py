@@ -39,7 +39,7 @@ from typing import Any
 from sim.clients.population import MBPS
 from sim.costs.model import frame_size
 from sim.deploy import control
-from sim.deploy.compute import SIDE, STAGED, ComputeThread
+from sim.deploy.compute import STAGED, ComputeThread
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, server_handshake
 from sim.deploy.identity import Identity
@@ -59,16 +59,15 @@ from sim.protocol.machine import (
     ServerMachine,
     Work,
 )
-from sim.protocol.messages import AggregateChunk, ModelDownload
+from sim.protocol.messages import ModelDownload
 from sim.protocol.private import PrivateRound
 from sim.protocol.registry import spec_of
-from sim.protocol.wire import ModVector
 from sim.round.closing import client_cpu_share, close_record, expose, step_spans
 from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
-from sim.round.gates import StageGate
+from sim.round.pipelining import Pipelining
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
-from sim.round.stages import AGGREGATE, DISPATCH, DUPLEX, SHARED, UPLOAD, gated
+from sim.round.stages import AGGREGATE, DISPATCH, UPLOAD
 from sim.scenario.types import Scenario
 from sim.testbed import is_kernel
 
@@ -586,18 +585,11 @@ class DeployServer:
         chunk's upload of that client, on its one link; with ``duplex`` on its downlink, in chunk order)."""
         m = len(inst.servers)
         sc = self.scenario
-        dispatch = sc.pipeline is None or sc.pipeline.dispatch
-        links = DUPLEX if sc.pipeline is not None and sc.pipeline.links == DUPLEX else SHARED
+        plan = Pipelining.for_section(spec_of(sc.aggregation), m, sc.pipeline)
         clock = LoopClock()
-        gate = StageGate(clock, "server.cpu", gated("server.cpu", links, dispatch), m)
-        link_resource = "client.downlink" if links == DUPLEX else "client.link"
-        client_link = {
-            c: StageGate(clock, f"client{c}.link", gated(link_resource, links, dispatch), m) for c in st.sampled
-        }
+        gate = plan.gate(clock, "server.cpu", "server.cpu")
+        client_link = {c: plan.gate(clock, plan.dispatch_resource, f"client{c}.link") for c in st.sampled}
         """Each client's link as the server sees it: its uploads (stage 2) end as they arrive."""
-        shape = spec_of(sc.aggregation).pipeline
-        assert shape is not None, f"protocol {sc.aggregation.protocol} cannot be pipelined"
-        aggregate_from = shape.aggregate_from  # the uploads' step: the server's stage 3 starts as it ends
         results: dict[int, Aggregate] = {}
         chunk_steps: list[tuple[str, float, float]] = []
         dispatches: list[asyncio.Task[None]] = []
@@ -621,35 +613,36 @@ class DeployServer:
 
         async def serve(j: int) -> None:
             machine = inst.servers[j]
-            lane, priority = side, SIDE
+            lane, priority = side, plan.priority(aggregating=False)
             await self._react(st, rec, machine.begin, lane, j, priority)
             start, first = self.now(), True
             while machine.step not in ("done", "aborted"):
                 step = machine.step
-                upload = step == aggregate_from
+                upload = plan.opens_aggregation(step)
                 await self._collect(
-                    st, rec, machine, j, lane, priority, lazy=first and j > 0, accepted=uploaded(j) if upload else None
+                    st, rec, machine, j, lane, priority, plan.lazy(j, first), uploaded(j) if upload else None
                 )
                 first = False
                 if upload:
                     for c in st.sampled:  # whoever did not upload this chunk will not: its link is free of it
                         uploaded(j)(c)
                     await gate.admit(AGGREGATE, j)
-                    lane, priority = cpu, STAGED
+                    lane, priority = cpu, plan.priority(aggregating=True)
                 await self._close_step(st, rec, machine, lane, j, priority)
                 chunk_steps.append((step, start, self.now()))
                 start = self.now()
-            if machine.step == "aborted" or machine.aggregate is None:
+            failure = plan.failure(j, machine)
+            if failure is not None:
                 gate.abandon(j)
-                raise _ChunkAbortedError(f"chunk {j}: {machine.outcome.removeprefix('aborted: ')}")
-            aggregate = results[j] = machine.aggregate
-            survivors = set(aggregate.survivors)
-            for c in st.sampled:
-                if c not in survivors:
-                    client_link[c].abandon(j)
-            if dispatch:
+                raise _ChunkAbortedError(failure)
+            aggregate = machine.aggregate
+            assert aggregate is not None
+            results[j] = aggregate
+            for c in plan.left_out(st.sampled, aggregate):
+                client_link[c].abandon(j)
+            if plan.dispatch:
                 bits = sc.aggregation.bits if inst.private is None else inst.private.bits
-                message = AggregateChunk(st.number, j, ModVector(bits, aggregate.vector))
+                message = plan.sum_message(st.number, j, aggregate, bits)
                 encoded: tuple[Work, ...] = (Work("wire.encode", frame_size(message)),)
                 payload = await cpu.run(message.encode, work=lambda _: encoded)
                 gate.release(AGGREGATE, j)
@@ -670,7 +663,7 @@ class DeployServer:
             rec.aggregate = await cpu.run(
                 lambda: inst.combine([results[j] for j in range(m)]), work=lambda _: inst.combine_work()
             )
-            if dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
+            if plan.dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
                 await self._decoded(st, set(rec.aggregate.survivors))
             rec.outcome = "ok"
         finally:  # the round is over: no chunk goes on, no sum is still sent (as the engine stops its clients)

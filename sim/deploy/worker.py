@@ -61,8 +61,9 @@ from sim.protocol.registry import spec_of
 from sim.protocol.spec import fixed_point
 from sim.round.departure import Departure
 from sim.round.gates import StageGate
+from sim.round.pipelining import Pipelining
 from sim.round.privacy import PrivacyLedger, nominal_sampling
-from sim.round.stages import DECODE, MASK, SHARED, UPLOAD, gated
+from sim.round.stages import DECODE, MASK, UPLOAD
 from sim.scenario.grid import Grid
 from sim.scenario.source import as_plain, parse_text
 from sim.scenario.types import Scenario, scenario_digest
@@ -626,22 +627,19 @@ class Worker:
     ) -> None:
         c, m = p.start.client, len(inst.slots)
         sc = p.shared.scenario
-        shape = spec_of(sc.aggregation).pipeline
-        assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
-        if departure.before(shape.first_step):  # before its instances' first step: before encoding
+        plan = Pipelining.for_section(spec_of(sc.aggregation), m, sc.pipeline)
+        if plan.leaves_before_encoding(departure):  # before its instances' first step: before encoding
             self._leave(p, departure.stage)
         encoded = await p.cpu.run(lambda: inst.encode(c, update), work=lambda _: encoding(inst))
         assert isinstance(encoded, np.ndarray)
         p.unsent = set(range(m))
         clock = LoopClock()
-        dispatch = sc.pipeline is None or sc.pipeline.dispatch
-        links = sc.pipeline.links if sc.pipeline is not None else SHARED
-        cpu_gate = StageGate(clock, f"client{c}.cpu", gated("client.cpu", links, dispatch), m)
-        link_gate = StageGate(clock, f"client{c}.uplink", (UPLOAD,), m)
+        cpu_gate = plan.gate(clock, "client.cpu", f"client{c}.cpu")
+        link_gate = plan.uploads_gate(clock, f"client{c}.uplink")
         """The client's link for its uploads; the server gates the dispatches to it (stage 4)."""
         tasks = [
             asyncio.create_task(
-                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, departure, cpu_gate, link_gate)
+                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, departure, cpu_gate, link_gate, plan)
             )
             for j, slot in enumerate(inst.slots)
         ]
@@ -649,7 +647,7 @@ class Worker:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()
-            if dispatch:
+            if plan.dispatch:
                 await p.cpu.run(lambda: self._finish_decode(p, inst), work=lambda _: finishing(p, inst))
                 p.conn.send(control.CONTROL, control.Decoded(p.start.round).encode())
         finally:
@@ -666,12 +664,13 @@ class Worker:
         departure: Departure,
         cpu_gate: StageGate[LoopEvent],
         link_gate: StageGate[LoopEvent],
+        plan: Pipelining,
     ) -> None:
         """Chunk ``j``'s instance: stages 1 (mask) and 2 (upload), its answers in stage 3, then 5 (decode)."""
         c = p.start.client
         machine = p.machines[j] = inst.client(c, j, keys=self._keys(), signing=self.identity.signing)
         await cpu_gate.admit(MASK, j)
-        await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate)
+        await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate, plan)
         while True:
             payload = await self._receive(p, j)
             staged = (MASK, j) not in cpu_gate.done
@@ -687,16 +686,21 @@ class Worker:
                     await p.all_sent.wait()  # as the simulator: every masked input goes out before it leaves
                 self._leave(p, departure.stage)
             call = lambda message=message: machine.receive(message)  # noqa: E731
-            await self._chunk_react(p, j, call, priority, cpu_gate, link_gate)
+            await self._chunk_react(p, j, call, priority, cpu_gate, link_gate, plan)
 
     async def _chunk_react(
-        self, p: Play, j: int, call: Any, priority: int, cpu_gate: StageGate[LoopEvent], link_gate: StageGate[LoopEvent]
+        self,
+        p: Play,
+        j: int,
+        call: Any,
+        priority: int,
+        cpu_gate: StageGate[LoopEvent],
+        link_gate: StageGate[LoopEvent],
+        plan: Pipelining,
     ) -> None:
         reaction, frames = await self._compute(p, call, priority)
-        shape = spec_of(p.shared.scenario.aggregation).pipeline
-        assert shape is not None, "a pipelined round of a protocol that cannot be pipelined"
         for send, frame in zip(reaction.sends, frames, strict=True):
-            if isinstance(send.message, shape.upload):
+            if plan.is_upload(send.message):
                 cpu_gate.release(MASK, j)  # stage 1 ends with the masked input computed
                 # stage 2 waits for the link, not the chunk's instance (as the engine's upload process)
                 p.uploads.append(asyncio.create_task(self._upload(p, j, frame, link_gate)))

@@ -48,12 +48,13 @@ from sim.engine.processor import Processor
 from sim.protocol.machine import SERVER, Aggregate, Reaction, RemoteProtocolError, Work
 from sim.protocol.messages import AggregateChunk
 from sim.protocol.spec import ChunkSlot
-from sim.protocol.wire import Blank, Message, ModVector, Vector
+from sim.protocol.wire import Blank, Message, Vector
 from sim.round.closing import step_spans
 from sim.round.collector import OUT
-from sim.round.gates import SIDE, STAGED, StageGate
+from sim.round.gates import SIDE, STAGED
+from sim.round.pipelining import Pipelining
 from sim.round.records import ClientRecord, RoundRecord
-from sim.round.stages import AGGREGATE, DECODE, DISPATCH, DUPLEX, MASK, SHARED, STAGES, UPLOAD, gated
+from sim.round.stages import AGGREGATE, DECODE, DISPATCH, DUPLEX, MASK, SHARED, STAGES, UPLOAD
 
 if TYPE_CHECKING:
     from sim.engine.virtual_round import Round
@@ -71,23 +72,20 @@ class ChunkedInstances:
         self.r = r
         env, m = r.env, r.m
         self.m = m
-        self.dispatch = dispatch
-        self.duplex = duplex
         self.slots: tuple[ChunkSlot, ...] = r.instances.slots if r.instances is not None else ()
         self.cpu = {c: Processor(env) for c in r.sampled}
         self.server_cpu = Processor(env, lanes=2)
-        links = DUPLEX if duplex else SHARED
-        cpu_stages = gated("client.cpu", links, dispatch)
-        link_stages = gated("client.uplink" if duplex else "client.link", links, dispatch)
-        self.cpu_gate = {c: StageGate(env, f"client{c}.cpu", cpu_stages, m) for c in r.sampled}
-        self.link_gate = {c: StageGate(env, f"client{c}.link", link_stages, m) for c in r.sampled}
+        self.pipelining = plan = Pipelining.of(r.spec, m, DUPLEX if duplex else SHARED, dispatch)
+        """The decisions both drivers take from the round's pipeline (:mod:`sim.round.pipelining`)."""
+        self.cpu_gate = {c: plan.gate(env, "client.cpu", f"client{c}.cpu") for c in r.sampled}
+        self.link_gate = {c: plan.gate(env, plan.upload_resource, f"client{c}.link") for c in r.sampled}
         self.down_gate = (
-            {c: StageGate(env, f"client{c}.downlink", gated("client.downlink", links, dispatch), m) for c in r.sampled}
+            {c: plan.gate(env, "client.downlink", f"client{c}.downlink") for c in r.sampled}
             if duplex
             else self.link_gate
         )
         """Gate of the dispatch (stage 4): the client's link, or its downlink when ``pipeline.links`` is duplex."""
-        self.server_gate = StageGate(env, "server.cpu", gated("server.cpu", links, dispatch), m)
+        self.server_gate = plan.gate(env, "server.cpu", "server.cpu")
         self.procs: dict[int, dict[int, simpy.Process]] = {c: {} for c in r.sampled}
         """Client -> chunk -> the process of its instance of that chunk."""
         self.decoded: dict[tuple[int, int], simpy.Event] = {}
@@ -104,14 +102,6 @@ class ChunkedInstances:
         self.encode_spans: list[tuple[float, float]] = []
         self.update_span: tuple[float, float] | None = None
         self.chunk_steps: list[tuple[str, float, float]] = []
-        shape = r.spec.pipeline
-        assert shape is not None, f"protocol {r.s.aggregation.protocol} cannot be pipelined"
-        self.first_step = shape.first_step
-        """The instances' first step (a planned dropout before it leaves before encoding)."""
-        self.aggregate_from = shape.aggregate_from
-        """The step whose collection ends where the server's stage 3 starts (the masked inputs are in)."""
-        self.upload = shape.upload
-        """The message a client uploads as its chunk's input (stage 2)."""
         self.unsent = {c: set(range(m)) for c in r.sampled}
         """Client -> chunks whose masked input has not reached the server yet (nor been given up)."""
         self.all_sent = {c: env.event() for c in r.sampled}
@@ -161,38 +151,38 @@ class ChunkedInstances:
         """The server's side of chunk ``j``'s instance, then its dispatch."""
         r = self.r
         env, machine = r.env, r.servers[j]
+        plan = self.pipelining
         try:
-            priority = SIDE
+            priority = plan.priority(aggregating=False)
             yield from r.server_react(machine.begin(), priority, machine)
             start = env.now
             first = True
             while machine.step not in ("done", "aborted"):
                 step = machine.step
-                # A later chunk's first step opens when its clients get to it, one chunk after another.
-                lazy = first and j > 0
-                yield from r.collect(machine, j, priority, lazy)
+                yield from r.collect(machine, j, priority, plan.lazy(j, first))
                 first = False
-                if step == self.aggregate_from:
+                if plan.opens_aggregation(step):
                     yield self.server_gate.admit(AGGREGATE, j)
-                    priority = STAGED
+                    priority = plan.priority(aggregating=True)
                 yield from r.server_react(r.close_step(machine), priority, machine)
                 self.chunk_steps.append((step, start, env.now))
                 start = env.now
-            if machine.step == "aborted" or machine.aggregate is None:
+            failure = plan.failure(j, machine)
+            if failure is not None:
                 self.server_gate.abandon(j)
                 if not self.failed.triggered:
-                    self.failed.succeed(f"chunk {j}: {machine.outcome.removeprefix('aborted: ')}")
+                    self.failed.succeed(failure)
                 return
-            aggregate = self.results[j] = machine.aggregate
-            survivors = set(aggregate.survivors)
-            for c in r.sampled:
-                if c not in survivors:
-                    self._drop_chunk(c, j)
-            if not self.dispatch:
+            aggregate = machine.aggregate
+            assert aggregate is not None
+            self.results[j] = aggregate
+            for c in plan.left_out(r.sampled, aggregate):
+                self._drop_chunk(c, j)
+            if not plan.dispatch:
                 self.server_gate.release(AGGREGATE, j)
                 return
             bits = r.s.aggregation.bits if r.private is None else r.private.bits
-            message = AggregateChunk(r.number, j, ModVector(bits, aggregate.vector))
+            message = plan.sum_message(r.number, j, aggregate, bits)
             yield from r.server_compute([Work("wire.encode", frame_size(message))], STAGED)
             self.server_gate.release(AGGREGATE, j)
             for c in aggregate.survivors:
@@ -245,7 +235,7 @@ class ChunkedInstances:
         r = self.r
         env = r.env
         departure = r.departure(c)
-        if departure.before(self.first_step):
+        if self.pipelining.leaves_before_encoding(departure):
             r.leave(c, departure.stage)
             return
         encoded = self._encode(c, update)
@@ -320,7 +310,7 @@ class ChunkedInstances:
         encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
         yield from r.client_compute(c, [*reaction.work, *encode], priority, extra)
         for send in reaction.sends:
-            if isinstance(send.message, self.upload):
+            if self.pipelining.is_upload(send.message):
                 self.cpu_gate[c].release(MASK, j)  # stage 1 ends with the masked input computed
                 proc = r.env.process(self._upload(c, j, send.message))
                 r.procs.append(proc)
@@ -431,9 +421,9 @@ class ChunkedInstances:
             )
         found: dict[tuple[int, int], list[tuple[float, float]]] = {}
         gates = [*self.cpu_gate.values(), *self.link_gate.values(), self.server_gate]
-        if self.duplex:
+        if self.pipelining.duplex:
             gates.extend(self.down_gate.values())
-        links = DUPLEX if self.duplex else SHARED
+        links = self.pipelining.links
         for gate in gates:
             for stage, chunk, start, end in gate.spans:
                 found.setdefault((chunk, stage), []).append((start, end))
