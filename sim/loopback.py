@@ -7,6 +7,12 @@ encoding every message to bytes and decoding it on the other side, lets clients 
 step, and records per party the wall-clock seconds spent inside machine calls, the work they reported
 and the bytes sent. The clients' calls of a step may run on several threads (``workers``), with the same
 results as in turn.
+
+:class:`LoopbackDriver` is the same in-memory delivery as a :class:`sim.round.driver.Driver`: it plays a
+round plan of a run (training, planned dropouts, pipelined rounds) and takes each decision through the
+round layer, as the simulator and the deployment do, with no clock (``tests/test_driver_conformance.py``
+holds its decisions to the simulator's). :func:`run_loopback` drives machines a test builds itself (a
+misbehaving server, a tampered message).
 """
 
 from __future__ import annotations
@@ -17,11 +23,34 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
 
 from sim.protocol import wire
-from sim.protocol.machine import ClientMachine, Reaction, RemoteProtocolError, RoundAbortedError, ServerMachine, Work
-from sim.protocol.wire import Message, Vector
+from sim.protocol.instances import RoundInstances
+from sim.protocol.machine import (
+    Aggregate,
+    ClientMachine,
+    Reaction,
+    RemoteProtocolError,
+    RoundAbortedError,
+    RoundSetupError,
+    ServerMachine,
+    Work,
+)
+from sim.protocol.params import AFTER_SAMPLING
+from sim.protocol.registry import spec_of
+from sim.protocol.wire import Blank, Message, Vector
+from sim.round.closing import close_record, expose, step_spans
+from sim.round.collector import ACCEPT, GONE, MESSAGE, UNASKED, Roster, StepCollector
+from sim.round.departure import STAYS, Departure
+from sim.round.pipelining import Pipelining
+from sim.round.plan import RoundPlan
+from sim.round.records import ClientRecord, RoundRecord
+
+if TYPE_CHECKING:
+    from sim.world import World
 
 _T = TypeVar("_T")
 _R = TypeVar("_R")
@@ -215,3 +244,300 @@ class ClientSteps:
     def __exit__(self, *exc: object) -> None:
         if self.executor is not None:
             self.executor.shutdown(wait=True, cancel_futures=True)
+
+
+class LoopbackDriver:
+    """The in-memory driver as a :class:`sim.round.driver.Driver`: it plays a round plan with no clock and no
+    network, every frame really encoded in ``full`` fidelity (sized in ``learning`` and ``timing``).
+
+    It builds the round's machines (:class:`~sim.protocol.instances.RoundInstances`), trains each client
+    with the run's learner, and takes every decision as the other drivers do: a planned dropout leaves
+    where its :class:`~sim.round.departure.Departure` says, and the server learns it at once unless
+    ``dropout.silent``; each server event goes through a :class:`~sim.round.collector.StepCollector` over
+    one :class:`~sim.round.collector.Roster`; a pipelined round's instances advance step by step together
+    (:class:`~sim.round.pipelining.Pipelining`), so a client that leaves leaves every chunk at once. A step
+    whose awaited clients will never answer (they left silently) closes as at its deadline
+    (``timeout:<step>``). Every time in its records is 0: it decides, it does not time. Trace replay needs a
+    clock, and is refused."""
+
+    name = "loopback"
+
+    def __init__(self, world: World) -> None:
+        if world.availability is not None:
+            raise ValueError("the in-memory driver has no clock: trace replay needs the simulator or a deployment")
+        self.world = world
+
+    @property
+    def now(self) -> float:
+        return 0.0
+
+    def wait_until(self, t: float) -> None:
+        return None
+
+    def manifest_entries(self) -> dict[str, object]:
+        return {}
+
+    def close(self) -> None:
+        return None
+
+    def play(self, plan: RoundPlan) -> RoundRecord:
+        return _LoopbackRound(self.world, plan).play()
+
+
+class _LoopbackRound:
+    """One round of :class:`LoopbackDriver`: the server's instances and the clients take turns until the
+    round ends, each acting on whatever has reached it (a fixpoint: no clock orders them)."""
+
+    def __init__(self, world: World, plan: RoundPlan) -> None:
+        sc = world.scenario
+        self.world, self.plan = world, plan
+        self.spec = spec_of(sc.aggregation)
+        self.sampled = tuple(int(c) for c in plan.sampled)
+        self.silent = sc.dropout.silent
+        self.full = sc.fidelity == "full"
+        pop = world.population
+        ids = np.asarray(self.sampled, dtype=np.int64)
+        slowdowns, mbps = pop.slowdown[ids].tolist(), pop.bandwidth_mbps[ids].tolist()
+        self.records = {
+            c: ClientRecord(client=c, slowdown=s, bandwidth_mbps=b, samples=int(world.data.num_samples(c)))
+            for c, s, b in zip(self.sampled, slowdowns, mbps, strict=True)
+        }
+        self.roster = Roster(self.records)
+        self.departures = {c: Departure.plan(self.spec, sc.aggregation, stage) for c, stage in plan.drops.items()}
+        self.record = RoundRecord(
+            round=plan.number, t_start=0.0, t_end=0.0, sampled=len(self.sampled), chunks=plan.chunks or 1
+        )
+        self.pipelining: Pipelining | None = None
+        if plan.chunks is not None:
+            self.pipelining = Pipelining.for_section(self.spec, plan.chunks, sc.pipeline)
+        self.inboxes: list[list[tuple[str, int, Message | None]]] = []
+        """Per instance: the server's arrivals ``(kind, sender, message)``, in the order they happened."""
+        self.mail: dict[int, list[tuple[int, Message]]] = {}
+        """Client -> the server's messages ``(instance, message)`` it has not handled yet, in order."""
+        self.machines: dict[tuple[int, int], ClientMachine] = {}
+        """(client, instance) -> its machine, once started."""
+        self.pieces: dict[int, tuple[Vector, float]] = {}
+        """Client -> its encoded update and weight (pipelined: its chunks start one after another)."""
+        self.uploaded: dict[int, int] = {}
+        """Client -> chunks whose input it has uploaded (pipelined)."""
+        self.leaving: dict[int, str] = {}
+        """Pipelined: client -> the stage it leaves at once every chunk's input is uploaded."""
+        self.left: set[int] = set()
+        """Clients out of the round (left, aborted)."""
+        self.instances: RoundInstances | None = None
+
+    def departure(self, c: int) -> Departure:
+        return self.departures.get(c, STAYS)
+
+    def carry(self, message: Message) -> Message:
+        """``message`` as the receiver decodes it (its frame, in ``full`` fidelity)."""
+        return wire.decode(message.encode()) if self.full else message
+
+    def leave(self, c: int, stage: str, notify: bool = False) -> None:
+        """Client ``c`` leaves at ``stage``; the server learns it at once unless ``dropout.silent`` (with
+        ``notify``: in any case, as a client refusing the server closes its connection)."""
+        if not self.records[c].dropped_stage:
+            self.records[c].dropped_stage = stage
+        self.left.add(c)
+        self.mail.pop(c, None)
+        if notify or not self.silent:
+            for inbox in self.inboxes:
+                inbox.append((GONE, c, None))
+
+    def play(self) -> RoundRecord:
+        world, plan, rec = self.world, self.plan, self.record
+        sc = world.scenario
+        if plan.refused:
+            rec.outcome = f"aborted: {plan.refused}"
+            rec.clients = [self.records[c] for c in self.sampled]
+            return rec
+        try:
+            self.instances = instances = RoundInstances(
+                sc.aggregation, sc.seed, plan.number, self.sampled, world.dim, plan.private, plan.chunks, sc.fidelity
+            )
+        except RoundSetupError as exc:
+            rec.outcome = f"aborted: {exc}"
+            rec.clients = [self.records[c] for c in self.sampled]
+            return rec
+        servers = instances.servers
+        self.inboxes = [[] for _ in servers]
+        for j, server in enumerate(servers):
+            self._send(j, server.begin())
+        self._train()
+        collectors: dict[int, StepCollector] = {}
+        steps: list[tuple[str, float, float]] = []
+        while any(server.step not in ("done", "aborted") for server in servers):
+            moved = self._deliver()
+            for j, server in enumerate(servers):
+                if server.step in ("done", "aborted"):
+                    continue
+                collector = collectors.get(j)
+                if collector is None:
+                    collector = collectors[j] = StepCollector(server, self.roster, None, 0.0, False, j)
+                moved = self._collect(server, j, collector) or moved
+                if not collector.waiting():
+                    self._close(server, j, collectors.pop(j), steps)
+                    moved = True
+            if (
+                not moved
+            ):  # nothing more can reach anyone: the first step's awaited clients are late, as at its deadline
+                j = min(collectors)
+                collectors[j].expire()
+                self._close(servers[j], j, collectors.pop(j), steps)
+        rec.steps = step_spans(steps)
+        aggregate = self._conclude(instances)
+        rec.aggregate = aggregate
+        expose(rec, servers, self.pipelining is not None)
+        close_record(rec, self.roster, self.sampled, set(aggregate.survivors) if aggregate else set(), len(plan.drops))
+        return rec
+
+    def _close(
+        self, server: ServerMachine, j: int, collector: StepCollector, steps: list[tuple[str, float, float]]
+    ) -> None:
+        """Close instance ``j``'s step and send what it says."""
+        try:
+            reaction = server.close_step()
+        except RoundAbortedError as exc:
+            self.roster.blame(exc)
+            reaction = Reaction()
+        self._send(j, reaction)
+        steps.append((collector.step, 0.0, 0.0))
+
+    def _train(self) -> None:
+        """Each client trains, then starts its machine (pipelined: its first chunk's, once its update is
+        encoded) unless it leaves first."""
+        learner, dim, instances = self.world.learner, self.world.dim, self.instances
+        assert instances is not None
+        for c in self.sampled:
+            departure = self.departure(c)
+            if departure.before_download:
+                self.leave(c, AFTER_SAMPLING)
+                continue
+            update: Vector
+            if learner is not None:
+                update, weight = learner.local_update(c, self.plan.number)
+            else:
+                update, weight = Blank(dim, np.dtype("<f4")), float(self.records[c].samples)
+            if self.pipelining is None:
+                machine = instances.client(c)
+                if departure.before(machine.first_step):
+                    self.leave(c, departure.stage)
+                    continue
+                self.machines[(c, 0)] = machine
+                self._react(c, 0, partial(machine.start, update, weight))
+                continue
+            if self.pipelining.leaves_before_encoding(departure):
+                self.leave(c, departure.stage)
+                continue
+            self.pieces[c] = (instances.encode(c, update), weight)
+            self.uploaded[c] = 0
+            self._start_chunk(c, 0)
+
+    def _start_chunk(self, c: int, j: int) -> None:
+        """Client ``c`` starts its instance of chunk ``j``: its CPU takes the chunks' first stage (Dordis
+        Table 1) one after another, each once the one before is uploaded."""
+        instances = self.instances
+        assert instances is not None
+        if j >= len(instances.slots) or c in self.left:
+            return
+        encoded, weight = self.pieces[c]
+        slot = instances.slots[j]
+        piece = encoded if isinstance(encoded, Blank) else encoded[slot.start : slot.stop]
+        machine = self.machines[(c, j)] = instances.client(c, j)
+        self._react(c, j, partial(machine.start, piece, weight))
+
+    def _react(self, c: int, j: int, call: Callable[[], Reaction]) -> None:
+        """Client ``c``'s call of its machine of instance ``j``; its replies go to that instance's inbox. A
+        machine that refuses the server aborts the client, which leaves (the server sees it close)."""
+        try:
+            reaction = call()
+        except RemoteProtocolError as exc:
+            self.leave(c, f"aborted: {exc.reason}", notify=True)
+            return
+        uploads = 0
+        for send in reaction.sends:
+            self.inboxes[j].append((MESSAGE, c, self.carry(send.message)))
+            uploads += self.pipelining is not None and self.pipelining.is_upload(send.message)
+        if uploads:
+            self.uploaded[c] += 1
+            if c in self.leaving and self.uploaded[c] == self._chunks():
+                self.leave(c, self.leaving.pop(c))
+                return
+            self._start_chunk(c, j + 1)
+
+    def _chunks(self) -> int:
+        assert self.instances is not None
+        return len(self.instances.slots)
+
+    def _send(self, j: int, reaction: Reaction) -> None:
+        """The server's messages of instance ``j``'s ``reaction``, to their clients."""
+        for send in reaction.sends:
+            if send.to not in self.left:
+                self.mail.setdefault(send.to, []).append((j, self.carry(send.message)))
+
+    def _deliver(self) -> bool:
+        """Each client, in ascending order, handles the server's messages to its started instances, in
+        order; returns whether anyone handled one."""
+        moved = False
+        for c in sorted(self.mail):
+            pending, kept = self.mail.get(c, []), list[tuple[int, Message]]()
+            self.mail[c] = kept
+            for j, message in pending:
+                machine = self.machines.get((c, j))
+                if c in self.left:
+                    break
+                if machine is None:
+                    kept.append((j, message))  # its instance has not started
+                    continue
+                departure = self.departure(c)
+                if departure.before(machine.stage_of(message)):
+                    if departure.waits_for_uploads and self.uploaded.get(c, 0) < self._chunks():
+                        self.leaving[c] = departure.stage  # every chunk's input goes out first: it waits
+                        kept.append((j, message))
+                        continue
+                    self.leave(c, departure.stage)
+                    moved = True
+                    break
+                moved = True
+                self._react(c, j, partial(machine.receive, message))
+            if not self.mail.get(c):
+                self.mail.pop(c, None)
+        return moved
+
+    def _collect(self, server: ServerMachine, j: int, collector: StepCollector) -> bool:
+        """What has reached instance ``j``'s server, in order, while its step awaits someone; returns whether
+        it took anything from its inbox."""
+        inbox = self.inboxes[j]
+        moved = False
+        while inbox and collector.waiting():
+            moved = True
+            kind, sender, message = inbox.pop(0)
+            decision = collector.arrival(kind, sender, 0.0)
+            if decision is UNASKED:
+                assert message is not None
+                self.roster.reject(sender, collector.unasked(type(message).__name__))
+            if decision is not ACCEPT:
+                continue
+            assert message is not None
+            try:
+                reaction = server.receive(sender, message)
+            except RemoteProtocolError as exc:
+                self.roster.reject(sender, exc.reason)
+                continue
+            collector.took(sender)
+            self._send(j, reaction)
+        return moved
+
+    def _conclude(self, instances: RoundInstances) -> Aggregate | None:
+        """The round's aggregate and outcome: the one instance's, or every chunk's combined."""
+        rec, servers = self.record, instances.servers
+        if self.pipelining is None:
+            rec.outcome = servers[0].outcome
+            return servers[0].aggregate
+        for j, server in enumerate(servers):
+            failure = self.pipelining.failure(j, server)
+            if failure is not None:
+                rec.outcome = f"aborted: {failure}"
+                return None
+        rec.outcome = "ok"
+        return instances.combine([server.aggregate for server in servers if server.aggregate is not None])

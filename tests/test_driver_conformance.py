@@ -11,15 +11,19 @@ simulator's, so that the noise, and so the model, are the same bit for bit.
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
 from sim.deploy.deployment import DeployOptions
 from sim.engine.virtual_round import Round
+from sim.loopback import LoopbackDriver, _LoopbackRound
 from sim.round.collector import Roster
-from sim.round.records import RoundResult
+from sim.round.plan import RoundPlan
+from sim.round.records import RoundRecord, RoundResult
 from sim.runner import Deployed, Simulation
+from sim.runner.experiment import Experiment
 from sim.scenario import load
 from sim.scenario.types import Scenario
 
@@ -110,3 +114,49 @@ def test_both_drivers_decide_alike(tmp_path: Path, case: str) -> None:
     # every dropout stage the case names is exercised: somebody dropped there (or the round has no drop)
     stage = next((o.split("=", 1)[1] for o in CASES[case] if o.startswith("dropout.stage=")), "")
     assert any(c.dropped_stage == stage for c in sim.clients), [c.dropped_stage for c in sim.clients]
+
+
+def _in_memory(scenario: Scenario) -> tuple[RoundResult, Roster]:
+    rosters: list[Roster] = []
+
+    class Watched(LoopbackDriver):
+        def play(self, plan: RoundPlan) -> RoundRecord:
+            played = _LoopbackRound(self.world, plan)
+            rosters.append(played.roster)
+            return played.play()
+
+    run = Experiment(scenario, Watched)
+    try:
+        result = run.step()
+    finally:
+        run.close()
+    return result, rosters[0]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_the_in_memory_driver_decides_as_the_simulator(tmp_path: Path, case: str) -> None:
+    """The same comparison with the in-memory driver (no clock, no sockets) in place of the deployment."""
+    scenario = _scenario(tmp_path, *CASES[case])
+    simulated, sim_roster = _simulated(scenario)
+    in_memory, mem_roster = _in_memory(scenario)
+    sim, mem = simulated.record, in_memory.record
+    assert (mem.outcome, mem.survivors, mem.sampled, mem.chunks) == (
+        sim.outcome,
+        sim.survivors,
+        sim.sampled,
+        sim.chunks,
+    )
+    assert _decisions(mem_roster) == _decisions(sim_roster)
+    assert [c.dropped_stage for c in mem.clients] == [c.dropped_stage for c in sim.clients]
+    assert in_memory.model_sha256 == simulated.model_sha256
+    assert mem.exposed == sim.exposed and mem.exposures == sim.exposures
+    if simulated.privacy is not None:
+        assert in_memory.privacy is not None and in_memory.privacy.epsilon == simulated.privacy.epsilon
+    assert mem.t_end == mem.t_start == 0.0
+
+
+def test_the_in_memory_driver_refuses_a_trace(tmp_path: Path) -> None:
+    scenario = _scenario(tmp_path)
+    world = SimpleNamespace(availability=object(), scenario=scenario)
+    with pytest.raises(ValueError, match="no clock"):
+        LoopbackDriver(world)  # type: ignore[arg-type]

@@ -1,8 +1,8 @@
 """The interface every driver implements: play a round plan, return its record, close.
 
-Two drivers ship: the simulator (:class:`sim.engine.simulator.Simulator`, SimPy, virtual time) and the
+Three drivers ship: the simulator (:class:`sim.engine.simulator.Simulator`, SimPy, virtual time), the
 deployment (:class:`sim.deploy.deployment.Deployment`, TCP sockets and worker processes, wall-clock
-time). The runner (:mod:`sim.runner`) talks to a driver only through this interface; docs/architecture.md
+time) and the in-memory driver (:class:`sim.loopback.LoopbackDriver`, no clock: decisions only). The runner (:mod:`sim.runner`) talks to a driver only through this interface; docs/architecture.md
 ("Add a driver") walks through writing another.
 """
 
@@ -18,7 +18,7 @@ class Driver(Protocol):
     """Plays one round after another on one clock."""
 
     name: str
-    """What the manifest's ``driver`` says (``simulate``, ``deploy``)."""
+    """What the manifest's ``driver`` says (``simulate``, ``deploy``, ``loopback``)."""
 
     @property
     def now(self) -> float:
