@@ -106,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--csv", type=Path, default=Path("pipeline.csv"), help="table to write (default pipeline.csv)")
     args = parser.parse_args(argv)
-    from sim.runner.privacy_table import model_dimension
+    from sim.learning.models import model_dimension
 
     rows = []
     with TemporaryDirectory() as tmp:

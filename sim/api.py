@@ -17,16 +17,24 @@ file:line (or the option, or ``<mapping>``), the key path, the value and what is
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from sim.dp.strategies import STRATEGIES, strategy_named
+from sim.results.integrity import is_verifiable
+from sim.scenario.errors import Problem, ScenarioError
+from sim.scenario.source import load_file, parse_text
+from sim.scenario.types import Scenario
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from sim.runner.run import RunSummary
     from sim.scenario.grid import Grid
-    from sim.scenario.types import Scenario
     from sim.sweep_point import RunStatus
 
 MAPPING_NAME = "<mapping>"
@@ -49,8 +57,6 @@ class RunResult:
         """Whether the run's tables are checked against its manifest's digests when read: True for a run made
         by this version; False for one an earlier dropsim finished, whose manifest holds none (it is read as
         found)."""
-        from sim.results.integrity import is_verifiable
-
         return is_verifiable(self.manifest)
 
     @cached_property
@@ -67,7 +73,7 @@ class RunResult:
 
     @cached_property
     def manifest(self) -> dict[str, Any]:
-        from sim.results.read import read_manifest
+        from sim.results.read import read_manifest  # deferred: pandas, loaded when a table is first read
 
         return read_manifest(self.path)
 
@@ -76,14 +82,14 @@ class RunResult:
         """The one-line summary ``dropsim run`` prints (final accuracy, epsilon, mean round time, wall
         seconds)."""
         if self._summary is None:
-            from sim.runner.run import summarize
+            from sim.runner.run import summarize  # deferred: torch; reading a finished run needs none
 
             self._summary = summarize(self.path)
         return self._summary
 
     def _table(self, name: str) -> pd.DataFrame:
         """One table, cut to the rounds the manifest committed."""
-        from sim.results.read import read_run_table
+        from sim.results.read import read_run_table  # deferred: pandas, loaded when a table is first read
 
         return read_run_table(self.path, name)
 
@@ -120,7 +126,7 @@ class SweepResult:
         return self._together("stages")
 
     def _together(self, table: str) -> pd.DataFrame:
-        import pandas as pd
+        import pandas as pd  # deferred: pandas, loaded only to make a table
 
         frames = [getattr(run, table) for run in self.runs.values()]
         return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
@@ -133,17 +139,13 @@ def load_scenario(
     with ``overrides`` (``--set`` strings, e.g. ``"dropout.rate=0.2"``) and ``output`` applied. The result is
     its :class:`~sim.scenario.grid.Grid`: ``.base()`` the scenario as written, ``.points()`` its sweep.
     Raises :class:`~sim.scenario.ScenarioError` listing every problem."""
+    # deferred: the parser loads the protocol stack (cryptography); reading a run needs none
     from sim.scenario.grid import Grid, apply_overrides
-    from sim.scenario.source import load_file, parse_text
 
     if isinstance(source, Mapping):
-        import yaml
-
         try:
             text = yaml.safe_dump(dict(source), sort_keys=False)
         except yaml.YAMLError as exc:
-            from sim.scenario.errors import Problem, ScenarioError
-
             raise ScenarioError([Problem(MAPPING_NAME, "(top level)", f"is not plain data: {exc}")]) from None
         doc = parse_text(text, MAPPING_NAME)
     else:
@@ -155,6 +157,7 @@ def load_scenario(
 
 
 def _grid(scenario: Any, overrides: Sequence[str] | None, output: str | Path | None) -> Grid:
+    # deferred: the parser loads the protocol stack (cryptography); reading a run needs none
     from sim.scenario.grid import Grid
 
     if isinstance(scenario, Grid):
@@ -169,10 +172,6 @@ def _grid(scenario: Any, overrides: Sequence[str] | None, output: str | Path | N
 
 
 def _one(scenario: Any, overrides: Sequence[str] | None, output: str | Path | None) -> Scenario:
-    from dataclasses import replace
-
-    from sim.scenario.types import Scenario
-
     if isinstance(scenario, Scenario):
         if overrides:
             raise TypeError("overrides apply to a scenario's file or mapping, not to a loaded Scenario")
@@ -193,8 +192,8 @@ def run(
     of its tables changed since the run completed, :class:`sim.results.integrity.ChangedTableError` (an
     :class:`~sim.errors.InputError`) names it. A scenario whose ``name`` is not one folder name is refused
     (:mod:`sim.results.folders`)."""
-    from sim.preflight import check_all
-    from sim.runner import prepare_output, run_scenario
+    from sim.preflight import check_all  # deferred: torch; reading a finished run needs none
+    from sim.runner import prepare_output, run_scenario  # deferred: torch; reading a finished run needs none
 
     one = _one(scenario, overrides, output)
     check_all([one])
@@ -219,8 +218,8 @@ def sweep(
     ``force`` (a finished point whose table changed since stops the sweep before anything runs:
     :class:`sim.results.integrity.ChangedTableError`). Returns every point's status and the finished points'
     tables together."""
-    from sim.preflight import check_all
-    from sim.sweeps import run_sweep
+    from sim.preflight import check_all  # deferred: torch; reading a finished run needs none
+    from sim.sweeps import run_sweep  # deferred: torch; reading a finished run needs none
 
     if jobs < 1:
         raise ValueError(f"jobs is {jobs}; at least 1 is expected")
@@ -244,7 +243,7 @@ def privacy_table(
     spend and the noise they leave (docs/privacy.md). ``strategies``: those the scenario's protocol supports
     by default; ``dim``: the scenario's model's parameters by default. Raises ``ValueError`` for a strategy
     the protocol does not support, a rate outside [0, 1), a ``dim`` below 1 or noise that cannot be planned."""
-    import pandas as pd
+    import pandas as pd  # deferred: pandas, loaded only to make a table
 
     return pd.DataFrame(privacy_rows(_one(scenario, overrides, None), dropouts, strategies, dim))
 
@@ -253,12 +252,11 @@ def privacy_rows(
     scenario: Scenario, dropouts: Sequence[float], strategies: Sequence[str] | None, dim: int | None
 ) -> list[dict[str, Any]]:
     """The rows of :func:`privacy_table` as plain dicts (what ``dropsim privacy`` prints and writes)."""
-    from sim.dp.strategies import STRATEGIES, strategy_named
-    from sim.preflight import plugin_problems
-    from sim.protocol.registry import spec_of
-    from sim.runner.privacy_table import model_dimension, planned
-    from sim.runner.privacy_table import privacy_table as table
-    from sim.scenario.errors import ScenarioError
+    from sim.learning.models import model_dimension  # deferred: torch; reading a finished run needs none
+    from sim.preflight import plugin_problems  # deferred: torch; reading a finished run needs none
+    from sim.protocol.registry import spec_of  # deferred: the protocol stack (cryptography); reading a run needs none
+    from sim.runner.privacy_table import planned  # deferred: torch; reading a finished run needs none
+    from sim.runner.privacy_table import privacy_table as table  # deferred: torch; reading a finished run needs none
 
     problems = plugin_problems(scenario)  # the model's size, if a plug-in's, needs them
     if problems:

@@ -62,7 +62,8 @@ def rebuild(sent: dict[str, Any]) -> Scenario:
 
 def run_remote(sent: dict[str, Any]) -> dict[str, Any]:
     """Worker side: run the point into a temporary folder; its status, error and files (name -> bytes)."""
-    from sim.sweep_point import run_point  # here: it imports the runner (and torch); storing results need not
+    # deferred: sim.sweep_point loads the runner and torch; storing results needs neither
+    from sim.sweep_point import run_point
 
     scenario = rebuild(sent)
     with tempfile.TemporaryDirectory(prefix="dropsim-") as tmp:
@@ -96,6 +97,7 @@ def store(result: dict[str, Any], runs: Path) -> Path:
 def connect(address: str) -> Any:
     """A ``distributed.Client`` on the scheduler at ``address``; a clear error if that is impossible."""
     try:
+        # deferred: distributed is optional (the cluster extra)
         from distributed import Client
     except ImportError:
         raise ClusterError(
@@ -115,9 +117,13 @@ def run_on_cluster(
     A point whose worker raises, or dies more often than Dask retries it, is ``failed`` with the error; the
     others go on. On Ctrl-C the submitted points are cancelled.
     """
+    # deferred: distributed is optional (the cluster extra)
     from distributed import as_completed
 
+    # deferred: the runner loads torch; storing results needs none
     from sim.runner import summarize
+
+    # deferred: sim.sweep_point loads the runner and torch; storing results needs neither
     from sim.sweep_point import RunStatus
 
     client = connect(address)

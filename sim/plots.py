@@ -19,8 +19,10 @@ pipelined, with the speedup. :func:`plot_gantt` draws one round of ``stages.csv`
 Figure 6): by resource with a lane per chunk, and by chunk with the five stages of Dordis Table 1. The
 numbers behind both come from pure functions (:func:`round_time_breakdown`, :func:`gantt_spans`).
 
-``plot_privacy`` draws ``epsilon_vs_dropout`` from the table of ``dropsim privacy``. Each strategy keeps
-one colour and marker in every figure.
+``plot_privacy`` draws ``epsilon_vs_dropout`` from the table of ``dropsim privacy``; ``plot_online`` the
+clients online over an availability trace, the count and the percentage against hours, as FedScale's
+availability figures (and Dordis Figure 1a) do (``dropsim trace stats --plot``). Each strategy keeps one
+colour and marker in every figure.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 from matplotlib.ticker import MaxNLocator
 
@@ -41,6 +44,8 @@ from sim.protocol.params import AggregationParams
 from sim.results.read import read_manifest, read_run_table, run_dirs
 from sim.results.writer import ResultsError, make_folder
 from sim.round.stages import TABLE_1
+from sim.traces.model import Trace
+from sim.traces.stats import online_series
 
 
 def _budget(directory: Path) -> float:
@@ -641,4 +646,36 @@ def plot_round_time_breakdown(rounds: pd.DataFrame, out: Path, name: str = "roun
         bbox_to_anchor=(1.01, 1.0),
     )
     make_folder(out)
+    return save_figure(fig, out, name)
+
+
+def plot_online(
+    data: Trace | pd.DataFrame,
+    out_dir: str | Path,
+    name: str = "online_clients",
+    step_s: float = 600.0,
+    population: int | None = None,
+) -> list[Path]:
+    """Draw clients online (count, and percent of the population) against trace hours: ``NAME.png`` and
+    ``NAME.pdf`` in ``out_dir``. ``data`` is a trace (sampled every ``step_s`` seconds) or an
+    :func:`sim.traces.stats.online_series` table. Returns the files written."""
+    series = online_series(data, step_s, population=population) if isinstance(data, Trace) else data
+    out = Path(out_dir)
+    make_folder(out)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
+    left.plot(series["time_h"], series["online"], color="k", linewidth=1.2, label="Available clients")
+    left.set_ylabel("Clients online (count)")
+    right.plot(series["time_h"], series["fraction"] * 100.0, color="k", linewidth=1.2, label="Available clients")
+    right.set_ylabel("Clients online (% of population)")
+    hours = series["time_h"].to_numpy(dtype=np.float64)
+    # the series covers [first, last + step): show that whole span
+    last = float(hours[-1] + (hours[1] - hours[0])) if hours.size > 1 else (float(hours[0]) if hours.size else 1.0)
+    for ax in (left, right):
+        ax.set_xlabel("Trace time (h)")
+        ax.set_xlim(0.0, max(last, 1e-9))
+        ax.set_ylim(bottom=0.0)
+        if last >= 24:
+            ax.set_xticks(np.arange(0.0, last + 1e-9, 24.0 if last <= 24 * 8 else 24.0 * np.ceil(last / 24 / 8)))
+        ax.grid(True, alpha=0.3)
+        ax.legend(loc="lower left", fontsize="small", framealpha=0.85)
     return save_figure(fig, out, name)

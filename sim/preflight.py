@@ -10,19 +10,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
+import torch
+
 from sim import footprint
 from sim.costs.estimate import estimate_training
 from sim.costs.model import CostModel, CostModelError, read_profile, resolve_profile
 from sim.errors import InputError
 from sim.learning.datasets import digits_train_size
-from sim.learning.federated import data_shape
+from sim.learning.device import cuda_problem
+from sim.learning.federated import FederatedData, data_shape, load_federated
 from sim.learning.flops import multiply_adds
-from sim.learning.models import model_train_op, trains_at_rate, update_dimension
+from sim.learning.models import make_model, model_dimension, model_train_op, trains_at_rate, update_dimension
+from sim.learning.plugin_model import check_model
 from sim.plugins import where_raised
 from sim.protocol.machine import RoundSetupError
 from sim.protocol.registry import DRIVER_OPERATIONS, spec_of
 from sim.results.manifest import host
-from sim.round.privacy import padded
+from sim.round.privacy import PrivacyLedger, nominal_sampling, padded
+from sim.scenario.dropout_modes import dropout_mode
 from sim.scenario.errors import Problem, ScenarioError
 from sim.scenario.plugins import written_key
 from sim.scenario.types import Scenario
@@ -47,8 +53,6 @@ def preflight(scenario: Scenario) -> list[Problem]:
             )
         )
     if scenario.fidelity != "timing":  # training.device: cuda on a machine without one
-        from sim.learning.device import cuda_problem
-
         device = cuda_problem(scenario.training.device)
         if device is not None:
             problems.append(Problem(scenario.origin("training", "device"), "training.device", device))
@@ -135,9 +139,6 @@ def _plugins(scenario: Scenario) -> tuple[list[Problem], tuple[tuple[int, ...], 
     """The checks of a scenario's plug-ins that need them run (:mod:`sim.plugins`): its data loader's data, its
     model on those data, its dropout model's draws. Returns the problems and the data's (input shape,
     classes), or None where the data or model cannot be had."""
-    from sim.errors import InputError
-    from sim.learning.federated import load_federated
-
     sc = scenario
     data = sc.data
     if data.loader is None:
@@ -177,14 +178,6 @@ def _model_plugin(
 ) -> list[Problem]:
     """The scenario's model builds on its data's shape and gives one logit per class on a few test inputs (a
     loader's), or random inputs of the data's shape (a built-in data set's, which is not read for this)."""
-    import numpy as np
-    import torch
-
-    from sim.errors import InputError
-    from sim.learning.federated import FederatedData
-    from sim.learning.models import make_model
-    from sim.learning.plugin_model import check_model
-
     assert shaped is not None
     if isinstance(federated, FederatedData):
         inputs = federated.test_data()[0][:2]
@@ -216,11 +209,6 @@ def _model_plugin(
 def _dropout_plugin(scenario: Scenario) -> list[Problem]:
     """The plug-in dropout model prepares for the population and draws, for two rounds, a subset of the sampled
     clients (each client at most once, in the sample's order)."""
-    import numpy as np
-
-    from sim.errors import InputError
-    from sim.scenario.dropout_modes import dropout_mode
-
     sc = scenario
     config = sc.dropout
     key = written_key(sc, "dropout")
@@ -260,9 +248,7 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
 
 def _trace(scenario: Scenario) -> list[Problem]:
     """The trace file loads, its clients fit the population, and the replayed hours lie within it."""
-    import numpy as np
-
-    from sim.errors import InputError
+    # deferred: sim.traces.io loads pandas; only a scenario with a trace needs it
     from sim.traces.io import check_clients, load_trace
 
     replay = scenario.trace
@@ -294,9 +280,6 @@ def _trace(scenario: Scenario) -> list[Problem]:
 def _privacy(scenario: Scenario) -> list[Problem]:
     """Whether the noise can be planned for the budget and fits the bits (DP needs no machine, but a plan
     that cannot be made should stop the run before it starts, not in its first round)."""
-    from sim.round.privacy import PrivacyLedger, nominal_sampling
-    from sim.runner.privacy_table import model_dimension
-
     sc = scenario
     q, n = nominal_sampling(sc)
     try:

@@ -25,6 +25,7 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from sim.cluster import run_on_cluster
 from sim.results.folders import check_name
 from sim.results.integrity import ChangedTableError, check_run
 from sim.results.read import SWEEP, read_manifest, read_run_table
@@ -120,8 +121,6 @@ def run_sweep(
 
     try:
         if scheduler is not None and todo:
-            from sim.cluster import run_on_cluster
-
             run_on_cluster(grid, source, todo, out, scheduler, finish)
         elif jobs <= 1:
             for point in todo:

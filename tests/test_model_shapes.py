@@ -12,12 +12,11 @@ import torch
 
 from sim.costs.model import DEFAULT_PROFILE, CostModel, CostModelError
 from sim.learning.federated import SHAPES, SyntheticData, data_shape
-from sim.learning.models import MODELS, build_model, count_parameters, train_op
+from sim.learning.models import MODELS, build_model, count_parameters, model_dimension, train_op
 from sim.learning.trainer import Learner
 from sim.preflight import preflight
 from sim.profiling.profiler import VALIDATION_SHAPES, training_grid, training_plan
 from sim.runner import Simulation, run_scenario
-from sim.runner.privacy_table import model_dimension
 from sim.scenario import ScenarioError, load
 from sim.scenario.types import MODELS as SCENARIO_MODELS
 from sim.scenario.types import Data, Model, Partition, Training

@@ -118,7 +118,8 @@ def test_rounds_below_is_the_last_round_under_the_budget(threshold, step):
 
 def test_early_stops_where_hyades_reports(catalog):
     """Hyades section 8.2: with 20% dropout Early stops at round 26 (FEMNIST) and 114 (CIFAR-10)."""
-    from sim.runner.privacy_table import model_dimension, privacy_table
+    from sim.learning.models import model_dimension
+    from sim.runner.privacy_table import privacy_table
 
     for name, rounds in (("hyades-fig7-femnist", 26), ("hyades-fig7-cifar10", 114)):
         base = load(catalog[name].scenarios[0]).base()

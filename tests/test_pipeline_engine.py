@@ -175,8 +175,8 @@ def test_trace_replay_and_silent_dropout_in_pipelined_rounds(tmp_path: Path) -> 
 
 
 def test_auto_picks_the_planned_chunk_count(tmp_path: Path) -> None:
+    from sim.learning.models import model_dimension
     from sim.runner.chunks import plan_chunks
-    from sim.runner.privacy_table import model_dimension
 
     sc = scenario(tmp_path, "pipeline={chunks: auto, max_chunks: 6}", "fidelity=timing")
     plan = plan_chunks(sc, model_dimension(sc))

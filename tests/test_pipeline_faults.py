@@ -232,8 +232,8 @@ def test_a_round_is_accounted_at_its_least_noisy_chunk(tmp_path: Path) -> None:
 
 
 def test_auto_profiles_without_dropout_when_the_first_round_aborts(tmp_path: Path) -> None:
+    from sim.learning.models import model_dimension
     from sim.runner.chunks import plan_chunks
-    from sim.runner.privacy_table import model_dimension
 
     sc = scenario(tmp_path, "pipeline={chunks: auto, max_chunks: 4}", "dropout.rate=0.5", "aggregation.threshold=0.8")
     notes: list[str] = []

@@ -137,13 +137,13 @@ def test_auto_on_the_cpu_follows_the_measured_rule() -> None:
 def test_groups_are_sized_to_the_memory_and_a_model_too_large_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     data = Uneven(SHAPES["mlp"])
     need = together.bytes_per_client(Learner("mlp", data, _training(), seed=1).model, SHAPES["mlp"], 3, 10)
-    monkeypatch.setattr("sim.learning.device.free_bytes", lambda device: int(need * 3.5 / together.MEMORY_SHARE))
+    monkeypatch.setattr(together, "free_bytes", lambda device: int(need * 3.5 / together.MEMORY_SHARE))
     assert Learner("mlp", data, _training(clients_at_once=None), seed=1).together.at_once == 2  # a power of 2
-    monkeypatch.setattr("sim.learning.device.free_bytes", lambda device: int(need * 2 / together.MEMORY_SHARE) + 1)
+    monkeypatch.setattr(together, "free_bytes", lambda device: int(need * 2 / together.MEMORY_SHARE) + 1)
     assert Learner("mlp", data, _training(clients_at_once=None), seed=1).together.at_once == 2
     capped = Learner("mlp", data, _training(clients_at_once=4), seed=1).together
     assert capped.at_once == 2 and "4 asked; 2 fit in memory" in capped.why
-    monkeypatch.setattr("sim.learning.device.free_bytes", lambda device: need)
+    monkeypatch.setattr(together, "free_bytes", lambda device: need)
     with pytest.raises(InputError, match=r"model mlp: training one client together .* GiB .*clients_at_once: 1"):
         Learner("mlp", data, _training(clients_at_once=None), seed=1)
 

@@ -17,9 +17,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from sim.cli.trace import add_trace_parser, cmd_trace
 from sim.errors import InputError
+from sim.plots import plot_online
 from sim.safepickle import UnsafePickleError
-from sim.traces.cli import add_trace_parser, cmd_trace
 from sim.traces.fedscale import FedScaleError, import_fedscale, import_fedscale_report
 from sim.traces.io import (
     MIN_PARQUET_ROWS,
@@ -32,7 +33,7 @@ from sim.traces.io import (
     write_trace,
 )
 from sim.traces.model import Trace
-from sim.traces.stats import dominant_period_h, online_counts, online_series, plot_online, session_stats
+from sim.traces.stats import dominant_period_h, online_counts, online_series, session_stats
 from sim.traces.synth import Calibration, expected_online, synthesize
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -18,9 +18,16 @@ import math
 import os
 import sys
 from collections.abc import Callable
+from dataclasses import replace
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from sim.cli.output import print_table
+from sim.clients.population import Population
+from sim.costs.model import DEFAULT_PROFILE
+from sim.deploy import kernel
+from sim.deploy.grid import SCENARIO, complete, deployments, grid_for, repeated_points
 from sim.deploy.identity import (
     SERVER_KEY_ENV,
     Identity,
@@ -38,12 +45,15 @@ from sim.deploy.identity import (
     sessions_file,
     worker_key_file,
 )
+from sim.deploy.validate import Validation, compare, plot, testbed_overrides
 from sim.errors import InputError
+from sim.results.read import read_manifest
+from sim.scenario import load
+from sim.testbed import clients_per_round, is_kernel, run_dilation
 
 if TYPE_CHECKING:
     from sim.deploy.deployment import DeployOptions
     from sim.deploy.policy import WorkerPolicy
-    from sim.deploy.validate import Validation
     from sim.runner import Experiment
     from sim.scenario.types import Scenario
 
@@ -253,7 +263,7 @@ SECRET_FILE_GONE = (
 
 
 def deploy_options(args: argparse.Namespace, log_dir: Path | None) -> DeployOptions:
-    from sim.deploy.deployment import DeployOptions
+    from sim.deploy.deployment import DeployOptions  # deferred: torch, kept out of the light commands
 
     if args.secret_file is not None:
         raise InputError(SECRET_FILE_GONE)
@@ -291,7 +301,6 @@ def emulation_overrides(args: argparse.Namespace) -> list[str]:
     if args.testbed is None:
         return []
     sets = [f"testbed.emulation={args.testbed}"]
-    from sim.scenario import load
 
     if load(args.file, args.overrides).base().testbed is None:
         sets.insert(0, f"testbed.cores={os.cpu_count() or 1}")
@@ -301,13 +310,10 @@ def emulation_overrides(args: argparse.Namespace) -> list[str]:
 def run_in_private_network(scenario: Scenario, args: argparse.Namespace) -> None:
     """On a kernel testbed, go on in a network namespace of this command's own: the command starts again
     under ``unshare --net`` (exit 2 naming what this machine lacks for it). Elsewhere, nothing."""
-    from sim.deploy.kernel import in_private_network, reexec_in_private_network
-    from sim.testbed import is_kernel
-
     if not is_kernel(scenario):
         return
-    if not in_private_network():
-        reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
+    if not kernel.in_private_network():
+        kernel.reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
     # a kill (SIGTERM) ends the command as Ctrl-C does, through its cleanup (the cgroups, the workers): the
     # command line's interruptible() says so for deploy and validate, in the process run again too
 
@@ -315,7 +321,7 @@ def run_in_private_network(scenario: Scenario, args: argparse.Namespace) -> None
 def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experiment]:
     """What runs a scenario through a deployment with ``options``; with workers started elsewhere, it says
     where they connect once the server listens (``--port 0``: the port the system chose)."""
-    from sim.runner import Deployed
+    from sim.runner import Deployed  # deferred: torch, kept out of the light commands
 
     def deployed(scenario: Scenario) -> Experiment:
         experiment = Deployed(scenario, options)
@@ -328,18 +334,14 @@ def through_deployment(options: DeployOptions) -> Callable[[Scenario], Experimen
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    from sim.cli.output import print_table
-    from sim.deploy.deployment import check_deployable
-    from sim.preflight import check_all
-    from sim.runner import prepare_output, run_scenario, summarize
-    from sim.scenario import load
+    from sim.deploy.deployment import check_deployable  # deferred: torch, kept out of the light commands
+    from sim.preflight import check_all  # deferred: torch, kept out of the light commands
+    from sim.runner import prepare_output, run_scenario, summarize  # deferred: torch, kept out of the light commands
 
     grid = load(args.file, [*emulation_overrides(args), *args.overrides], args.output)
     scenario = grid.base()
     run_in_private_network(scenario, args)
     if args.output is None:
-        from dataclasses import replace
-
         scenario = replace(scenario, output=f"{scenario.output}-deploy")
     check_all([scenario])
     check_deployable(scenario)
@@ -360,8 +362,6 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 def say_dilation(run: Path) -> None:
     """On a kernel testbed, the run's time dilation f (from its manifest)."""
-    from sim.results.read import read_manifest
-
     testbed = read_manifest(run).get("testbed")
     if isinstance(testbed, dict) and "time_dilation" in testbed:
         print(
@@ -409,12 +409,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
             announce(args.announce_fd, identity)
         except OSError as exc:
             raise InputError(f"--announce-fd {args.announce_fd}: {exc}") from None
-    from sim.deploy.worker import worker_main
+    from sim.deploy.worker import worker_main  # deferred: torch, kept out of the light commands
 
     sessions, directory = None, frozenset[bytes]()
     if args.keys is not None:
         sessions = sessions_file(worker_key_file(args.keys, args.index))
         directory = _read(lambda: known_workers(args.keys))
+    # deferred: dp_accounting (the policy's epsilon bounds), kept out of the light commands
     from sim.deploy.policy import MALICIOUS
 
     if policy.adversary == MALICIOUS and not directory - {identity.verification}:
@@ -430,7 +431,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def worker_policy(args: argparse.Namespace) -> WorkerPolicy:
     """The worker's policy: ``--policy FILE`` (else the safe default), with the policy flags given over it."""
-    # deferred: the policy's epsilon bounds load the accountant, which this module's other commands need not
+    # deferred: dp_accounting (the policy's epsilon bounds), kept out of the light commands
     from sim.deploy.policy import PolicyError, WorkerPolicy, policy_from_mapping, read_policy
 
     base = read_policy(args.policy) if args.policy is not None else WorkerPolicy()
@@ -466,13 +467,10 @@ def _read(load: Callable[[], T]) -> T:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
+    # deferred: torch, kept out of the light commands
     from sim.deploy.deployment import SEEDED_SECRETS, check_deployable
-    from sim.deploy.validate import compare, plot, testbed_overrides
-    from sim.preflight import check_all
-    from sim.runner import run_scenario
-    from sim.scenario import load
+    from sim.preflight import check_all  # deferred: torch, kept out of the light commands
+    from sim.runner import run_scenario  # deferred: torch, kept out of the light commands
 
     emulation = [f"testbed.emulation={args.testbed}"] if args.testbed is not None else []
     cpu_scale = args.cpu_scale
@@ -492,9 +490,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
         raise InputError(f"{args.file}: testbed is unset; validate simulates under the testbed model (testbed.cores)")
     model = f"{testbed.cores} cores, cpu_scale {testbed.cpu_scale:g}"
     if testbed.emulation == "kernel":
-        from sim.clients.population import Population
-        from sim.testbed import clients_per_round, run_dilation
-
         slowdown = Population.build(scenario.population, scenario.clients, scenario.seed).slowdown
         f = run_dilation(scenario, slowdown.smallest(clients_per_round(scenario)))
         model = f"the kernel testbed on {testbed.cores} cores, time dilation f = {f:.4g}"
@@ -555,8 +550,7 @@ def calibration_advice(validation: Validation, scenario: Scenario) -> str:
     what to do (empty otherwise): calibrate this host with ``dropsim calibrate --host`` where the profile
     was measured on another machine; where it was calibrated on this one, say that the rest is the model's.
     (On the process testbed the CPU line names ``--cpu-scale``.)"""
-    from sim.preflight import measured_elsewhere
-    from sim.testbed import is_kernel
+    from sim.preflight import measured_elsewhere  # deferred: torch, kept out of the light commands
 
     rounds = validation.summary[validation.summary["stage"] == "round"]
     error = float(rounds["error"].iloc[0]) if len(rounds) else math.nan
@@ -576,6 +570,7 @@ def calibration_advice(validation: Validation, scenario: Scenario) -> str:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
+    # deferred: torch, kept out of the light commands
     from sim.profiling.calibrate import calibrate, summary, write_profile
 
     if args.host == bool(args.runs):
@@ -599,15 +594,8 @@ def deploy_host_grid(args: argparse.Namespace) -> list[Path]:
     """``dropsim calibrate --host``: deploy 8 points of the kernel grid on this host's kernel testbed, each
     once (``sim.deploy.grid.repeated_points``: 5 clients, 10^4 and 10^5 parameters; a few minutes), from the
     shipped default profile; the folders of the deployed runs."""
-    from functools import partial
-
-    from sim.costs.model import DEFAULT_PROFILE
-    from sim.deploy.deployment import DeployOptions
-    from sim.deploy.grid import SCENARIO, complete, deployments, grid_for, repeated_points
-    from sim.deploy.kernel import in_private_network, reexec_in_private_network
-    from sim.deploy.validate import testbed_overrides
-    from sim.runner import Deployed, run_scenario
-    from sim.scenario import load
+    from sim.deploy.deployment import DeployOptions  # deferred: torch, kept out of the light commands
+    from sim.runner import Deployed, run_scenario  # deferred: torch, kept out of the light commands
 
     if args.rounds < 1:
         raise InputError(f"calibrate: --rounds is {args.rounds}; it must be at least 1")
@@ -618,8 +606,8 @@ def deploy_host_grid(args: argparse.Namespace) -> list[Path]:
     base = [*testbed_overrides(), "testbed.emulation=kernel", "testbed.cpu_scale=1", f"costs.profile={DEFAULT_PROFILE}"]
     runs = [deployments(keep, point, 1)[0] for point in points]
     todo = [(point, run) for point, run in zip(points, runs, strict=True) if not complete(run)]
-    if todo and not in_private_network():
-        reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
+    if todo and not kernel.in_private_network():
+        kernel.reexec_in_private_network([sys.executable, "-m", "sim", *args.argv])
     for k, (point, run) in enumerate(todo, start=1):
         print(f"[{k}/{len(todo)}] deploying {point.name} on this host's kernel testbed", file=sys.stderr)
         scenario = load(SCENARIO, [*base, *point.overrides(args.rounds)], output=str(run)).base()

@@ -11,6 +11,7 @@ stderr and name the file, key and value.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import signal
 import sys
@@ -21,12 +22,22 @@ from typing import TYPE_CHECKING, Any
 import pandas as pd
 
 import sim
+from sim import api
 from sim.cli.deploy import add_deploy_parsers, cmd_calibrate, cmd_deploy, cmd_validate, cmd_worker
 from sim.cli.output import print_table
+from sim.cli.trace import add_trace_parser, cmd_trace
+from sim.costs.model import CostModelError
 from sim.errors import InputError
 from sim.paper.cli import add_reproduce_parser, cmd_reproduce
+from sim.profiling.implementations import profile_implementation
+from sim.protocol.registry import PROTOCOLS, spec_of
+from sim.protocol.spec import either, pipelined, protocols_where
+from sim.results.folders import check_name
+from sim.results.read import read_run_table, run_dirs
+from sim.results.writer import ResultsError, csv_bytes, make_folder, write_atomic
 from sim.scenario import load
-from sim.traces.cli import add_trace_parser, cmd_trace
+from sim.scenario.errors import ScenarioError
+from sim.scenario.types import Pipelining
 
 if TYPE_CHECKING:
     from sim.runner.interrupts import Interruption
@@ -177,9 +188,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.argv = list(sys.argv[1:] if argv is None else argv)  # as given: a kernel testbed runs it again
     if args.command not in STOPPABLE:
         return _dispatch(args, None)
-    # here, not at the top: sim.runner loads the simulator, which the light commands must not
-    from sim.runner.interrupts import interruptible
-    from sim.runner.workers import reaping_resource_tracker
+    from sim.runner.interrupts import interruptible  # deferred: torch, kept out of the light commands
+    from sim.runner.workers import reaping_resource_tracker  # deferred: torch, kept out of the light commands
 
     with interruptible() as caught, reaping_resource_tracker():  # nothing this command starts outlives it
         return _dispatch(args, caught)
@@ -202,8 +212,7 @@ def _dispatch(args: argparse.Namespace, caught: Interruption | None) -> int:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from sim.preflight import check_all, warnings
-    from sim.results.folders import check_name
+    from sim.preflight import check_all, warnings  # deferred: torch, kept out of the light commands
 
     grid = load(args.file, args.overrides)
     base = grid.base()
@@ -222,8 +231,6 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from sim import api
-
     grid = load(args.file, args.overrides, args.output)
     scenario = grid.base()
     if grid.sweep:
@@ -253,8 +260,6 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from sim import api
-
     if args.jobs < 1:
         print("dropsim: --jobs must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -297,9 +302,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_privacy(args: argparse.Namespace) -> int:
-    from sim import api
-    from sim.results.writer import csv_bytes, make_folder, write_atomic
-    from sim.runner.privacy_table import model_dimension
+    from sim.learning.models import model_dimension  # deferred: torch, kept out of the light commands
 
     scenario = load(args.file, args.overrides).base()
     try:
@@ -319,7 +322,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
         write_atomic(args.csv, csv_bytes(rows, list(rows[0]), header=True))
         print(f"table: {args.csv}")
     if args.plot:
-        from sim.plots import plot_privacy
+        from sim.plots import plot_privacy  # deferred: matplotlib, loaded only to plot
 
         for path in plot_privacy(pd.DataFrame(rows), args.plot, budget=p.epsilon):
             print(path)
@@ -327,9 +330,7 @@ def cmd_privacy(args: argparse.Namespace) -> int:
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from sim.plots import gantt_name, plot_gantt, plot_results
-    from sim.results.read import read_run_table, run_dirs
-    from sim.results.writer import ResultsError
+    from sim.plots import gantt_name, plot_gantt, plot_results  # deferred: matplotlib, loaded only to plot
 
     written = plot_results(args.results, args.out, by=args.by)
     if args.gantt is not None:
@@ -352,7 +353,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from sim.profiling.profiler import run_profile
+    from sim.profiling.profiler import run_profile  # deferred: torch, kept out of the light commands
 
     if args.pipeline is not None and args.only:
         print("dropsim: --only re-measures operations of a profile; it does not go with --pipeline", file=sys.stderr)
@@ -384,9 +385,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
     if args.impl != "dropsim":
-        from sim.costs.model import CostModelError
-        from sim.profiling.implementations import profile_implementation
-
         try:
             doc = profile_implementation(args.impl, args.out, base=args.base, quick=args.quick, progress=say)
         except ModuleNotFoundError as exc:
@@ -400,8 +398,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
             print(f"dropsim: --impl {args.impl}: {exc}", file=sys.stderr)
             return 1
     elif args.only:
-        from sim.costs.model import CostModelError
-        from sim.profiling.profiler import update_profile
+        from sim.profiling.profiler import update_profile  # deferred: torch, kept out of the light commands
 
         try:
             doc = update_profile(args.out, args.only, quick=args.quick, progress=say)
@@ -433,18 +430,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_profile_model(args: argparse.Namespace) -> int:
     """``dropsim profile --model SCENARIO --out PROFILE``: the scenario's model's training added to a profile."""
-    from sim.api import load_scenario
-    from sim.costs.model import CostModelError
-    from sim.preflight import plugin_problems
-    from sim.profiling.profiler import profile_model, training_op
-    from sim.scenario.errors import ScenarioError
+    from sim.preflight import plugin_problems  # deferred: torch, kept out of the light commands
+    from sim.profiling.profiler import profile_model, training_op  # deferred: torch, kept out of the light commands
 
     if args.check or args.csv:
         print("dropsim: --check and --csv go with --pipeline SCENARIO", file=sys.stderr)
         return EXIT_BAD_INPUT
     say = lambda m: print(f"profiling {m}", file=sys.stderr)  # noqa: E731
     try:
-        points = load_scenario(args.model, args.overrides).points()
+        points = api.load_scenario(args.model, args.overrides).points()
         problems = [p for point in points for p in plugin_problems(point)]
         if problems:
             raise ScenarioError(problems)
@@ -463,14 +457,8 @@ def cmd_profile_model(args: argparse.Namespace) -> int:
 
 def cmd_profile_pipeline(args: argparse.Namespace) -> int:
     """``dropsim profile --pipeline SCENARIO``: fitted stage latencies, predicted times, the chosen m."""
-    import dataclasses
-
-    from sim.protocol.registry import PROTOCOLS, spec_of
-    from sim.protocol.spec import either, pipelined, protocols_where
-    from sim.results.writer import csv_bytes, make_folder, write_atomic
-    from sim.runner.chunks import check_chunks, plan_chunks
-    from sim.runner.privacy_table import model_dimension
-    from sim.scenario.types import Pipelining
+    from sim.learning.models import model_dimension  # deferred: torch, kept out of the light commands
+    from sim.runner.chunks import check_chunks, plan_chunks  # deferred: torch, kept out of the light commands
 
     if args.rounds < 1:
         print(f"dropsim: --rounds {args.rounds} is below 1", file=sys.stderr)

@@ -90,7 +90,8 @@ def _pad(secret: bytes) -> bytes:
 
 def share(secret: bytes, threshold: int, holders: int) -> list[list[tuple[int, bytes]]]:
     """Shares of ``secret`` for holders 1..``holders``: per holder, ``(index, 16-byte share)`` of each block."""
-    from Crypto.Protocol.SecretSharing import Shamir  # optional: the `impl` extra
+    # deferred: pycryptodome is optional (the impl extra)
+    from Crypto.Protocol.SecretSharing import Shamir
 
     padded = _pad(secret)
     out: list[list[tuple[int, bytes]]] = [[] for _ in range(holders)]
@@ -102,6 +103,7 @@ def share(secret: bytes, threshold: int, holders: int) -> list[list[tuple[int, b
 
 def combine(shares: Sequence[Sequence[tuple[int, bytes]]]) -> bytes:
     """The secret from every holder's shares in ``shares``, block by block (all of them, as Dordis does)."""
+    # deferred: pycryptodome is optional (the impl extra)
     from Crypto.Protocol.SecretSharing import Shamir
 
     blocks = [Shamir.combine([holder[b] for holder in shares], False) for b in range(len(shares[0]))]

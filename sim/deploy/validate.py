@@ -127,6 +127,7 @@ def signed_error(errors: pd.Series | list[float], level: float = 0.95) -> dict[s
 
     A bias shows in the mean and does not shrink with more deployments; the noise of single deployments
     shrinks in the interval with the square root of their count (docs/time-model.md, "Measuring the bias")."""
+    # deferred: scipy is heavy and only the interval needs it
     from scipy.stats import t as student  # type: ignore[import-untyped]  # scipy comes with scikit-learn
 
     values = pd.Series(errors, dtype=float).dropna()
@@ -169,9 +170,11 @@ def testbed_overrides(cores: int | None = None, cpu_scale: float | None = None) 
 
 def plot(validation: Validation, out: Path, title: str) -> list[Path]:
     """Simulated against measured seconds per stage, with the relative error on each pair (PNG and PDF)."""
+    # deferred: matplotlib is heavy and only the plot needs it
     import matplotlib
 
     matplotlib.use("Agg")
+    # deferred: after matplotlib.use: pyplot picks its backend when imported
     import matplotlib.pyplot as plt
 
     summary = validation.summary

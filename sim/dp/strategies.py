@@ -42,6 +42,7 @@ is an exact statement.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
@@ -210,6 +211,7 @@ def strategy_named(name: str, where: str = "privacy.strategy") -> Strategy:
     found = STRATEGIES.get(name) or _PLUGINS.get(name)
     if found is not None:
         return found
+    # deferred: sim.plugins loads socket (importlib.metadata); the pure protocols import this module
     from sim.plugins import is_import_path, is_installed
 
     if not (is_import_path(name) or is_installed("strategy", name)):
@@ -237,8 +239,7 @@ _BUILDING = threading.RLock()
 
 
 def _build_strategy(name: str, where: str) -> Strategy:
-    import dataclasses
-
+    # deferred: sim.plugins loads socket (importlib.metadata); the pure protocols import this module
     from sim.plugins import PluginError, call, resolve
 
     obj, ref = resolve("strategy", name, where)
@@ -258,8 +259,6 @@ def _build_strategy(name: str, where: str) -> Strategy:
 def _class_flags(cls: type) -> dict[str, Any]:
     """The flags (``removes = True``, ...) a subclass sets as plain class attributes, which the dataclass
     constructor would otherwise set back to Orig's: passed to it as arguments."""
-    import dataclasses
-
     names = {f.name for f in dataclasses.fields(Strategy)} - {"name"}
     flags: dict[str, Any] = {}
     for klass in reversed(cls.__mro__[: cls.__mro__.index(Strategy)]):
@@ -280,6 +279,7 @@ def check_strategy(strategy: Strategy, where: str) -> None:
     flags are booleans and ``requires`` one of :data:`NOTHING`, :data:`ENCODED`, :data:`SECURE`; and, planned
     for a few round sizes and every dropout count, each method returns what it must (exact variances, as
     :class:`fractions.Fraction` or int, >= 0; removed indices among the removable components)."""
+    # deferred: sim.plugins loads socket (importlib.metadata); the pure protocols import this module
     from sim.plugins import PluginError
 
     def fail(message: str) -> PluginError:

@@ -151,6 +151,7 @@ def load_digits(test_fraction: float, rng: np.random.Generator) -> Dataset:
     ``n_test`` permuted indices form the test set, the rest the training set, both in permuted order. Images
     are ``(N, 1, 8, 8)`` float32 in [0, 1] (pixel / 16); 10 classes.
     """
+    # deferred: scikit-learn is heavy and only the digits data set needs it
     from sklearn.datasets import load_digits as sklearn_load_digits
 
     bunch = sklearn_load_digits()

@@ -148,6 +148,7 @@ def load_federated(config: Data, population: int, seed: int) -> FederatedData:
     """Read (or generate, or have its loader give) the scenario's data set and partition it among
     ``population`` clients."""
     if config.loader is not None:
+        # deferred: sim.learning.plugin_data imports sim.learning.federated at import time
         from sim.learning.plugin_data import load_plugin_data
 
         return load_plugin_data(config, population, seed)

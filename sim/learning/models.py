@@ -43,7 +43,9 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from sim.scenario.types import Model
+from sim.learning.federated import data_shape
+from sim.learning.plugin_model import build_plugin_model, factory_label, plugin_parameters
+from sim.scenario.types import Model, Scenario
 
 MODELS = ("cnn", "mlp", "resnet18", "vgg19", "linear")
 
@@ -160,8 +162,6 @@ def make_model(
     plug-in (:mod:`sim.learning.plugin_model`; its errors start with ``where``); initialised from torch's
     global generator (seed it first)."""
     if isinstance(model, Model) and model.factory is not None:
-        from sim.learning.plugin_model import build_plugin_model
-
         return build_plugin_model(model, input_shape, num_classes, where)
     name = model if isinstance(model, str) else model.name
     if name is None:
@@ -191,7 +191,6 @@ def model_name(model: Model) -> str:
     if model.factory is None:
         assert model.name is not None
         return model.name
-    from sim.learning.plugin_model import factory_label
 
     return factory_label(model)
 
@@ -201,12 +200,15 @@ def update_dimension(model: Model, input_shape: tuple[int, ...], num_classes: in
     if model.params is not None:
         return model.params
     if model.factory is not None:
-        from sim.learning.plugin_model import plugin_parameters
-
         return plugin_parameters(model, input_shape, num_classes)
     assert model.name is not None and len(input_shape) == 3
     c, h, w = input_shape
     return count_parameters(model.name, (c, h, w), num_classes)
+
+
+def model_dimension(scenario: Scenario) -> int:
+    """Parameters of the scenario's model on its data set's input shape (``model.params`` if abstract)."""
+    return update_dimension(scenario.model, *data_shape(scenario.data, scenario.population, scenario.seed))
 
 
 def model_train_op(model: Model, input_shape: tuple[int, ...], num_classes: int) -> str:

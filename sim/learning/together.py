@@ -39,6 +39,8 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 from torch.nn.utils import parameters_to_vector
 
+from sim.errors import InputError
+from sim.learning.device import free_bytes
 from sim.learning.flops import activations_per_sample, module_multiply_adds
 from sim.scenario.types import Training
 from sim.seeds import Stream, int_seed
@@ -269,9 +271,6 @@ def choose_together(
     a client holds (``workers`` processes that each train: a share of that each). Raises
     :class:`InputError` for an explicit N > 1 with a model that cannot be vectorised, and when not even one
     client fits."""
-    from sim.errors import InputError
-    from sim.learning.device import free_bytes
-
     asked = training.clients_at_once
     if asked == 1:
         return Together(1, "training.clients_at_once is 1: one at a time")

@@ -6,7 +6,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from sim.paper.catalog import CATALOG
+from sim.paper.catalog import CATALOG, load_catalog, select
+from sim.paper.reproduce import markdown, reproduce, update_doc
 
 __all__ = ["add_reproduce_parser", "cmd_reproduce"]
 
@@ -41,9 +42,6 @@ def add_reproduce_parser(sub: argparse._SubParsersAction) -> None:
 
 def cmd_reproduce(args: argparse.Namespace) -> int:
     """Run, measure and tabulate; exit 1 if a run failed (the tables still hold every item measured)."""
-    from sim.paper.catalog import load_catalog, select
-    from sim.paper.reproduce import markdown, reproduce, update_doc
-
     catalog = load_catalog(args.catalog)
     if args.list:
         for item in catalog.values():

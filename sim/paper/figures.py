@@ -22,6 +22,7 @@ import pandas as pd
 from sim.paper.catalog import Item
 from sim.paper.measures import Row, runs, trace_label
 from sim.plots import STRATEGY_STYLE, save_figure
+from sim.protocol.registry import PROTOCOLS
 from sim.results.writer import make_folder
 
 _DROPOUT = re.compile(r"d=([0-9.]+)")
@@ -148,8 +149,6 @@ def plot_pipeline(item: Item, rows: Sequence[Row], results: dict[Path, Path], ou
     """Left: round time plain (dotted) and pipelined (solid) against dropout; right: the speedup, with the
     paper's range shaded (Dordis Figure 10). Colour: strategy; filled markers SecAgg, hollow SecAgg+. One row
     of panels per cost profile when the settings name one (``dordis: secagg, orig, d=0``)."""
-    from sim.protocol.registry import PROTOCOLS
-
     frame = _frame(rows)
     named = frame["setting"].str.contains(": ", regex=False)
     frame["profile"] = frame["setting"].where(named, "").str.split(": ").str[0]

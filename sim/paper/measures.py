@@ -22,6 +22,7 @@ import pandas as pd
 from sim.paper.catalog import Item
 from sim.results.read import read_manifest, read_run_table, run_dirs
 from sim.results.writer import ResultsError
+from sim.scenario import load
 
 MIB = 2**20
 """Bytes per MiB. Dordis Table 3's "MB" are MiB: 5M weights of 2.5 bytes are its 11.9."""
@@ -128,8 +129,8 @@ def measure_privacy(item: Item, results: dict[Path, Path], reduced: bool) -> lis
     """Epsilon after the scenario's rounds per strategy and dropout rate (the sweep's values), by the
     accounting alone (``dropsim privacy``: planned, noised and accounted as a run is), and, where the
     scenario was run, each run's final epsilon."""
-    from sim.runner.privacy_table import model_dimension, privacy_table
-    from sim.scenario import load
+    from sim.learning.models import model_dimension  # deferred: torch, kept out of the light commands
+    from sim.runner.privacy_table import privacy_table  # deferred: torch, kept out of the light commands
 
     rows: list[Row] = []
     for path in item.scenarios:
@@ -158,7 +159,7 @@ def epsilon_after(rdp: np.ndarray, orders: Sequence[float], delta: float, rounds
     ``classic``: the conversion eps = min over orders of (R rdp - log(delta) / (a - 1)) (Mironov 2017; the
     one TensorFlow Privacy used when Baek et al. wrote); otherwise dropsim's (``sim.dp.accounting.epsilon``).
     """
-    from sim.dp.accounting import epsilon
+    from sim.dp.accounting import epsilon  # deferred: dp_accounting, kept out of the light commands
 
     total = rdp * rounds
     if classic:
@@ -187,8 +188,8 @@ def measure_baek(item: Item, results: dict[Path, Path], reduced: bool) -> list[R
     (integer orders 2..128 and 256, the conversion of Canonne et al.) and by the paper's (TensorFlow Privacy's
     orders, the classic conversion). Rate q and delta come from the scenario; where it was run, each run's
     final epsilon too (its noise planned by dropsim for the scenario's budget)."""
+    # deferred: dp_accounting, kept out of the light commands
     from sim.dp.accounting import ORDERS, gaussian_subsampled_rdp
-    from sim.scenario import load
 
     path = item.scenarios[0]
     grid = load(path, item.overrides(reduced))

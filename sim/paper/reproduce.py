@@ -26,6 +26,7 @@ from typing import Any
 from sim.paper.catalog import Item
 from sim.paper.measures import MEASURE_FUNCTIONS, Row, unfinished
 from sim.results.writer import ResultsError, csv_bytes, make_folder, write_atomic
+from sim.scenario import load
 
 COLUMNS = ("item", "source", "quantity", "setting", "paper", "dropsim", "unit", "form")
 BEGIN, END = "<!-- reproduction:begin -->", "<!-- reproduction:end -->"
@@ -74,8 +75,7 @@ def results_folders(item: Item, out: Path) -> dict[Path, Path]:
 def run_item(item: Item, out: Path, reduced: bool, jobs: int, progress: bool, force: bool = False) -> list[str]:
     """Run the item's scenarios (its reduced form if asked; with ``force`` the finished runs again too); the
     ids of runs that failed."""
-    from sim.scenario import load
-    from sim.sweeps import run_sweep
+    from sim.sweeps import run_sweep  # deferred: torch, kept out of the light commands
 
     failed = []
     for path, folder in results_folders(item, out).items():
@@ -166,7 +166,7 @@ def reproduce(
 ) -> list[Outcome]:
     """Run (unless ``run`` is false; with ``force``, the runs already finished too), measure and tabulate
     ``items``; tables rewritten after each item."""
-    from sim.paper.figures import plot_item
+    from sim.paper.figures import plot_item  # deferred: matplotlib, loaded only to plot
 
     make_folder(out)
     form = "reduced" if reduced else "full"

@@ -94,6 +94,7 @@ from sim.deploy.operations import (
     work_from_json,
 )
 from sim.errors import InputError
+from sim.profiling.fit import fit_nonnegative
 from sim.protocol.machine import Work
 from sim.results.integrity import check_table
 from sim.results.manifest import host
@@ -330,8 +331,6 @@ def _fit(
 ) -> dict[str, float]:
     """Scales of the groups of classes (``group``) that the rows predict some cost for, each pulled towards
     its ``prior`` by ``ridge`` (none if 0)."""
-    from sim.profiling.fit import fit_nonnegative
-
     predicted = [{} for _ in rows]  # type: list[dict[str, float]]
     for r, by_group in zip(rows, predicted, strict=True):
         for k, v in r.predicted.items():

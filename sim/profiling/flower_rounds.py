@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import logging
 import math
 import os
 import shutil
@@ -71,10 +72,13 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import yaml
 
+from sim.costs.engine import VECTOR_OPERATIONS
 from sim.protocol.graph import auto_degree
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import reconstruction_threshold
+from sim.scenario import load
 
 OURS = AggregationParams(protocol="secagg+")
 """Our SecAgg+ at its defaults (20-bit values, clip 1, threshold 0.5, auto degree), which Flower's matches."""
@@ -124,7 +128,7 @@ def _timing_mod(key: str) -> Callable[..., Any]:
     """A Flower mod that records the seconds spent in the rest of the chain in a ConfigRecord ``key``."""
 
     def mod(msg: Any, ctxt: Any, call_next: Callable[..., Any]) -> Any:
-        from flwr.app import ConfigRecord
+        from flwr.app import ConfigRecord  # deferred: optional (the peer extra)
 
         start = time.perf_counter()
         out = call_next(msg, ctxt)
@@ -137,8 +141,8 @@ def _timing_mod(key: str) -> Callable[..., Any]:
 
 def make_client_app(d: int, dropped: frozenset[int]) -> Any:
     """ClientApp: ``secaggplus_mod`` around a NumPyClient whose fit returns the fixed vector."""
-    from flwr.client import ClientApp, NumPyClient
-    from flwr.client.mod import secaggplus_mod
+    from flwr.client import ClientApp, NumPyClient  # deferred: optional (the peer extra)
+    from flwr.client.mod import secaggplus_mod  # deferred: optional (the peer extra)
 
     class FixedClient(NumPyClient):
         def __init__(self, partition: int) -> None:
@@ -172,6 +176,7 @@ class _TimedGrid:
         return getattr(self._grid, name)
 
     def send_and_receive(self, messages: Iterable[Any], *, timeout: float | None = None) -> list[Any]:
+        # deferred: optional (the peer extra)
         from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
         start = time.perf_counter()
@@ -191,7 +196,7 @@ class _TimedGrid:
 
 def make_timed_workflow(params: dict[str, int | float], out: dict[str, Any]) -> Any:
     """A ``SecAggPlusWorkflow`` whose call and stages are timed into ``out``."""
-    from flwr.server.workflow import SecAggPlusWorkflow
+    from flwr.server.workflow import SecAggPlusWorkflow  # deferred: optional (the peer extra)
 
     class TimedSecAggPlus(SecAggPlusWorkflow):
         def __init__(self) -> None:
@@ -243,10 +248,10 @@ def _wait_for_nodes(grid: Any, n: int, timeout_s: float = 120.0) -> list[int]:
 
 def _warm_up(grid: Any, nodes: list[int]) -> float:
     """One GetProperties message to every node and back: spawns the actors and imports the ClientApp."""
-    from flwr.app import Message
-    from flwr.common import GetPropertiesIns
-    from flwr.common.constant import MessageTypeLegacy
-    from flwr.compat.common import recorddict_compat as compat
+    from flwr.app import Message  # deferred: optional (the peer extra)
+    from flwr.common import GetPropertiesIns  # deferred: optional (the peer extra)
+    from flwr.common.constant import MessageTypeLegacy  # deferred: optional (the peer extra)
+    from flwr.compat.common import recorddict_compat as compat  # deferred: optional (the peer extra)
 
     start = time.perf_counter()
     messages = [
@@ -266,8 +271,8 @@ def _warm_up(grid: Any, nodes: list[int]) -> float:
 
 def _check_mean(params_record: Any, n: int, d: int, dropped: frozenset[int]) -> float:
     """Largest |aggregated - true mean of the survivors| (compare with one quantisation step)."""
-    from flwr.common import parameters_to_ndarrays
-    from flwr.compat.common import recorddict_compat as compat
+    from flwr.common import parameters_to_ndarrays  # deferred: optional (the peer extra)
+    from flwr.compat.common import recorddict_compat as compat  # deferred: optional (the peer extra)
 
     got = parameters_to_ndarrays(compat.arrayrecord_to_parameters(params_record, keep_input=True))[0]
     survivors = [c for c in range(n) if c not in dropped]
@@ -282,11 +287,11 @@ def make_server_app(
     n: int, d: int, dropped: frozenset[int], out: dict[str, Any], probe: EngineProbe | None = None
 ) -> Any:
     """ServerApp: wait for the nodes, warm up, then ``DefaultWorkflow(fit_workflow=timed SecAgg+)``."""
-    from flwr.common import ndarrays_to_parameters
-    from flwr.server import LegacyContext, ServerApp, ServerConfig
-    from flwr.server.strategy import FedAvg
-    from flwr.server.workflow import DefaultWorkflow
-    from flwr.server.workflow.constant import MAIN_PARAMS_RECORD
+    from flwr.common import ndarrays_to_parameters  # deferred: optional (the peer extra)
+    from flwr.server import LegacyContext, ServerApp, ServerConfig  # deferred: optional (the peer extra)
+    from flwr.server.strategy import FedAvg  # deferred: optional (the peer extra)
+    from flwr.server.workflow import DefaultWorkflow  # deferred: optional (the peer extra)
+    from flwr.server.workflow.constant import MAIN_PARAMS_RECORD  # deferred: optional (the peer extra)
 
     params = secaggplus_parameters(n)
     app = ServerApp()
@@ -322,7 +327,7 @@ def make_server_app(
 def content_bytes(records: Any) -> int:
     """Bytes of the values a Flower ``RecordDict`` carries: arrays' data, config bytes and strings, 8 a
     number (what Ray must serialise to move it; the records' own framing is left out)."""
-    from flwr.app import ArrayRecord
+    from flwr.app import ArrayRecord  # deferred: optional (the peer extra)
 
     total = 0
     for record in records.values():
@@ -352,8 +357,8 @@ class EngineProbe:
 
     def install(self) -> None:
         """Wrap the engine's methods (process-wide; the originals do the work)."""
-        from flwr.server.superlink.fleet.vce.backend import raybackend
-        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+        from flwr.server.superlink.fleet.vce.backend import raybackend  # deferred: optional (the peer extra)
+        from flwr.superlink.grid.inmemory_grid import InMemoryGrid  # deferred: optional (the peer extra)
 
         probe = self
         process, push, pull = (
@@ -388,6 +393,7 @@ class EngineProbe:
 
     @staticmethod
     def _describe(message: Any, out: Any, context: Any, start: float, end: float) -> dict[str, Any]:
+        # deferred: optional (the peer extra)
         from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key
 
         configs = message.content.config_records.get(RECORD_KEY_CONFIGS)
@@ -474,7 +480,7 @@ def engine_costs(rounds: list[dict[str, Any]], pull_interval_s: float | None = N
     }
     coef, r2 = _nonnegative_fit(columns, y)
     if pull_interval_s is None:
-        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+        from flwr.superlink.grid.inmemory_grid import InMemoryGrid  # deferred: optional (the peer extra)
 
         pull_interval_s = inspect.signature(InMemoryGrid.__init__).parameters["pull_interval"].default
     return {
@@ -592,12 +598,9 @@ def fit_work_scales(doc: dict[str, Any], measured: list[dict[str, Any]]) -> dict
     Returns ``client_scale``, ``server_scale``, where the rounds tell them apart ``client_vector_scale``
     and ``server_vector_scale``, ``vector_operations`` and ``scale_rounds`` (the rows, with what was
     charged)."""
-    import yaml
-
-    from sim.costs.engine import VECTOR_OPERATIONS
+    # deferred: pandas, kept out of the timed child process (its memory is measured)
     from sim.results.read import read_run_table
-    from sim.runner import run_scenario
-    from sim.scenario import load
+    from sim.runner import run_scenario  # deferred: torch, kept out of the timed child process (its memory is measured)
 
     engine = {
         **doc["engine"],
@@ -703,10 +706,8 @@ def _sample_memory(stop: threading.Event, peak: list[float]) -> None:
 
 def run_child(n: int, d: int, dropout: float, out_path: Path, ray_dir: Path, verbose: bool) -> dict[str, Any]:
     """One simulation in this (namespaced) process: Ray start, ``run_simulation``, results to ``out_path``."""
-    import logging
-
-    import ray
-    from flwr.simulation import run_simulation
+    import ray  # deferred: optional (the peer extra)
+    from flwr.simulation import run_simulation  # deferred: optional (the peer extra)
 
     result: dict[str, Any] = {}
     stop, peak = threading.Event(), [0.0]

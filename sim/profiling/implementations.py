@@ -31,11 +31,15 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
+import cryptography
 import numpy as np
 
+from sim.costs import dordis_primitives as dordis
 from sim.costs.model import DEFAULT_PROFILE, FORMAT, CostModel, read_profile
+from sim.profiling.flower_rounds import measure_engine
 from sim.profiling.micro import Benchmark, Point, repeat
 from sim.protocol.secagg.config import SECRET_ELEMENTS, share_threshold
 from sim.protocol.suite import plaintext_bytes
@@ -112,27 +116,21 @@ def _offered(k: int, key: bool) -> dict[str, float]:
 
 # -- Dordis ----------------------------------------------------------------------------------------------
 def _dordis_keygen(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
     for n in _counts(quick):
-        yield Point({"count": n}, repeat(d.keygen, n))
+        yield Point({"count": n}, repeat(dordis.keygen, n))
 
 
 def _dordis_agree(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
-    sk, _ = d.keygen()
-    _, pk = d.keygen()
+    sk, _ = dordis.keygen()
+    _, pk = dordis.keygen()
     for n in _counts(quick):
-        yield Point({"count": n}, repeat(lambda: d.agree(sk, pk), n))
+        yield Point({"count": n}, repeat(lambda: dordis.agree(sk, pk), n))
 
 
 def _dordis_public(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
-    sk, _ = d.keygen()
+    sk, _ = dordis.keygen()
     for n in _counts(quick):
-        yield Point({"count": n}, repeat(lambda: d.load_private(sk), n))
+        yield Point({"count": n}, repeat(lambda: dordis.load_private(sk), n))
 
 
 def _dordis_plaintexts(quick: bool) -> Iterator[tuple[int, int]]:
@@ -143,37 +141,33 @@ def _dordis_plaintexts(quick: bool) -> Iterator[tuple[int, int]]:
 
 
 def _dordis_seal(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
-    key = d.agree(d.keygen()[0], d.keygen()[1])
+    key = dordis.agree(dordis.keygen()[0], dordis.keygen()[1])
     for n, shares in _dordis_plaintexts(quick):
-        plaintext = os.urandom(d.plaintext_bytes(shares))
-        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, repeat(partial(d.seal, key, plaintext), n))
+        plaintext = os.urandom(dordis.plaintext_bytes(shares))
+        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, repeat(partial(dordis.seal, key, plaintext), n))
 
 
 def _dordis_open(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
-    key = d.agree(d.keygen()[0], d.keygen()[1])
+    key = dordis.agree(dordis.keygen()[0], dordis.keygen()[1])
     for n, shares in _dordis_plaintexts(quick):
-        token = d.seal(key, os.urandom(d.plaintext_bytes(shares)))
-        yield Point({"count": n, "bytes": n * plaintext_bytes(shares)}, repeat(partial(d.open_sealed, key, token), n))
+        token = dordis.seal(key, os.urandom(dordis.plaintext_bytes(shares)))
+        yield Point(
+            {"count": n, "bytes": n * plaintext_bytes(shares)}, repeat(partial(dordis.open_sealed, key, token), n)
+        )
 
 
 def _dordis_share(quick: bool) -> Iterator[Point]:
     """A client's sharing: its PEM private key and its self-mask seed, and XNoise's noise seeds."""
-    from sim.costs import dordis_primitives as d
-
-    sk_pem, _ = d.keygen()
+    sk_pem, _ = dordis.keygen()
     for holders in _holders(quick):
         t = share_threshold(0.5, holders)
         for seeds in (0, 4) if quick else (0, 10):
 
             def run(holders: int = holders, t: int = t, seeds: int = seeds) -> None:
-                d.share(sk_pem, t, holders)
-                d.share(os.urandom(32), t, holders)
+                dordis.share(sk_pem, t, holders)
+                dordis.share(os.urandom(32), t, holders)
                 for _ in range(seeds):
-                    d.share(os.urandom(32), t, holders)
+                    dordis.share(os.urandom(32), t, holders)
 
             secrets = 2 + seeds
             yield Point({"pairs": holders * t, "products": secrets * SECRET_ELEMENTS * holders * t}, run)
@@ -181,15 +175,13 @@ def _dordis_share(quick: bool) -> Iterator[Point]:
 
 def _dordis_reconstruct(quick: bool) -> Iterator[Point]:
     """One secret from every share the server holds: a dropped client's PEM key, or a seed."""
-    from sim.costs import dordis_primitives as d
-
-    sk_pem, _ = d.keygen()
+    sk_pem, _ = dordis.keygen()
     for offered in _holders(quick):
         t = share_threshold(0.5, offered)
         for key in (True, False):
             secret = sk_pem if key else os.urandom(32)
-            shares = d.share(secret, t, offered)
-            yield Point({"shares": t, **_offered(offered, key)}, partial(d.combine, shares))
+            shares = dordis.share(secret, t, offered)
+            yield Point({"shares": t, **_offered(offered, key)}, partial(dordis.combine, shares))
 
 
 def _dordis_vector(quick: bool, make: Callable[[int], Callable[[], object]]) -> Iterator[Point]:
@@ -198,32 +190,26 @@ def _dordis_vector(quick: bool, make: Callable[[int], Callable[[], object]]) -> 
 
 
 def _dordis_prg(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
-    seed = d.agree(d.keygen()[0], d.keygen()[1])
-    yield from _dordis_vector(quick, lambda n: lambda: d.expand(seed, n, BITS))
+    seed = dordis.agree(dordis.keygen()[0], dordis.keygen()[1])
+    yield from _dordis_vector(quick, lambda n: lambda: dordis.expand(seed, n, BITS))
 
 
 def _dordis_add(quick: bool) -> Iterator[Point]:
-    from sim.costs import dordis_primitives as d
-
     def make(n: int) -> Callable[[], object]:
         rng = random.Random(0)
         x, y = ([rng.getrandbits(BITS) for _ in range(n)] for _ in range(2))
-        return lambda: d.add(x, y, BITS)
+        return lambda: dordis.add(x, y, BITS)
 
     yield from _dordis_vector(quick, make)
 
 
 def _dordis_frames(quick: bool, decode: bool) -> Iterator[Point]:
     """A masked vector packed and serialised (``packed`` values), and the float model (``bytes``)."""
-    from sim.costs import dordis_primitives as d
-
     for n in _elements(quick):
         rng = random.Random(n)
         values = [rng.getrandbits(BITS) for _ in range(n)]
-        words = d.pack(values, BITS)
-        data = d.serialise(words)
+        words = dordis.pack(values, BITS)
+        data = dordis.serialise(words)
         model = np.random.default_rng(n).standard_normal(n).astype(np.float32)
         flat = model.tobytes()
         masked = {"bytes": float(math.ceil(n * BITS / 8)), "packed": float(n)}  # dropsim's frame bytes
@@ -237,15 +223,11 @@ def _dordis_frames(quick: bool, decode: bool) -> Iterator[Point]:
 
 
 def _unpack_serialised(data: bytes, n: int) -> list[int]:
-    from sim.costs import dordis_primitives as d
-
-    return d.unpack(d.deserialise(data), BITS, n)
+    return dordis.unpack(dordis.deserialise(data), BITS, n)
 
 
 def _pack_serialise(values: list[int]) -> bytes:
-    from sim.costs import dordis_primitives as d
-
-    return d.serialise(d.pack(values, BITS))
+    return dordis.serialise(dordis.pack(values, BITS))
 
 
 def _copy_floats(flat: bytes) -> np.ndarray:
@@ -253,19 +235,17 @@ def _copy_floats(flat: bytes) -> np.ndarray:
 
 
 def _dordis_wire() -> dict[str, Any]:
-    from sim.costs import dordis_primitives as d
-
-    sk_pem, pk_pem = d.keygen()
-    key = d.agree(sk_pem, pk_pem)
-    two = len(d.seal(key, bytes(d.plaintext_bytes(2))))
-    twelve = len(d.seal(key, bytes(d.plaintext_bytes(12))))
+    sk_pem, pk_pem = dordis.keygen()
+    key = dordis.agree(sk_pem, pk_pem)
+    two = len(dordis.seal(key, bytes(dordis.plaintext_bytes(2))))
+    twelve = len(dordis.seal(key, bytes(dordis.plaintext_bytes(12))))
     rng = random.Random(0)
-    words = d.pack([rng.getrandbits(BITS) for _ in range(30_000)], BITS)
+    words = dordis.pack([rng.getrandbits(BITS) for _ in range(30_000)], BITS)
     return {
         "encoding": (
             "Dordis: a pickled dict per message over socket.io (framing not counted); P-384 public keys as PEM; "
             "Fernet tokens of pickled shares; Shamir shares as pickled lists of (index, 16-byte block); XNoise "
-            f"seeds in the clear; masked values packed {d.WORD_BITS // BITS} to a {d.WORD_BITS}-bit Python "
+            f"seeds in the clear; masked values packed {dordis.WORD_BITS // BITS} to a {dordis.WORD_BITS}-bit Python "
             "integer (at 20 bits) and pickled; the model as float32"
         ),
         "frame": 0,
@@ -274,21 +254,20 @@ def _dordis_wire() -> dict[str, Any]:
         "signature": 0,
         "ciphertext": two,
         "ciphertext_per_share": (twelve - two) / 10,
-        "key_share": d.pickled_shares_bytes(d.blocks(len(sk_pem))),
-        "seed_share": d.pickled_shares_bytes(d.blocks(32)),
-        "noise_seed": d.pickled_int_bytes((1 << 32) - 1),
-        "noise_seed_share": d.pickled_shares_bytes(d.blocks(32)),
+        "key_share": dordis.pickled_shares_bytes(dordis.blocks(len(sk_pem))),
+        "seed_share": dordis.pickled_shares_bytes(dordis.blocks(32)),
+        "noise_seed": dordis.pickled_int_bytes((1 << 32) - 1),
+        "noise_seed_share": dordis.pickled_shares_bytes(dordis.blocks(32)),
         "vector": 0,
-        "word_bits": d.WORD_BITS,
-        "word": sum(d.pickled_int_bytes(w) for w in words) / len(words),
+        "word_bits": dordis.WORD_BITS,
+        "word": sum(dordis.pickled_int_bytes(w) for w in words) / len(words),
         "packed": True,
         "parameter": 4,
     }
 
 
 def _dordis_versions() -> dict[str, str]:
-    import Crypto
-    import cryptography
+    import Crypto  # deferred: optional (the impl extra)
 
     return {"pycryptodome": Crypto.__version__, "cryptography": cryptography.__version__}
 
@@ -328,12 +307,13 @@ DORDIS = Implementation(
 # -- Flower ----------------------------------------------------------------------------------------------
 def _flwr() -> Any:
     """Flower's SecAgg+ primitives (flwr 1.42), imported on use: the ``peer`` extra."""
-    from types import SimpleNamespace
-
+    # deferred: optional (the peer extra)
     from flwr.common.secure_aggregation import ndarrays_arithmetic, quantization, secaggplus_utils
+
+    # deferred: optional (the peer extra)
     from flwr.common.secure_aggregation.crypto import shamir, symmetric_encryption
-    from flwr.compat.common import parameter
-    from flwr.supercore.primitives import asymmetric
+    from flwr.compat.common import parameter  # deferred: optional (the peer extra)
+    from flwr.supercore.primitives import asymmetric  # deferred: optional (the peer extra)
 
     return SimpleNamespace(
         asym=asymmetric,
@@ -508,15 +488,12 @@ def _flower_wire() -> dict[str, Any]:
 
 def _flower_engine(base: dict[str, Any], quick: bool, progress: Callable[[str], None]) -> dict[str, Any]:
     """Flower's simulation engine probed in real rounds (Ray in a loopback-only namespace)."""
-    from sim.profiling.flower_rounds import measure_engine
-
     return measure_engine(base, quick, progress)
 
 
 def _flower_versions() -> dict[str, str]:
-    import Crypto
-    import cryptography
-    import flwr
+    import Crypto  # deferred: optional (the impl extra)
+    import flwr  # deferred: optional (the peer extra)
 
     return {"flwr": flwr.__version__, "pycryptodome": Crypto.__version__, "cryptography": cryptography.__version__}
 
@@ -573,7 +550,7 @@ def profile_implementation(
 ) -> dict[str, Any]:
     """Measure implementation ``name`` on this machine and write its profile to ``out``: its own operations
     timed, the rest copied from the dropsim profile ``base`` (the shipped one by default). Returns it."""
-    from sim.profiling.profiler import _measure
+    from sim.profiling.profiler import _measure  # deferred: torch; the dropsim command imports this module at start
 
     impl = IMPLEMENTATIONS[name]
     base_path = base or DEFAULT_PROFILE

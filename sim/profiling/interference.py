@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from sim.profiling.fit import fit_nonnegative
 from sim.protocol.encoding import add_mod
 from sim.protocol.messages import MaskedInput
 from sim.protocol.suite import RealSuite
@@ -314,8 +315,6 @@ def fit_interference(points: Sequence[tuple[int, int]], seconds: Sequence[float]
     Returns ``{"interference_s": b, "coef": {"const": c, "chunk_elements": a, "chunks": b}, "r2": ...}``;
     a coefficient the non-negative fit dropped is 0.0.
     """
-    from sim.profiling.fit import fit_nonnegative
-
     if len(points) != len(seconds) or len(points) < len(FEATURES):
         raise ValueError(
             f"fit_interference needs one seconds value per (d, m) point and at least {len(FEATURES)} points; "

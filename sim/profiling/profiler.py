@@ -37,17 +37,19 @@ import numpy as np
 import torch
 from threadpoolctl import threadpool_limits
 
-from sim.costs.model import FORMAT
-from sim.learning.federated import SHAPES, FederatedData
-from sim.learning.models import MODELS, train_op
+from sim.costs.model import FORMAT, CostModel, CostModelError, read_profile, resolve_profile
+from sim.learning.federated import SHAPES, FederatedData, data_shape
+from sim.learning.models import MODELS, model_name, train_op, update_dimension
 from sim.learning.trainer import Learner, local_batches
 from sim.profiling.fit import fit_nonnegative
+from sim.profiling.interference import measure_pipeline
 from sim.profiling.micro import BENCHMARKS
 from sim.profiling.transport import TRANSPORT
 from sim.protocol.fedavg import ClientUpdate, FedAvgServer
 from sim.results.manifest import host, versions
 from sim.results.writer import write_json
 from sim.scenario.types import Model, Scenario, Training
+from sim.testbed import cost_profile
 
 
 class _RandomData(FederatedData):
@@ -187,10 +189,6 @@ def run_profile(
 def training_op(scenario: Scenario) -> str:
     """The training operation of ``scenario``'s model (:func:`sim.learning.models.train_op`) on its data's input
     shape and classes, whether or not it trains at a given rate. An abstract model (``model.params``) has none."""
-    from sim.costs.model import CostModelError
-    from sim.learning.federated import data_shape
-    from sim.learning.models import model_name
-
     if scenario.model.params is not None:
         raise CostModelError(
             f"{scenario.origin('model', 'params')}: model.params is an abstract model: it trains at "
@@ -210,11 +208,6 @@ def profile_model(
 
     The model is timed as ``dropsim profile`` times the built-in ones (random inputs of the data's shape, one
     thread), on the larger grid when it has more than 5 million parameters."""
-    from sim.costs.model import CostModel, read_profile, resolve_profile
-    from sim.learning.federated import data_shape
-    from sim.learning.models import update_dimension
-    from sim.testbed import cost_profile
-
     sc = scenario
     op = training_op(sc)
     shape, classes = data_shape(sc.data, sc.population, sc.seed)
@@ -257,8 +250,6 @@ def update_profile(
     Returns the updated profile.
 
     For when one primitive changed (a faster sampler, say): the other fits stay as measured."""
-    from sim.costs.model import CostModel, CostModelError, read_profile
-
     if not path.is_file():
         raise CostModelError(f"cost profile {path}: is not a file; write a whole profile first (dropsim profile)")
     doc = read_profile(path)
@@ -326,7 +317,6 @@ def _run_profile(
         "operations": operations,
     }
     say("pipeline interference (Dordis eq. 3)")
-    from sim.profiling.interference import measure_pipeline
 
     doc["pipeline"] = measure_pipeline(quick=quick)
     write_json(out, doc)

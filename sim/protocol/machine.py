@@ -3,10 +3,10 @@
 A machine is a pure state machine in the manner of h11: the driver hands it a message (or tells it that a
 collection step is over) and gets back a :class:`Reaction`: the messages to send and the :class:`Work` it
 did, which the SimPy driver turns into virtual time through the cost model and the socket driver simply
-performs. Machines never touch a clock, a socket, simpy, asyncio or torch; randomness and inputs come in
-as arguments. A message that is illegal in the current state raises :class:`RemoteProtocolError` (the
-peer broke the protocol) and leaves the machine's state unchanged; a driver calling a machine out of
-turn gets :class:`LocalProtocolError`.
+performs. Machines never touch a clock, a socket, simpy, asyncio or torch (the ``sans-io`` and ``clock``
+contracts of ``.importlinter``); randomness and inputs come in as arguments. A message that is illegal
+in the current state raises :class:`RemoteProtocolError` (the peer broke the protocol) and leaves the
+machine's state unchanged; a driver calling a machine out of turn gets :class:`LocalProtocolError`.
 
 Server machines collect one *step* at a time (Dordis section 4.1: a round-trip step starts with the
 server's request and ends with the clients' responses). The driver delivers responses with

@@ -2,8 +2,9 @@
 
 Three drivers ship: the simulator (:class:`sim.engine.simulator.Simulator`, SimPy, virtual time), the
 deployment (:class:`sim.deploy.deployment.Deployment`, TCP sockets and worker processes, wall-clock
-time) and the in-memory driver (:class:`sim.loopback.LoopbackDriver`, no clock: decisions only). The runner (:mod:`sim.runner`) talks to a driver only through this interface; docs/architecture.md
-("Add a driver") walks through writing another.
+time) and the in-memory driver (:class:`sim.loopback.LoopbackDriver`, no clock: decisions only). The
+runner (:mod:`sim.runner`) talks to a driver only through this interface; docs/architecture.md ("Add a
+driver") walks through writing another.
 """
 
 from __future__ import annotations

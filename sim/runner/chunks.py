@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from sim.errors import InputError
 from sim.pipeline.performance import PerformanceModel, fit_stages
 from sim.pipeline.recurrence import DORDIS_RESOURCES, DUPLEX_RESOURCES
+from sim.round.privacy import padded
 from sim.round.records import RoundRecord
 from sim.scenario.dropout_modes import DEFAULT_MODE
 from sim.scenario.types import Model, Scenario
@@ -76,6 +77,7 @@ def _proxy(scenario: Scenario, dim: int, chunks: int, calm: bool = False) -> Sce
 
 
 def _simulate(scenario: Scenario) -> list[RoundRecord]:
+    # deferred: sim.runner.experiment imports sim.runner.chunks at import time
     from sim.runner.experiment import Simulation
 
     simulation = Simulation(scenario)
@@ -138,8 +140,6 @@ def plan_chunks(scenario: Scenario, dim: int, say: Callable[[str], None] | None 
 
 def _encoded_length(scenario: Scenario, dim: int) -> int:
     """Values per encoded update: DSkellam pads to a power of two."""
-    from sim.round.privacy import padded
-
     return padded(dim) if scenario.privacy.enabled else dim
 
 

@@ -21,11 +21,13 @@ import numpy as np
 
 from sim.clients.sampling import sample_clients
 from sim.costs.model import CostModel
+from sim.deploy.deployment import Deployment, DeployOptions, check_deployable
 from sim.protocol.machine import RoundSetupError
 from sim.round.driver import Driver
 from sim.round.plan import RoundPlan
 from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.round.records import RoundPrivacy, RoundRecord, RoundResult
+from sim.runner.chunks import ChunkPlan, plan_chunks
 from sim.scenario.types import Scenario
 from sim.world import World, build
 
@@ -33,12 +35,10 @@ if TYPE_CHECKING:
     import simpy
 
     from sim.clients.population import Population
-    from sim.deploy.deployment import Deployment, DeployOptions
     from sim.engine.simulator import Simulator
     from sim.engine.virtual_round import RoundSetup
     from sim.learning.federated import FederatedData
     from sim.learning.trainer import Learner
-    from sim.runner.chunks import ChunkPlan
 
 DriverFactory = Callable[[World], Driver]
 """What builds a run's driver from its world (e.g. :class:`sim.engine.simulator.Simulator`)."""
@@ -53,8 +53,6 @@ class Experiment:
         """How ``pipeline.chunks: auto`` chose (None otherwise)."""
         try:
             if scenario.pipeline is not None and scenario.pipeline.chunks is None:
-                from sim.runner.chunks import plan_chunks
-
                 self.chunk_plan = plan_chunks(scenario, world.dim)
                 pipeline = dataclasses.replace(scenario.pipeline, chunks=self.chunk_plan.chunks)
                 scenario = world.scenario = dataclasses.replace(scenario, pipeline=pipeline)
@@ -218,6 +216,7 @@ class Simulation(Experiment):
     driver: Simulator
 
     def __init__(self, scenario: Scenario, observe: Callable[..., None] | None = None) -> None:
+        # deferred: the engine loads simpy, which a deployed run never needs
         from sim.engine.simulator import Simulator
 
         super().__init__(scenario, lambda world: Simulator(world, observe))
@@ -240,7 +239,5 @@ class Deployed(Experiment):
     driver: Deployment
 
     def __init__(self, scenario: Scenario, options: DeployOptions | None = None) -> None:
-        from sim.deploy.deployment import Deployment, check_deployable
-
         check_deployable(scenario)  # before the data and the model are loaded
         super().__init__(scenario, lambda world: Deployment(world, options))

@@ -19,20 +19,13 @@ from typing import Any
 from sim.dp.strategies import STRATEGIES
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import reconstruction_threshold, spec_of
+from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.scenario.types import Scenario
 
 
 def planned() -> tuple[str, ...]:
     """Strategies ``dropsim privacy`` compares by default: every registered one that adds noise."""
     return tuple(name for name, s in STRATEGIES.items() if s.enabled)
-
-
-def model_dimension(scenario: Scenario) -> int:
-    """Parameters of the scenario's model on its data set's input shape (``model.params`` if abstract)."""
-    from sim.learning.federated import data_shape
-    from sim.learning.models import update_dimension
-
-    return update_dimension(scenario.model, *data_shape(scenario.data, scenario.population, scenario.seed))
 
 
 def minimum_survivors(aggregation: AggregationParams, n: int) -> int:
@@ -44,8 +37,6 @@ def privacy_table(
     scenario: Scenario, dropouts: Sequence[float], dim: int, strategies: Sequence[str] | None = None
 ) -> list[dict[str, Any]]:
     """One row per strategy (default: :func:`planned`) and dropout rate (see the module docstring)."""
-    from sim.round.privacy import PrivacyLedger, nominal_sampling
-
     sc = scenario
     q, n = nominal_sampling(sc)
     rows = []

@@ -29,6 +29,7 @@ import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing import resource_tracker
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any, Generic, TypeVar
@@ -271,8 +272,6 @@ def reaping_resource_tracker(timeout: float = EXIT_WAIT_S) -> Iterator[None]:
     an orphan that only init can reap. Use this around a whole command, when no multiprocessing object is left
     at its end: the tracker warns about, and removes, any semaphore still registered.
     """
-    from multiprocessing import resource_tracker
-
     # private: the standard library offers no public way to stop it (3.11's own _stop waits without a bound)
     tracker: Any = resource_tracker._resource_tracker
     ours = tracker._fd is None

@@ -23,7 +23,8 @@ __all__ = ["Grid", "Problem", "Scenario", "ScenarioError", "load"]
 
 def load(path: str | Path, overrides: list[str] | None = None, output: str | None = None) -> Grid:
     """Read a scenario file with command-line overrides applied."""
-    from sim.scenario.grid import Grid, apply_overrides  # the parser imports the protocol stack: not on import
+    # deferred: the parser loads the protocol stack and cryptography; the scenario types must stay light
+    from sim.scenario.grid import Grid, apply_overrides
 
     doc = apply_overrides(load_file(path), list(overrides or []))
     if output is not None:
@@ -34,7 +35,7 @@ def load(path: str | Path, overrides: list[str] | None = None, output: str | Non
 def __getattr__(name: str) -> Any:
     """``Grid``, imported on first use (so that importing :mod:`sim.scenario.types` stays light)."""
     if name == "Grid":
-        from sim.scenario.grid import Grid
+        from sim.scenario.grid import Grid  # deferred: as in load (the parser loads cryptography)
 
         return Grid
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

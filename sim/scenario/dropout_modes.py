@@ -17,8 +17,7 @@ A mode declares the keys of the ``dropout:`` section it reads (the parser reads 
 :meth:`DropoutMode.prepare` once per run (its per-run state), :meth:`DropoutMode.drops` each round from that
 round's ``DROPOUT`` stream (:class:`sim.clients.dropout.DropoutModel` runs them). The modes live here, beside
 the scenario's types, because the parser must know them and :mod:`sim.clients` imports the scenario (not the
-other way round); :mod:`sim.clients.dropout` re-exports them. numpy and the seeds are imported when a mode
-first draws, so the scenario's types stay light.
+other way round); :mod:`sim.clients.dropout` re-exports them.
 """
 
 from __future__ import annotations
@@ -27,9 +26,13 @@ import json
 import math
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:
-    import numpy as np
+import numpy as np
 
+from sim.keyed import keyed_uniform, stream_keys
+from sim.plugins import PluginError, call, resolve
+from sim.seeds import Stream
+
+if TYPE_CHECKING:
     from sim.scenario.reader import Reader
     from sim.scenario.types import Dropout
 
@@ -66,8 +69,6 @@ class Fixed(DropoutMode):
     name = "fixed"
 
     def drops(self, config: Dropout, state: Any, rng: np.random.Generator, sampled: np.ndarray) -> np.ndarray:
-        import numpy as np
-
         n = int(sampled.shape[0])
         k = min(n, math.floor(config.rate * n + 0.5))
         return sampled[np.sort(rng.choice(n, size=k, replace=False))] if k else sampled[:0]
@@ -98,9 +99,6 @@ class PerClient(DropoutMode):
 
     def prepare(self, config: Dropout, population: int, seed: int) -> DropProbabilities:
         """Each client's drop probability, computed from its id (keys from ``DROPOUT`` stream 0)."""
-        from sim.keyed import stream_keys
-        from sim.seeds import Stream
-
         keys = stream_keys(seed, Stream.DROPOUT, 0, count=2)
         options = config.options
         return DropProbabilities(population, options["high"], options["high_fraction"], options["low"], keys)
@@ -125,10 +123,6 @@ class DropProbabilities:
         return (self.size,)
 
     def __getitem__(self, ids: np.ndarray) -> np.ndarray:
-        import numpy as np
-
-        from sim.keyed import keyed_uniform
-
         is_high = keyed_uniform(ids, self.size, self._keys[0]) < self.high_fraction
         lo, hi = self.low
         return np.where(is_high, self.high, lo + (hi - lo) * keyed_uniform(ids, self.size, self._keys[1]))
@@ -167,7 +161,6 @@ def dropout_mode(config: Dropout, where: str = "dropout.model") -> DropoutMode:
     built = _PLUGINS.get(key)
     if built is not None:
         return built
-    from sim.plugins import PluginError, call, resolve
 
     obj, ref = resolve("dropout", config.model, where)
     if isinstance(obj, DropoutMode):

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from sim.dp.strategies import STRATEGIES
 from sim.plugins import PluginRef, resolve
-from sim.scenario.types import Scenario
+from sim.scenario.dropout_modes import MODES
+from sim.scenario.types import DATASETS, MODELS, Scenario
 
 _WRITTEN = {
     "model": ("model", "factory", "name"),
@@ -52,9 +53,6 @@ def written_plugins(document: object) -> list[str]:
     """``key: value`` of each plug-in a scenario document (a mapping, not yet parsed) names, found without
     importing anything: for a process that must decide whether to run a scenario's code before reading it (a
     deployment's worker: :mod:`sim.deploy.worker`)."""
-    from sim.scenario.dropout_modes import MODES
-    from sim.scenario.types import DATASETS, MODELS
-
     data = document if isinstance(document, dict) else {}
     built_in = {
         ("model", "name"): MODELS,

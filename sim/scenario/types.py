@@ -10,6 +10,8 @@ Light on purpose: a module that only needs a config type imports this without th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from collections.abc import Mapping
@@ -377,9 +379,6 @@ left out of the digest, so that a run finished with one value counts as finished
 def scenario_digest(scenario: Scenario) -> str:
     """SHA-256 of the resolved scenario, less :data:`EXECUTION_KEYS`: a finished run with the same digest need
     not run again."""
-    import hashlib
-    import json
-
     resolved = dict(scenario.resolved)
     for section, key in EXECUTION_KEYS:
         if isinstance(resolved.get(section), dict) and key in resolved[section]:

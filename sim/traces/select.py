@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from sim.traces.model import Trace
+from sim.traces.stats import span_s
 
 RANKINGS = ("online", "sessions")
 """How :func:`select_clients` ranks clients: online fraction of the span, or number of sessions."""
@@ -19,8 +20,6 @@ RANKINGS = ("online", "sessions")
 
 def online_seconds(trace: Trace) -> np.ndarray:
     """float64 (n,): seconds each client is online within ``[0, span_s(trace))`` (one pass of the trace)."""
-    from sim.traces.stats import span_s  # stats draws with matplotlib; `dropsim` imports this module at start
-
     span = span_s(trace)
     lengths = np.clip(trace.ends, None, span) - np.clip(trace.starts, None, span)
     return np.bincount(trace.owner(), weights=lengths, minlength=trace.size)

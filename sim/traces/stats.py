@@ -3,27 +3,19 @@
 ``online_series`` counts the clients online on a time grid without looping over times: a client's
 intervals are disjoint, so the clients online at t are the intervals begun by t minus those ended by t
 (two binary searches in the sorted starts and ends). A repeating client's intervals are first unrolled over
-the grid's span. ``plot_online`` draws the count and the percentage against hours, as FedScale's
-availability figures (and Dordis Figure 1a) do.
+the grid's span. :func:`sim.plots.plot_online` draws the series.
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 
-from sim.plots import save_figure
-from sim.results.writer import make_folder
 from sim.traces.model import Trace
 
-__all__ = ["SessionStats", "dominant_period_h", "online_counts", "online_series", "plot_online", "session_stats"]
+__all__ = ["SessionStats", "dominant_period_h", "online_counts", "online_series", "session_stats"]
 
 
 def span_s(trace: Trace) -> float:
@@ -138,35 +130,3 @@ def dominant_period_h(series: pd.DataFrame, column: str = "fraction") -> float:
     if not allowed.any() or not np.any(power[allowed] > 0):
         return float("nan")
     return float(1.0 / freq[allowed][np.argmax(power[allowed])])
-
-
-def plot_online(
-    data: Trace | pd.DataFrame,
-    out_dir: str | Path,
-    name: str = "online_clients",
-    step_s: float = 600.0,
-    population: int | None = None,
-) -> list[Path]:
-    """Draw clients online (count, and percent of the population) against trace hours: ``NAME.png`` and
-    ``NAME.pdf`` in ``out_dir``. ``data`` is a trace (sampled every ``step_s`` seconds) or an
-    :func:`online_series` table. Returns the files written."""
-    series = online_series(data, step_s, population=population) if isinstance(data, Trace) else data
-    out = Path(out_dir)
-    make_folder(out)
-    fig, (left, right) = plt.subplots(1, 2, figsize=(9.6, 3.6), layout="constrained")
-    left.plot(series["time_h"], series["online"], color="k", linewidth=1.2, label="Available clients")
-    left.set_ylabel("Clients online (count)")
-    right.plot(series["time_h"], series["fraction"] * 100.0, color="k", linewidth=1.2, label="Available clients")
-    right.set_ylabel("Clients online (% of population)")
-    hours = series["time_h"].to_numpy(dtype=np.float64)
-    # the series covers [first, last + step): show that whole span
-    last = float(hours[-1] + (hours[1] - hours[0])) if hours.size > 1 else (float(hours[0]) if hours.size else 1.0)
-    for ax in (left, right):
-        ax.set_xlabel("Trace time (h)")
-        ax.set_xlim(0.0, max(last, 1e-9))
-        ax.set_ylim(bottom=0.0)
-        if last >= 24:
-            ax.set_xticks(np.arange(0.0, last + 1e-9, 24.0 if last <= 24 * 8 else 24.0 * np.ceil(last / 24 / 8)))
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="lower left", fontsize="small", framealpha=0.85)
-    return save_figure(fig, out, name)

@@ -19,8 +19,12 @@ from pathlib import Path
 import pandas as pd
 
 from sim.errors import InputError
+from sim.traces.fedscale import import_fedscale_report
+from sim.traces.io import load_trace, write_trace
 from sim.traces.model import Trace
-from sim.traces.select import RANKINGS
+from sim.traces.select import RANKINGS, select_clients
+from sim.traces.stats import dominant_period_h, online_series, session_stats, span_s
+from sim.traces.synth import synthesize_counted
 
 __all__ = ["add_trace_parser", "cmd_trace"]
 
@@ -67,8 +71,6 @@ def _table(rows: Sequence[Mapping[str, object]]) -> str:
 
 
 def _online_row(trace: Trace, step_s: float, population: int | None) -> tuple[pd.DataFrame, dict[str, object]]:
-    from sim.traces.stats import dominant_period_h, online_series
-
     series = online_series(trace, step_s, population=population)
     fraction = series["fraction"]
     row: dict[str, object] = {
@@ -81,8 +83,6 @@ def _online_row(trace: Trace, step_s: float, population: int | None) -> tuple[pd
 
 
 def _session_row(trace: Trace) -> dict[str, object]:
-    from sim.traces.stats import session_stats, span_s
-
     st = session_stats(trace)
     return {
         "clients": st.clients,
@@ -95,9 +95,6 @@ def _session_row(trace: Trace) -> dict[str, object]:
 
 
 def _import_fedscale(args: argparse.Namespace) -> int:
-    from sim.traces.fedscale import import_fedscale_report
-    from sim.traces.io import write_trace
-
     trace, report = import_fedscale_report(args.file, args.capacity)
     source = f"converted from FedScale {args.file.name}" + (f" and {args.capacity.name}" if args.capacity else "")
     written = write_trace(trace, args.out, comments=[source, "by dropsim trace import-fedscale (traces/README.md)"])
@@ -109,9 +106,6 @@ def _import_fedscale(args: argparse.Namespace) -> int:
 
 
 def _synth(args: argparse.Namespace) -> int:
-    from sim.traces.io import write_trace
-    from sim.traces.synth import synthesize_counted
-
     if args.clients < 1:
         raise InputError(f"--clients {args.clients}: a trace needs at least 1 client")
     if not (args.days > 0 and math.isfinite(args.days)):
@@ -135,9 +129,6 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _stats(args: argparse.Namespace) -> int:
-    from sim.traces.io import load_trace
-    from sim.traces.stats import plot_online
-
     if not (args.step_minutes > 0 and math.isfinite(args.step_minutes)):
         raise InputError(f"--step-minutes {args.step_minutes:g}: the step must be a positive number of minutes")
     if args.population is not None and args.population < 1:
@@ -152,15 +143,14 @@ def _stats(args: argparse.Namespace) -> int:
     print(_table([_session_row(trace)]))
     print(_table([online]))
     if args.plot is not None:
+        from sim.plots import plot_online  # deferred: matplotlib, loaded only to plot
+
         for path in plot_online(series, args.plot):
             print(path)
     return 0
 
 
 def _select(args: argparse.Namespace) -> int:
-    from sim.traces.io import load_trace, write_trace
-    from sim.traces.select import select_clients
-
     trace = load_trace(args.file)
     if not 1 <= args.clients <= trace.size:
         raise InputError(f"--clients {args.clients}: {args.file} has {trace.size} clients; keep 1 to {trace.size}")
