@@ -45,7 +45,7 @@ from sim.protocol.wire import Blank, Message, Vector
 from sim.round.closing import close_record, expose, step_spans
 from sim.round.collector import ACCEPT, GONE, MESSAGE, UNASKED, Roster, StepCollector
 from sim.round.departure import STAYS, Departure
-from sim.round.pipelining import Pipelining
+from sim.round.pipelining import PipelineRules
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
 
@@ -255,7 +255,7 @@ class LoopbackDriver:
     where its :class:`~sim.round.departure.Departure` says, and the server learns it at once unless
     ``dropout.silent``; each server event goes through a :class:`~sim.round.collector.StepCollector` over
     one :class:`~sim.round.collector.Roster`; a pipelined round's instances advance step by step together
-    (:class:`~sim.round.pipelining.Pipelining`), so a client that leaves leaves every chunk at once. A step
+    (:class:`~sim.round.pipelining.PipelineRules`), so a client that leaves leaves every chunk at once. A step
     whose awaited clients will never answer (they left silently) closes as at its deadline
     (``timeout:<step>``). Every time in its records is 0: it decides, it does not time. Trace replay needs a
     clock, and is refused."""
@@ -307,9 +307,9 @@ class _LoopbackRound:
         self.record = RoundRecord(
             round=plan.number, t_start=0.0, t_end=0.0, sampled=len(self.sampled), chunks=plan.chunks or 1
         )
-        self.pipelining: Pipelining | None = None
+        self.rules: PipelineRules | None = None
         if plan.chunks is not None:
-            self.pipelining = Pipelining.for_section(self.spec, plan.chunks, sc.pipeline)
+            self.rules = PipelineRules.for_section(self.spec, plan.chunks, sc.pipeline)
         self.inboxes: list[list[tuple[str, int, Message | None]]] = []
         """Per instance: the server's arrivals ``(kind, sender, message)``, in the order they happened."""
         self.mail: dict[int, list[tuple[int, Message]]] = {}
@@ -387,7 +387,7 @@ class _LoopbackRound:
         rec.steps = step_spans(steps)
         aggregate = self._conclude(instances)
         rec.aggregate = aggregate
-        expose(rec, servers, self.pipelining is not None)
+        expose(rec, servers, self.rules is not None)
         close_record(rec, self.roster, self.sampled, set(aggregate.survivors) if aggregate else set(), len(plan.drops))
         return rec
 
@@ -418,7 +418,7 @@ class _LoopbackRound:
                 update, weight = learner.local_update(c, self.plan.number)
             else:
                 update, weight = Blank(dim, np.dtype("<f4")), float(self.records[c].samples)
-            if self.pipelining is None:
+            if self.rules is None:
                 machine = instances.client(c)
                 if departure.before(machine.first_step):
                     self.leave(c, departure.stage)
@@ -426,7 +426,7 @@ class _LoopbackRound:
                 self.machines[(c, 0)] = machine
                 self._react(c, 0, partial(machine.start, update, weight))
                 continue
-            if self.pipelining.leaves_before_encoding(departure):
+            if self.rules.leaves_before_encoding(departure):
                 self.leave(c, departure.stage)
                 continue
             self.pieces[c] = (instances.encode(c, update), weight)
@@ -457,7 +457,7 @@ class _LoopbackRound:
         uploads = 0
         for send in reaction.sends:
             self.inboxes[j].append((MESSAGE, c, self.carry(send.message)))
-            uploads += self.pipelining is not None and self.pipelining.is_upload(send.message)
+            uploads += self.rules is not None and self.rules.is_upload(send.message)
         if uploads:
             self.uploaded[c] += 1
             if c in self.leaving and self.uploaded[c] == self._chunks():
@@ -531,11 +531,11 @@ class _LoopbackRound:
     def _conclude(self, instances: RoundInstances) -> Aggregate | None:
         """The round's aggregate and outcome: the one instance's, or every chunk's combined."""
         rec, servers = self.record, instances.servers
-        if self.pipelining is None:
+        if self.rules is None:
             rec.outcome = servers[0].outcome
             return servers[0].aggregate
         for j, server in enumerate(servers):
-            failure = self.pipelining.failure(j, server)
+            failure = self.rules.failure(j, server)
             if failure is not None:
                 rec.outcome = f"aborted: {failure}"
                 return None

@@ -64,7 +64,7 @@ from sim.protocol.private import PrivateRound
 from sim.protocol.registry import spec_of
 from sim.round.closing import client_cpu_share, close_record, expose, step_spans
 from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, OUT, UNASKED, Roster, StepCollector
-from sim.round.pipelining import Pipelining
+from sim.round.pipelining import PipelineRules
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
 from sim.round.stages import AGGREGATE, DISPATCH, UPLOAD
@@ -585,10 +585,10 @@ class DeployServer:
         chunk's upload of that client, on its one link; with ``duplex`` on its downlink, in chunk order)."""
         m = len(inst.servers)
         sc = self.scenario
-        plan = Pipelining.for_section(spec_of(sc.aggregation), m, sc.pipeline)
+        rules = PipelineRules.for_section(spec_of(sc.aggregation), m, sc.pipeline)
         clock = LoopClock()
-        gate = plan.gate(clock, "server.cpu", "server.cpu")
-        client_link = {c: plan.gate(clock, plan.dispatch_resource, f"client{c}.link") for c in st.sampled}
+        gate = rules.gate(clock, "server.cpu", "server.cpu")
+        client_link = {c: rules.gate(clock, rules.dispatch_resource, f"client{c}.link") for c in st.sampled}
         """Each client's link as the server sees it: its uploads (stage 2) end as they arrive."""
         results: dict[int, Aggregate] = {}
         chunk_steps: list[tuple[str, float, float]] = []
@@ -613,36 +613,36 @@ class DeployServer:
 
         async def serve(j: int) -> None:
             machine = inst.servers[j]
-            lane, priority = side, plan.priority(aggregating=False)
+            lane, priority = side, rules.priority(aggregating=False)
             await self._react(st, rec, machine.begin, lane, j, priority)
             start, first = self.now(), True
             while machine.step not in ("done", "aborted"):
                 step = machine.step
-                upload = plan.opens_aggregation(step)
+                upload = rules.opens_aggregation(step)
                 await self._collect(
-                    st, rec, machine, j, lane, priority, plan.lazy(j, first), uploaded(j) if upload else None
+                    st, rec, machine, j, lane, priority, rules.lazy(j, first), uploaded(j) if upload else None
                 )
                 first = False
                 if upload:
                     for c in st.sampled:  # whoever did not upload this chunk will not: its link is free of it
                         uploaded(j)(c)
                     await gate.admit(AGGREGATE, j)
-                    lane, priority = cpu, plan.priority(aggregating=True)
+                    lane, priority = cpu, rules.priority(aggregating=True)
                 await self._close_step(st, rec, machine, lane, j, priority)
                 chunk_steps.append((step, start, self.now()))
                 start = self.now()
-            failure = plan.failure(j, machine)
+            failure = rules.failure(j, machine)
             if failure is not None:
                 gate.abandon(j)
                 raise _ChunkAbortedError(failure)
             aggregate = machine.aggregate
             assert aggregate is not None
             results[j] = aggregate
-            for c in plan.left_out(st.sampled, aggregate):
+            for c in rules.left_out(st.sampled, aggregate):
                 client_link[c].abandon(j)
-            if plan.dispatch:
+            if rules.dispatch:
                 bits = sc.aggregation.bits if inst.private is None else inst.private.bits
-                message = plan.sum_message(st.number, j, aggregate, bits)
+                message = rules.sum_message(st.number, j, aggregate, bits)
                 encoded: tuple[Work, ...] = (Work("wire.encode", frame_size(message)),)
                 payload = await cpu.run(message.encode, work=lambda _: encoded)
                 gate.release(AGGREGATE, j)
@@ -663,7 +663,7 @@ class DeployServer:
             rec.aggregate = await cpu.run(
                 lambda: inst.combine([results[j] for j in range(m)]), work=lambda _: inst.combine_work()
             )
-            if plan.dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
+            if rules.dispatch:  # as the engine: the round ends when every survivor still there has decoded every chunk
                 await self._decoded(st, set(rec.aggregate.survivors))
             rec.outcome = "ok"
         finally:  # the round is over: no chunk goes on, no sum is still sent (as the engine stops its clients)

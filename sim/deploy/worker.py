@@ -40,7 +40,7 @@ from sim.clients.population import MBPS, Population
 from sim.costs.model import frame_size
 from sim.crypto.randomness import RandomSource, SystemRandom
 from sim.deploy import control
-from sim.deploy.compute import SIDE, STAGED, ComputeThread, interleave_threads, one_thread_math
+from sim.deploy.compute import STAGED, ComputeThread, interleave_threads, one_thread_math
 from sim.deploy.connection import Connection
 from sim.deploy.framing import Closed, FrameError, client_handshake
 from sim.deploy.identity import DEPLOYMENT_ID_BYTES, Identity, remember_deployment
@@ -61,7 +61,7 @@ from sim.protocol.registry import spec_of
 from sim.protocol.spec import fixed_point
 from sim.round.departure import Departure
 from sim.round.gates import StageGate
-from sim.round.pipelining import Pipelining
+from sim.round.pipelining import PipelineRules
 from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.round.stages import DECODE, MASK, UPLOAD
 from sim.scenario.grid import Grid
@@ -627,19 +627,19 @@ class Worker:
     ) -> None:
         c, m = p.start.client, len(inst.slots)
         sc = p.shared.scenario
-        plan = Pipelining.for_section(spec_of(sc.aggregation), m, sc.pipeline)
-        if plan.leaves_before_encoding(departure):  # before its instances' first step: before encoding
+        rules = PipelineRules.for_section(spec_of(sc.aggregation), m, sc.pipeline)
+        if rules.leaves_before_encoding(departure):  # before its instances' first step: before encoding
             self._leave(p, departure.stage)
         encoded = await p.cpu.run(lambda: inst.encode(c, update), work=lambda _: encoding(inst))
         assert isinstance(encoded, np.ndarray)
         p.unsent = set(range(m))
         clock = LoopClock()
-        cpu_gate = plan.gate(clock, "client.cpu", f"client{c}.cpu")
-        link_gate = plan.uploads_gate(clock, f"client{c}.uplink")
+        cpu_gate = rules.gate(clock, "client.cpu", f"client{c}.cpu")
+        link_gate = rules.uploads_gate(clock, f"client{c}.uplink")
         """The client's link for its uploads; the server gates the dispatches to it (stage 4)."""
         tasks = [
             asyncio.create_task(
-                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, departure, cpu_gate, link_gate, plan)
+                self._chunk(p, inst, j, encoded[slot.start : slot.stop], weight, departure, cpu_gate, link_gate, rules)
             )
             for j, slot in enumerate(inst.slots)
         ]
@@ -647,7 +647,7 @@ class Worker:
             done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
             for task in done:
                 task.result()
-            if plan.dispatch:
+            if rules.dispatch:
                 await p.cpu.run(lambda: self._finish_decode(p, inst), work=lambda _: finishing(p, inst))
                 p.conn.send(control.CONTROL, control.Decoded(p.start.round).encode())
         finally:
@@ -664,17 +664,16 @@ class Worker:
         departure: Departure,
         cpu_gate: StageGate[LoopEvent],
         link_gate: StageGate[LoopEvent],
-        plan: Pipelining,
+        rules: PipelineRules,
     ) -> None:
         """Chunk ``j``'s instance: stages 1 (mask) and 2 (upload), its answers in stage 3, then 5 (decode)."""
         c = p.start.client
         machine = p.machines[j] = inst.client(c, j, keys=self._keys(), signing=self.identity.signing)
         await cpu_gate.admit(MASK, j)
-        await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate, plan)
+        await self._chunk_react(p, j, lambda: machine.start(piece, weight), STAGED, cpu_gate, link_gate, rules)
         while True:
             payload = await self._receive(p, j)
-            staged = (MASK, j) not in cpu_gate.done
-            priority = STAGED if staged else SIDE
+            priority = rules.answer_priority(cpu_gate, j)
             message = await p.cpu.run(partial(self._decode, p, payload), priority, decoding)
             if isinstance(message, AggregateChunk):
                 await cpu_gate.admit(DECODE, j)
@@ -686,7 +685,7 @@ class Worker:
                     await p.all_sent.wait()  # as the simulator: every masked input goes out before it leaves
                 self._leave(p, departure.stage)
             call = lambda message=message: machine.receive(message)  # noqa: E731
-            await self._chunk_react(p, j, call, priority, cpu_gate, link_gate, plan)
+            await self._chunk_react(p, j, call, priority, cpu_gate, link_gate, rules)
 
     async def _chunk_react(
         self,
@@ -696,11 +695,11 @@ class Worker:
         priority: int,
         cpu_gate: StageGate[LoopEvent],
         link_gate: StageGate[LoopEvent],
-        plan: Pipelining,
+        rules: PipelineRules,
     ) -> None:
         reaction, frames = await self._compute(p, call, priority)
         for send, frame in zip(reaction.sends, frames, strict=True):
-            if plan.is_upload(send.message):
+            if rules.is_upload(send.message):
                 cpu_gate.release(MASK, j)  # stage 1 ends with the masked input computed
                 # stage 2 waits for the link, not the chunk's instance (as the engine's upload process)
                 p.uploads.append(asyncio.create_task(self._upload(p, j, frame, link_gate)))

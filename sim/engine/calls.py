@@ -95,6 +95,7 @@ class CallsMadeAhead(CallsInTurn):
     round's frames by message id; ``frame`` encodes a message once a round."""
 
     decodes_on_arrival = False
+    ahead: CallsAhead
 
     def __init__(
         self,
@@ -105,7 +106,7 @@ class CallsMadeAhead(CallsInTurn):
         frame: Callable[[Message], bytes],
     ) -> None:
         super().__init__(finished)
-        self.ahead = self.calls = CallsAhead(executor, leaves, frames)
+        self.ahead = CallsAhead(executor, leaves, frames)
         self.frame = frame
         self.early: dict[int, ClientMachine] = {}
         """Client -> its machine, made when its update was trained so that its start could be made ahead."""
@@ -121,26 +122,26 @@ class CallsMadeAhead(CallsInTurn):
         """Make client ``c``'s machine now and its start ahead, unless it leaves before its first step."""
         made = self.early[c] = machine()
         if not leaves_first(made):
-            self.calls.start(c, 0, made, update, weight)
+            self.ahead.start(c, 0, made, update, weight)
 
     def early_machine(self, c: int) -> ClientMachine | None:
         return self.early.pop(c, None)
 
     def start_ahead(self, c: int, j: int, machine: ClientMachine, update: Vector, weight: float) -> None:
-        self.calls.start(c, j, machine, update, weight)
+        self.ahead.start(c, j, machine, update, weight)
 
     def server_sent(self, to: int, chunk: int, message: Message) -> None:
-        self.calls.sent(to, chunk, message, self.frame(message))
+        self.ahead.sent(to, chunk, message, self.frame(message))
 
     def decoded_reply(self, message: Message) -> Message | None:
-        return self.calls.for_server_of(message)
+        return self.ahead.for_server_of(message)
 
     def start(self, c: int, j: int, machine: ClientMachine, update: Vector, weight: float) -> Reaction:
-        return self._made(c, j, machine, self.calls.take_start(c, j), lambda: machine.start(update, weight))
+        return self._made(c, j, machine, self.ahead.take_start(c, j), lambda: machine.start(update, weight))
 
     def arrived(self, c: int, j: int, message: Message) -> tuple[Message, Outcome | None]:
         """Without a call made ahead (its lane closed before it) the client decodes the frame now."""
-        ahead = self.calls.take(c, j, message)
+        ahead = self.ahead.take(c, j, message)
         if ahead is None:
             return wire.decode(self.frame(message)), None
         if ahead.received is None:  # decoding the frame failed: raised here, as it would have been on arrival
@@ -150,4 +151,4 @@ class CallsMadeAhead(CallsInTurn):
 
     def close(self) -> None:
         """Calls made ahead and not taken are dropped or waited for."""
-        self.calls.close()
+        self.ahead.close()

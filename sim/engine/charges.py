@@ -3,13 +3,13 @@
 A round (:class:`sim.engine.virtual_round.Round`) charges each computation in reference seconds (seconds on one core
 of the profiled machine). Without a testbed each party has a processor of its own: a client's charge lasts
 its reference seconds times its slow-down, the server's its reference seconds over its speed
-(docs/time-model.md, "The compute model"). On a testbed (scenario ``testbed``) every charge is a job on the
+(docs/time-model.md, "Compute"). On a testbed (scenario ``testbed``) every charge is a job on the
 host's CPUs (:mod:`sim.engine.host`): the process testbed's shared cores followed for a client by the sleep
 that emulates its slow-down, or the kernel testbed's per-party quotas; each charge then also costs the hand-over
 to the party's compute thread (``call_s``, the cost profile's ``deploy.call``), and each transfer the framing
 and copying at both of its ends (:data:`sim.world.TRANSPORT_OPS`).
 
-:class:`OwnProcessors` and :class:`TestbedCores` answer the same questions, so the round never asks which one
+:class:`OwnProcessors` and :class:`HostCores` answer the same questions, so the round never asks which one
 it has.
 """
 
@@ -75,7 +75,7 @@ class OwnProcessors:
         return None
 
 
-class TestbedCores:
+class HostCores:
     """The testbed host's CPUs (:mod:`sim.engine.host`), shared by every party's charges."""
 
     def __init__(self, host: SharedHost | PartyQuotas, call_s: float, server_call_s: float) -> None:

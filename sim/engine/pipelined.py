@@ -51,10 +51,10 @@ from sim.protocol.spec import ChunkSlot
 from sim.protocol.wire import Blank, Message, Vector
 from sim.round.closing import step_spans
 from sim.round.collector import OUT
-from sim.round.gates import SIDE, STAGED
-from sim.round.pipelining import Pipelining
+from sim.round.gates import STAGED
+from sim.round.pipelining import PipelineRules, Section
 from sim.round.records import ClientRecord, RoundRecord
-from sim.round.stages import AGGREGATE, DECODE, DISPATCH, DUPLEX, MASK, SHARED, STAGES, UPLOAD
+from sim.round.stages import AGGREGATE, DECODE, DISPATCH, MASK, STAGES, UPLOAD
 
 if TYPE_CHECKING:
     from sim.engine.virtual_round import Round
@@ -68,24 +68,24 @@ class ChunkedInstances:
     model_with_upload = False
     """Whether the model travels with the upload request: never in a pipelined round."""
 
-    def __init__(self, r: Round, dispatch: bool, duplex: bool) -> None:
+    def __init__(self, r: Round, section: Section | None) -> None:
         self.r = r
         env, m = r.env, r.m
         self.m = m
         self.slots: tuple[ChunkSlot, ...] = r.instances.slots if r.instances is not None else ()
         self.cpu = {c: Processor(env) for c in r.sampled}
         self.server_cpu = Processor(env, lanes=2)
-        self.pipelining = plan = Pipelining.of(r.spec, m, DUPLEX if duplex else SHARED, dispatch)
+        self.rules = rules = PipelineRules.for_section(r.spec, m, section)
         """The decisions both drivers take from the round's pipeline (:mod:`sim.round.pipelining`)."""
-        self.cpu_gate = {c: plan.gate(env, "client.cpu", f"client{c}.cpu") for c in r.sampled}
-        self.link_gate = {c: plan.gate(env, plan.upload_resource, f"client{c}.link") for c in r.sampled}
+        self.cpu_gate = {c: rules.gate(env, "client.cpu", f"client{c}.cpu") for c in r.sampled}
+        self.link_gate = {c: rules.gate(env, rules.upload_resource, f"client{c}.link") for c in r.sampled}
         self.down_gate = (
-            {c: plan.gate(env, "client.downlink", f"client{c}.downlink") for c in r.sampled}
-            if duplex
+            {c: rules.gate(env, "client.downlink", f"client{c}.downlink") for c in r.sampled}
+            if rules.duplex
             else self.link_gate
         )
         """Gate of the dispatch (stage 4): the client's link, or its downlink when ``pipeline.links`` is duplex."""
-        self.server_gate = plan.gate(env, "server.cpu", "server.cpu")
+        self.server_gate = rules.gate(env, "server.cpu", "server.cpu")
         self.procs: dict[int, dict[int, simpy.Process]] = {c: {} for c in r.sampled}
         """Client -> chunk -> the process of its instance of that chunk."""
         self.decoded: dict[tuple[int, int], simpy.Event] = {}
@@ -151,23 +151,23 @@ class ChunkedInstances:
         """The server's side of chunk ``j``'s instance, then its dispatch."""
         r = self.r
         env, machine = r.env, r.servers[j]
-        plan = self.pipelining
+        rules = self.rules
         try:
-            priority = plan.priority(aggregating=False)
+            priority = rules.priority(aggregating=False)
             yield from r.server_react(machine.begin(), priority, machine)
             start = env.now
             first = True
             while machine.step not in ("done", "aborted"):
                 step = machine.step
-                yield from r.collect(machine, j, priority, plan.lazy(j, first))
+                yield from r.collect(machine, j, priority, rules.lazy(j, first))
                 first = False
-                if plan.opens_aggregation(step):
+                if rules.opens_aggregation(step):
                     yield self.server_gate.admit(AGGREGATE, j)
-                    priority = plan.priority(aggregating=True)
+                    priority = rules.priority(aggregating=True)
                 yield from r.server_react(r.close_step(machine), priority, machine)
                 self.chunk_steps.append((step, start, env.now))
                 start = env.now
-            failure = plan.failure(j, machine)
+            failure = rules.failure(j, machine)
             if failure is not None:
                 self.server_gate.abandon(j)
                 if not self.failed.triggered:
@@ -176,13 +176,13 @@ class ChunkedInstances:
             aggregate = machine.aggregate
             assert aggregate is not None
             self.results[j] = aggregate
-            for c in plan.left_out(r.sampled, aggregate):
+            for c in rules.left_out(r.sampled, aggregate):
                 self._drop_chunk(c, j)
-            if not plan.dispatch:
+            if not rules.dispatch:
                 self.server_gate.release(AGGREGATE, j)
                 return
             bits = r.s.aggregation.bits if r.private is None else r.private.bits
-            message = plan.sum_message(r.number, j, aggregate, bits)
+            message = rules.sum_message(r.number, j, aggregate, bits)
             yield from r.server_compute([Work("wire.encode", frame_size(message))], STAGED)
             self.server_gate.release(AGGREGATE, j)
             for c in aggregate.survivors:
@@ -235,7 +235,7 @@ class ChunkedInstances:
         r = self.r
         env = r.env
         departure = r.departure(c)
-        if self.pipelining.leaves_before_encoding(departure):
+        if self.rules.leaves_before_encoding(departure):
             r.leave(c, departure.stage)
             return
         encoded = self._encode(c, update)
@@ -284,8 +284,7 @@ class ChunkedInstances:
                     yield from self._decode_chunk(c, j, message)
                     return
                 message, ahead = r.calls.arrived(c, j, message)
-                staged = (MASK, j) not in cpu.done
-                priority = STAGED if staged else SIDE
+                priority = self.rules.answer_priority(cpu, j)
                 yield from r.client_compute(c, [Work("wire.decode", frame_size(message))], priority)
                 if r.leaves_before(c, machine, message):
                     if departure.waits_for_uploads:
@@ -310,7 +309,7 @@ class ChunkedInstances:
         encode = [Work("wire.encode", frame_size(send.message)) for send in reaction.sends]
         yield from r.client_compute(c, [*reaction.work, *encode], priority, extra)
         for send in reaction.sends:
-            if self.pipelining.is_upload(send.message):
+            if self.rules.is_upload(send.message):
                 self.cpu_gate[c].release(MASK, j)  # stage 1 ends with the masked input computed
                 proc = r.env.process(self._upload(c, j, send.message))
                 r.procs.append(proc)
@@ -421,9 +420,9 @@ class ChunkedInstances:
             )
         found: dict[tuple[int, int], list[tuple[float, float]]] = {}
         gates = [*self.cpu_gate.values(), *self.link_gate.values(), self.server_gate]
-        if self.pipelining.duplex:
+        if self.rules.duplex:
             gates.extend(self.down_gate.values())
-        links = self.pipelining.links
+        links = self.rules.links
         for gate in gates:
             for stage, chunk, start, end in gate.spans:
                 found.setdefault((chunk, stage), []).append((start, end))

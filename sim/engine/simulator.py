@@ -21,10 +21,9 @@ from sim.engine.actors import ActorEngine
 from sim.engine.ahead import ahead_threads
 from sim.engine.host import PartyQuotas, SharedHost
 from sim.engine.network import Link, Network
-from sim.engine.virtual_round import PipelineParams, Round, RoundSetup
+from sim.engine.virtual_round import Round, RoundSetup
 from sim.round.plan import RoundPlan
 from sim.round.records import RoundRecord
-from sim.round.stages import DUPLEX
 from sim.testbed import ENGINE, MIN_QUOTA_US, PAYLOAD_FRACTION, is_kernel
 from sim.world import CALL_OP, RESTART_OP, TRANSPORT_OPS, World
 
@@ -103,7 +102,7 @@ class Simulator:
         if sc.pipeline is not None:
             if sc.pipeline.chunks is None:
                 raise ValueError("pipeline.chunks: auto is resolved before a driver is built (sim.runner)")
-            self.setup.pipeline = PipelineParams(sc.pipeline.chunks, sc.pipeline.dispatch, sc.pipeline.links == DUPLEX)
+            self.setup.pipeline = sc.pipeline
 
     def _host(self, world: World) -> SharedHost | PartyQuotas | None:
         """The testbed's CPUs: the host's shared cores, each party's own quota (a kernel testbed), or none."""

@@ -44,7 +44,7 @@ import math
 from collections.abc import Callable, Generator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
 import numpy as np
 import simpy
@@ -53,7 +53,7 @@ from sim.clients.population import MBPS, Population
 from sim.costs.model import CLIENT_ROLE, SERVER_ROLE, CostModel, frame_size
 from sim.engine.actors import ActorEngine
 from sim.engine.calls import CallsInTurn, CallsMadeAhead
-from sim.engine.charges import Charges, OwnProcessors, TestbedCores
+from sim.engine.charges import Charges, Hold, HostCores, OwnProcessors
 from sim.engine.host import PartyQuotas, SharedHost
 from sim.engine.network import Flow, Link, Network
 from sim.engine.pipelined import ChunkedInstances
@@ -65,6 +65,7 @@ from sim.protocol import wire
 from sim.protocol.instances import RoundInstances
 from sim.protocol.machine import (
     SERVER,
+    Aggregate,
     ClientMachine,
     Reaction,
     RemoteProtocolError,
@@ -81,8 +82,78 @@ from sim.round.closing import client_cpu_share, close_record, expose
 from sim.round.collector import ACCEPT, CLOSE, GONE, MESSAGE, UNASKED, Roster, StepCollector
 from sim.round.departure import STAYS, Departure
 from sim.round.gates import STAGED
+from sim.round.pipelining import Section
 from sim.round.plan import RoundPlan
 from sim.round.records import ClientRecord, RoundRecord
+
+
+class Shape(Protocol):
+    """What the core asks of a round's shape: one protocol instance (:class:`~sim.engine.single.OneInstance`)
+    or one per chunk (:class:`~sim.engine.pipelined.ChunkedInstances`)."""
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the round runs an instance per chunk."""
+        ...
+
+    @property
+    def model_with_upload(self) -> bool:
+        """Whether the model travels with the upload request (clients train and encode then)."""
+        ...
+
+    def serve(self) -> Generator[simpy.Event, Any, Aggregate | None]:
+        """The server's side of the round; returns its aggregate (None: aborted)."""
+        ...
+
+    def close(self, rec: RoundRecord) -> None:
+        """What the shape adds to the record once the round is over (steps, stage spans)."""
+        ...
+
+    def server_busy(self) -> float:
+        """Seconds of the round during which the server computed."""
+        ...
+
+    def compute_server(self, seconds: float, priority: int, hold: Hold | None) -> Generator[simpy.Event, Any, None]:
+        """The server computes ``seconds`` at ``priority`` (``hold``: on the testbed's CPUs)."""
+        ...
+
+    def out(self, clients: list[int]) -> None:
+        """Clients put out of the round (late, refused)."""
+        ...
+
+    def trained(self, c: int, update: wire.Vector, weight: float) -> None:
+        """Client ``c`` has trained ``update``."""
+        ...
+
+    def compute_client(
+        self, c: int, rec: ClientRecord, seconds: float, priority: int, hold: Hold | None
+    ) -> Generator[simpy.Event, Any, None]:
+        """Client ``c`` computes ``seconds`` at ``priority`` (``hold``: on the testbed's CPUs)."""
+        ...
+
+    def client(self, c: int, update: wire.Vector, weight: float) -> Generator[simpy.Event, Any, None]:
+        """Client ``c``'s part of the protocol once trained."""
+        ...
+
+    def leave(self, c: int, notify: bool) -> None:
+        """Client ``c`` has left the round."""
+        ...
+
+    def has_left(self, c: int) -> bool:
+        """Whether client ``c`` is out of the round already."""
+        ...
+
+    def current_step(self) -> str:
+        """The server step under way (for ``offline:<step>``)."""
+        ...
+
+    def procs_of(self, c: int) -> list[simpy.Process]:
+        """Client ``c``'s processes besides its own."""
+        ...
+
+    def decoding(self, c: int) -> bool:
+        """Whether something sent to client ``c`` is still to be decoded after its machines are done."""
+        ...
 
 
 @dataclass
@@ -108,8 +179,9 @@ class RoundSetup:
     """The real model (``full`` and ``learning`` fidelity) or None (``timing``)."""
     aggregation: AggregationParams
     seed: int
-    pipeline: PipelineParams | None = None
-    """Pipelined aggregation (:class:`sim.engine.pipelined.ChunkedInstances`), or None."""
+    pipeline: Section | None = None
+    """The scenario's ``pipeline:`` section (pipelined rounds: :class:`sim.engine.pipelined.ChunkedInstances`), or
+    None: its defaults."""
     latency_s: float = 0.0
     """One-way delay of every message after its transfer (s)."""
     host: SharedHost | PartyQuotas | None = None
@@ -137,7 +209,7 @@ class RoundSetup:
         """Where the parties' compute charges run (:mod:`sim.engine.charges`)."""
         if self.host is None:
             return OwnProcessors()
-        return TestbedCores(self.host, self.call_s, self.server_call_s)
+        return HostCores(self.host, self.call_s, self.server_call_s)
 
     def transport(self) -> Transport:
         """How a round's messages travel (:mod:`sim.engine.transport`), one per round."""
@@ -148,18 +220,6 @@ class RoundSetup:
         if self.ahead is None or self.fidelity != "full":
             return CallsInTurn(r.finished)
         return CallsMadeAhead(r.finished, self.ahead, r.leaves_before, r.encoded, r.frame)
-
-
-@dataclass(frozen=True)
-class PipelineParams:
-    """A pipelined round's shape (Dordis section 4): ``chunks`` protocol instances, one per chunk, and
-    whether the server dispatches each chunk's sum to its clients (Table 1 stages 4 and 5)."""
-
-    chunks: int
-    dispatch: bool = True
-    duplex: bool = False
-    """Whether uploads and dispatches use the client's uplink and downlink as two resources (full-duplex
-    links) rather than one ``comm`` resource as in Dordis Table 1 and the Hyades recurrence."""
 
 
 class Round:
@@ -244,13 +304,12 @@ class Round:
                 self.setup_error = str(exc)
             else:
                 self.servers = self.instances.servers
-        self.shape: OneInstance | ChunkedInstances
+        self.shape: Shape
         """One instance, or one per chunk (their gates and processors): what the round's parties run."""
         if plan.chunks is None:
             self.shape = OneInstance(self)
         else:
-            assert setup.pipeline is not None, "a pipelined plan needs the scenario's pipeline section"
-            self.shape = ChunkedInstances(self, setup.pipeline.dispatch, setup.pipeline.duplex)
+            self.shape = ChunkedInstances(self, setup.pipeline)
 
     # -- server -----------------------------------------------------------------------------------
     def run(self) -> Generator[simpy.Event, Any, RoundRecord]:

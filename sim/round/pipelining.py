@@ -2,17 +2,18 @@
 
 A pipelined round runs one protocol instance per chunk of the update (``pipeline.chunks``: m). Both drivers
 (the engine's :class:`sim.engine.pipelined.ChunkedInstances`, the deployment's server and workers) take from
-a :class:`Pipelining` what they must agree on:
+a :class:`PipelineRules` what they must agree on:
 
 - the gates of each party's resources (:class:`~sim.round.gates.StageGate`, stages of
   :mod:`sim.round.stages`), built for ``pipeline.links`` and ``pipeline.dispatch``;
 - a client's side: whether its planned dropout leaves before encoding (before the instances' first step),
-  and which message is a chunk's upload (stage 2, which ends the chunk's stage 1 on its CPU);
+  which message is a chunk's upload (stage 2, which ends the chunk's stage 1 on its CPU), and the priority
+  of its answers (staged within stage 1, side work after);
 - the server's side of chunk j: its first step's timeout counts from the first answer for j > 0 (the
   clients get to a later chunk one after another), its work runs on the side lane (:data:`SIDE`) until the
   collection of the uploads' step (``aggregate_from``) ends, and then waits for the server CPU's stage 3
   gate and runs staged (:data:`STAGED`); a chunk whose instance aborted, or ended without a sum, aborts the
-  round (:meth:`Pipelining.failure`); the clients outside a chunk's sum leave that chunk (their gates
+  round (:meth:`PipelineRules.failure`); the clients outside a chunk's sum leave that chunk (their gates
   abandon it); the sum goes back to the survivors as an :class:`~sim.protocol.messages.AggregateChunk`
   (stage 4) when ``dispatch`` is on, the stage 3 gate released once it is encoded.
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from sim.protocol.machine import Aggregate, ServerMachine
 from sim.protocol.messages import AggregateChunk
@@ -31,7 +32,7 @@ from sim.protocol.spec import PipelineShape, ProtocolSpec
 from sim.protocol.wire import Message, ModVector
 from sim.round.departure import Departure
 from sim.round.gates import SIDE, STAGED, Clock, Event, StageGate
-from sim.round.stages import DUPLEX, SHARED, UPLOAD, gated
+from sim.round.stages import DUPLEX, MASK, SHARED, UPLOAD, gated
 
 E = TypeVar("E", bound=Event)
 
@@ -47,7 +48,7 @@ class Section(Protocol):
 
 
 @dataclass(frozen=True)
-class Pipelining:
+class PipelineRules:
     """The shape of a pipelined round: ``chunks`` instances of a protocol whose pipeline is ``shape``, over
     ``links`` (:data:`~sim.round.stages.SHARED` or :data:`~sim.round.stages.DUPLEX`), with or without the
     dispatch of each chunk's sum (``dispatch``: Table 1 stages 4 and 5)."""
@@ -58,7 +59,7 @@ class Pipelining:
     dispatch: bool = True
 
     @classmethod
-    def of(cls, spec: ProtocolSpec, chunks: int, links: str = SHARED, dispatch: bool = True) -> Pipelining:
+    def of(cls, spec: ProtocolSpec, chunks: int, links: str = SHARED, dispatch: bool = True) -> PipelineRules:
         """The pipelined round of protocol ``spec`` (which must offer a pipeline)."""
         if spec.pipeline is None:
             raise ValueError(f"protocol {spec.name} cannot be pipelined")
@@ -67,7 +68,7 @@ class Pipelining:
         return cls(chunks, spec.pipeline, links, dispatch)
 
     @classmethod
-    def for_section(cls, spec: ProtocolSpec, chunks: int, section: Section | None) -> Pipelining:
+    def for_section(cls, spec: ProtocolSpec, chunks: int, section: Section | None) -> PipelineRules:
         """The pipelined round of ``spec`` in ``chunks`` as a scenario's ``pipeline:`` section says (None: the
         defaults, shared links and the sums dispatched)."""
         if section is None:
@@ -109,6 +110,12 @@ class Pipelining:
     def is_upload(self, message: Message) -> bool:
         """Whether ``message`` is a chunk's upload (stage 2: its computing ends the chunk's stage 1)."""
         return isinstance(message, self.shape.upload)
+
+    @staticmethod
+    def answer_priority(cpu_gate: StageGate[Any], j: int) -> int:
+        """A client's priority for handling a message of chunk ``j``: staged while the chunk's stage 1 holds
+        its CPU (``cpu_gate``), side work once its masked input is computed (its share of unmasking)."""
+        return STAGED if (MASK, j) not in cpu_gate.done else SIDE
 
     # -- the server -------------------------------------------------------------------------------
     @staticmethod

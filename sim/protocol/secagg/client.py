@@ -455,4 +455,5 @@ class SecAggClient:
         State.SIGNATURES: (SignedSurvivors, _on_signatures),
         State.REMOVAL: (RemovalRequest, _on_removal),
     }
-    """Transitions as data: waiting state -> (the message it accepts, its handler)."""
+    """Transitions as data: waiting state -> (the message it accepts, its handler). The table holds this class's
+    functions: a subclass that overrides a handler gives its own table."""

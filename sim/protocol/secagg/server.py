@@ -612,4 +612,5 @@ class SecAggServer:
         Step.UNMASKING: (UnmaskShares, _on_unmask, _close_unmask),
         Step.NOISE_REMOVAL: (SeedShares, _on_seed_shares, _close_noise_removal),
     }
-    """Transitions as data: collecting state -> (the message it collects, its handler, its closer)."""
+    """Transitions as data: collecting state -> (the message it collects, its handler, its closer). The table
+    holds this class's functions: a subclass that overrides a handler or closer gives its own table."""
