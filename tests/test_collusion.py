@@ -33,7 +33,7 @@ from sim.protocol.messages import (
 )
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import neighbourhoods, round_machines
-from sim.protocol.secagg import TooFewClientsError, share_threshold
+from sim.protocol.secagg.config import TooFewClientsError, share_threshold
 from sim.protocol.suite import RealSuite, survivors_bytes
 from sim.runner import run_scenario
 from sim.scenario import ScenarioError, load

@@ -35,8 +35,9 @@ from sim.protocol.messages import (
 )
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import round_machines
-from sim.protocol.secagg import BadKeyError, SecAggServer
 from sim.protocol.secagg.client import State
+from sim.protocol.secagg.config import BadKeyError
+from sim.protocol.secagg.server import SecAggServer
 from sim.protocol.suite import SHARE_BYTES, RealSuite
 from sim.protocol.wire import Message
 

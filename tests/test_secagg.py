@@ -28,15 +28,14 @@ from sim.protocol.messages import (
 )
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import round_machines
-from sim.protocol.secagg import (
+from sim.protocol.secagg.client import SecAggClient, State
+from sim.protocol.secagg.config import (
     BadCiphertextError,
     BadSignatureError,
     InconsistentViewError,
-    SecAggClient,
     TooFewClientsError,
     share_threshold,
 )
-from sim.protocol.secagg.client import State
 from sim.protocol.secagg.server import ENDED, SecAggServer, Step
 from sim.protocol.suite import RealSuite
 from sim.protocol.wire import ModVector

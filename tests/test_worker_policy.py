@@ -36,7 +36,7 @@ from sim.deploy.policy import (
 from sim.deploy.spending import MAX_EVALUATED_CLIENTS, Spending, WorstCase
 from sim.dp.accounting import epsilon
 from sim.protocol.registry import reconstruction_threshold, secret_holders
-from sim.protocol.secagg import share_threshold
+from sim.protocol.secagg.config import share_threshold
 from sim.round.privacy import PrivacyLedger, nominal_sampling
 from sim.scenario.types import Scenario
 

@@ -35,7 +35,8 @@ from sim.protocol.encoding import FixedPoint, add_mod
 from sim.protocol.messages import AdvertiseKeys, MaskedInput, ModelDownload, ShareKeys
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import round_machines
-from sim.protocol.secagg import SECAGG, SECRET_ELEMENTS, share_threshold
+from sim.protocol.secagg.config import SECRET_ELEMENTS, share_threshold
+from sim.protocol.secagg.spec import SECAGG
 from sim.protocol.suite import RealSuite, plaintext_bytes
 from sim.protocol.wire import ModVector
 

@@ -50,36 +50,6 @@ all: any t points fit some secret.
 Layout: :mod:`sim.protocol.secagg.config` holds what both sides share (:class:`SecAggConfig`, the thresholds,
 :data:`SECRET_ELEMENTS` and the errors), :mod:`sim.protocol.secagg.server` the server
 (:class:`SecAggServer`), :mod:`sim.protocol.secagg.client` the client (:class:`SecAggClient`),
-:mod:`sim.protocol.secagg.spec` the two protocols' registry entries (:data:`SECAGG`, :data:`SECAGG_PLUS`); every
-public name is re-exported here.
+:mod:`sim.protocol.secagg.spec` the two protocols' registry entries (:data:`SECAGG`, :data:`SECAGG_PLUS`). Each
+name is imported from the module that defines it: this package re-exports nothing.
 """
-
-from sim.protocol.secagg.client import SecAggClient
-from sim.protocol.secagg.config import (
-    SECRET_ELEMENTS,
-    BadCiphertextError,
-    BadKeyError,
-    BadSignatureError,
-    InconsistentViewError,
-    SecAggConfig,
-    TooFewClientsError,
-    share_threshold,
-)
-from sim.protocol.secagg.server import SecAggServer
-from sim.protocol.secagg.spec import SECAGG, SECAGG_PLUS, SecAggSpec
-
-__all__ = [
-    "SECAGG",
-    "SECAGG_PLUS",
-    "SECRET_ELEMENTS",
-    "BadCiphertextError",
-    "BadKeyError",
-    "BadSignatureError",
-    "InconsistentViewError",
-    "SecAggClient",
-    "SecAggConfig",
-    "SecAggServer",
-    "SecAggSpec",
-    "TooFewClientsError",
-    "share_threshold",
-]
