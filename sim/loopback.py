@@ -254,8 +254,9 @@ class LoopbackDriver:
     with the run's learner, and takes every decision as the other drivers do: a planned dropout leaves
     where its :class:`~sim.round.departure.Departure` says, and the server learns it at once unless
     ``dropout.silent``; each server event goes through a :class:`~sim.round.collector.StepCollector` over
-    one :class:`~sim.round.collector.Roster`; a pipelined round's instances advance step by step together
-    (:class:`~sim.round.pipelining.PipelineRules`), so a client that leaves leaves every chunk at once. A step
+    one :class:`~sim.round.collector.Roster`; in a pipelined round (:class:`~sim.round.pipelining.PipelineRules`)
+    a client starts its chunks one after another, each once the one before is uploaded, and one that leaves
+    leaves every chunk at once (after its uploads, where its departure waits for them). A step
     whose awaited clients will never answer (they left silently) closes as at its deadline
     (``timeout:<step>``). Every time in its records is 0: it decides, it does not time. Trace replay needs a
     clock, and is refused."""
