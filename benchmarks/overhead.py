@@ -152,7 +152,8 @@ def recording(recorder: Recorder) -> Iterator[Recorder]:
 def measure(scenario: Path, overrides: Sequence[str], rounds: int, label: str, repeats: int = 2) -> dict[str, object]:
     """One run of ``rounds`` full-fidelity rounds: wall seconds, replayed primitive seconds, overhead."""
     import sim.protocol.plain
-    import sim.protocol.secagg  # noqa: F401  (loaded before patching, so their imported names are patched)
+    import sim.protocol.secagg.client
+    import sim.protocol.secagg.server  # noqa: F401  (loaded before patching, so their imported names are patched)
     from sim.runner import Simulation
     from sim.scenario import load
 

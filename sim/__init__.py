@@ -1,13 +1,13 @@
 """dropsim: a discrete-event simulator of federated-learning rounds under client dropout.
 
-The import package is ``sim``; the distribution and command are ``dropsim``. Layers, bottom up
-(docs/architecture.md): ``sim.crypto`` and ``sim.dp`` (primitives, noise, accounting), ``sim.protocol``
-(sans-IO aggregation machines, their wire messages and registry), ``sim.round`` (the round both drivers
-play: plans, records, step decisions, stage gates, the privacy ledger), the drivers ``sim.engine``
-(SimPy, virtual time) and ``sim.deploy`` (sockets, wall-clock time), ``sim.runner`` (a scenario round by
-round through a driver) and the ``sim.cli`` front end. Beside them: ``sim.scenario`` (scenario files),
-``sim.clients`` (population, sampling, dropout, availability), ``sim.learning`` (data, models, training),
-``sim.costs`` (the cost model; ``sim.profiling`` measures it), ``sim.results`` (tidy tables).
+The import package is ``sim``; the distribution and command are ``dropsim``. Every child of ``sim`` is in a
+layer of ``.importlinter`` (docs/architecture.md, "Layers"), bottom up among others: ``sim.crypto`` and
+``sim.dp`` (primitives, noise, accounting), ``sim.protocol`` (sans-IO aggregation machines, their wire
+messages and registry), ``sim.scenario`` (scenario files), ``sim.round`` (the round every driver plays:
+plans, records, step decisions, stage gates, pipelining's rules, the privacy ledger) beside
+``sim.clients``, ``sim.learning`` and ``sim.costs``, the drivers ``sim.engine`` (SimPy, virtual time),
+``sim.deploy`` (sockets, wall-clock time) and ``sim.loopback`` (in memory, no clock), ``sim.runner`` (a
+scenario round by round through a driver), the API and the ``sim.cli`` front end.
 
 The Python API (:mod:`sim.api`, docs/api.md) is re-exported here: ``sim.load_scenario``, ``sim.run``,
 ``sim.sweep``, ``sim.privacy_table``, ``sim.RunResult``, ``sim.SweepResult`` (imported on first use, so

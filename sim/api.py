@@ -82,7 +82,7 @@ class RunResult:
         """The one-line summary ``dropsim run`` prints (final accuracy, epsilon, mean round time, wall
         seconds)."""
         if self._summary is None:
-            from sim.runner.run import summarize  # deferred: torch; reading a finished run needs none
+            from sim.runner.run import summarize  # deferred: the runner loads torch; reading a run's tables needs none
 
             self._summary = summarize(self.path)
         return self._summary

@@ -109,7 +109,7 @@ def needs(scenario: Scenario, dim: int | None = None, trace: bool = True) -> lis
     sc = scenario
     out: list[Need] = []
     if sc.trace is not None and trace:
-        # deferred: sim.traces.io loads pandas; a run without a trace (and a deployed worker) needs none
+        # deferred: sim.traces.io loads pandas; this module stays importable without it
         from sim.traces.io import sidecar_path
 
         path = Path(sc.trace.file)

@@ -248,7 +248,7 @@ def _dropout_plugin(scenario: Scenario) -> list[Problem]:
 
 def _trace(scenario: Scenario) -> list[Problem]:
     """The trace file loads, its clients fit the population, and the replayed hours lie within it."""
-    # deferred: sim.traces.io loads pandas; only a scenario with a trace needs it
+    # deferred: sim.traces.io loads pandas; only a scenario with a trace reads one
     from sim.traces.io import check_clients, load_trace
 
     replay = scenario.trace

@@ -74,7 +74,7 @@ def build(scenario: Scenario) -> World:
     population = Population.build(sc.population, sc.clients, sc.seed)
     availability: Availability | None = None
     if sc.trace is not None:
-        # deferred: sim.traces.io loads pandas; a run without a trace (and a deployed worker) needs none
+        # deferred: sim.traces.io loads pandas; this module stays importable without it
         from sim.traces.io import check_clients, load_trace
 
         trace = load_trace(sc.trace.file)

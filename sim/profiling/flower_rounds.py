@@ -72,13 +72,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from sim.costs.engine import VECTOR_OPERATIONS
 from sim.protocol.graph import auto_degree
 from sim.protocol.params import AggregationParams
 from sim.protocol.registry import reconstruction_threshold
-from sim.scenario import load
 
 OURS = AggregationParams(protocol="secagg+")
 """Our SecAgg+ at its defaults (20-bit values, clip 1, threshold 0.5, auto degree), which Flower's matches."""
@@ -598,9 +595,12 @@ def fit_work_scales(doc: dict[str, Any], measured: list[dict[str, Any]]) -> dict
     Returns ``client_scale``, ``server_scale``, where the rounds tell them apart ``client_vector_scale``
     and ``server_vector_scale``, ``vector_operations`` and ``scale_rounds`` (the rows, with what was
     charged)."""
-    # deferred: pandas, kept out of the timed child process (its memory is measured)
-    from sim.results.read import read_run_table
+    import yaml  # deferred: kept out of the timed child process (its memory is measured)
+
+    from sim.costs.engine import VECTOR_OPERATIONS  # deferred: kept out of the timed child process likewise
+    from sim.results.read import read_run_table  # deferred: pandas, kept out of the timed child process likewise
     from sim.runner import run_scenario  # deferred: torch, kept out of the timed child process (its memory is measured)
+    from sim.scenario import load  # deferred: the parser, kept out of the timed child process likewise
 
     engine = {
         **doc["engine"],

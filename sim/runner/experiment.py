@@ -21,7 +21,6 @@ import numpy as np
 
 from sim.clients.sampling import sample_clients
 from sim.costs.model import CostModel
-from sim.deploy.deployment import Deployment, DeployOptions, check_deployable
 from sim.protocol.machine import RoundSetupError
 from sim.round.driver import Driver
 from sim.round.plan import RoundPlan
@@ -35,6 +34,7 @@ if TYPE_CHECKING:
     import simpy
 
     from sim.clients.population import Population
+    from sim.deploy.deployment import Deployment, DeployOptions
     from sim.engine.simulator import Simulator
     from sim.engine.virtual_round import RoundSetup
     from sim.learning.federated import FederatedData
@@ -239,5 +239,8 @@ class Deployed(Experiment):
     driver: Deployment
 
     def __init__(self, scenario: Scenario, options: DeployOptions | None = None) -> None:
+        # deferred: the socket deployment (asyncio, its worker, the kernel testbed), which a simulated run never needs
+        from sim.deploy.deployment import Deployment, check_deployable
+
         check_deployable(scenario)  # before the data and the model are loaded
         super().__init__(scenario, lambda world: Deployment(world, options))
